@@ -1,0 +1,38 @@
+"""python -m model_service [flags]: run the model service."""
+
+from __future__ import annotations
+
+import sys
+
+import structlog
+
+from model_service.config import ModelServiceConfig
+from services.config import parse_config
+from services.logging import configure_logging
+from services.model_store import ModelError
+from services.server import run, run_server
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(ModelServiceConfig, argv)
+    configure_logging("model", cfg.log_level)
+    from client.pb import model_pb2, model_pb2_grpc
+    from model_service.engine import build_engine
+    from model_service.server import ModelWorkerServicer
+
+    try:
+        engine = build_engine(cfg)
+    except (ModelError, ValueError, OSError) as exc:
+        structlog.get_logger().error("startup_failed", error=str(exc))
+        sys.exit(2)
+    servicer = ModelWorkerServicer(engine)
+
+    def register(server, health):  # type: ignore[no-untyped-def]
+        model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)
+        return [model_pb2.DESCRIPTOR.services_by_name["ModelWorker"].full_name]
+
+    run(lambda: run_server("model", cfg.host, cfg.port, register))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Model service configuration (CLI flags and RADIXMESH_* environment variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config import field
+
+
+@dataclass
+class ModelServiceConfig:
+    """RadixMesh model service: weights, KV pool, attention, sampling."""
+
+    host: str = field("127.0.0.1", "address to listen on")
+    port: int = field(50053, "port to listen on")
+    model: str = field("default", "HF-format Llama/Qwen2 folder, or 'default' (SmolLM2-135M)")
+    random_weights: str = field("", "build this architecture with random weights (llama-3.1-8b)")
+    tokenizer: str = field("", "tokenizer folder for --random-weights")
+    device: str = field("auto", "cpu, cuda, cuda:N or auto")
+    dtype: str = field("auto", "float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on GPU)")
+    attention: str = field("auto", "reference, flashinfer or auto",
+                           choices=["auto", "reference", "flashinfer"])
+    kv_tokens: int = field(0, "KV pool size in tokens (0: from the memory budget)")
+    kv_memory_gb: float = field(0.5, "KV memory budget on CPU, GiB")
+    kv_memory_fraction: float = field(0.85, "fraction of free GPU memory for the KV pool")
+    nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
+    threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
+    log_level: str = field("info", "log level")
+
+    def validate(self) -> None:
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError("--kv-memory-fraction must be in (0, 1]")
+        if self.kv_tokens < 0:
+            raise ValueError("--kv-tokens must be >= 0")

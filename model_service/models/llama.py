@@ -1,0 +1,195 @@
+"""Llama-family decoder (Llama 2/3/3.1, SmolLM2, Qwen2) written for a slot-indexed KV pool.
+
+Parameter names match Hugging Face checkpoints (`model.layers.N.self_attn.q_proj.weight`, ...),
+so safetensors load without renaming. Attention is delegated to a backend (reference torch on
+any device, flashinfer on CUDA) that reads and writes the shared KV pool by slot index; the
+model itself never knows where a sequence's KV lives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2 has biases on q/k/v
+    model_type: str
+
+    @staticmethod
+    def from_hf_config(cfg: Any) -> LlamaArgs:
+        heads = cfg.num_attention_heads
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        scaling = getattr(cfg, "rope_scaling", None) or (
+            rope if rope.get("rope_type", "default") != "default" else None)
+        mtype = getattr(cfg, "model_type", "llama")
+        return LlamaArgs(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            rms_norm_eps=cfg.rms_norm_eps,
+            rope_theta=float(theta),
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position=getattr(cfg, "max_position_embeddings", 4096),
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            attention_bias=bool(getattr(cfg, "attention_bias", mtype == "qwen2")),
+            model_type=mtype,
+        )
+
+
+class AttentionBackend(Protocol):
+    """Plans once per step, then runs once per layer. `forward` stores this step's k/v at the
+    step's output slots and attends over each row's full slot list (prefix + new)."""
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor: ...
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    dim = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    sc = args.rope_scaling
+    if sc and sc.get("rope_type", sc.get("type")) == "llama3":
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, smooth between.
+        factor = sc["factor"]
+        low, high = sc.get("low_freq_factor", 1.0), sc.get("high_freq_factor", 4.0)
+        old_ctx = sc.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        scaled = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+        inv = scaled
+    elif sc and sc.get("rope_type", sc.get("type")) not in (None, "default"):
+        raise ValueError(f"rope scaling {sc!r} is not supported")
+    return inv.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, dim]; cos/sin: [T, dim/2]. HF's rotate-half convention."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.nh, self.nkv, self.hd = args.num_heads, args.num_kv_heads, args.head_dim
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.hidden_size, self.nh * self.hd, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.nkv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.nkv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.nh, self.hd)
+        k = self.k_proj(x).view(t, self.nkv, self.hd)
+        v = self.v_proj(x).view(t, self.nkv, self.hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attn.forward(self.layer, q, k, v)
+        return self.o_proj(out.reshape(t, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: LlamaArgs, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(args, layer)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T], attn, logit_rows [R]) -> logits [R, vocab] (fp32)."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = LlamaBody(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        dtype = self.model.embed_tokens.weight.dtype
+        return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+               attn: AttentionBackend) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope(positions)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, attn)
+        return self.model.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                logit_rows: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(input_ids, positions, attn)
+        return self.lm_head(h.index_select(0, logit_rows)).float()

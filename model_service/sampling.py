@@ -1,0 +1,99 @@
+"""Batched sampling whose randomness is a pure function of (request seed, output position).
+
+Every random draw comes from a counter-based integer hash of (seed, position, token id), so a
+seeded request yields the same tokens however it is batched, chunked, retracted or resubmitted,
+on CPU and GPU alike (the hash is exact integer arithmetic). Sampling uses the exponential race:
+argmax(p_i / E_i) with E_i ~ Exp(1) draws index i with probability p_i.
+
+Logprobs are reported from the unmodified distribution (log_softmax of the raw logits), as
+SGLang and OpenAI report them; temperature and filters only shape what is drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 integer hash on int64 tensors holding uint32 values (wrapping products keep
+    the low 32 bits exact)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, vocab] float32 in (0, 1): U(seed_r, position_r, token)."""
+    dev = seeds.device
+    s = seeds.to(torch.int64)
+    key = _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32))
+    key = _mix32(key ^ _mix32(positions.to(torch.int64) + 0x9E3779B9))
+    ids = torch.arange(vocab, device=dev, dtype=torch.int64)
+    h = _mix32(key[:, None] ^ _mix32(ids[None, :] * 0x85EBCA6B + 0x27D4EB2F))
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row parameters, tensors of shape [R] on the logits' device."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor  # <= 0 means off
+    min_p: torch.Tensor
+    seeds: torch.Tensor  # int64
+    positions: torch.Tensor  # int64: output position of the token being drawn
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature <= 0).all())
+
+
+def sample(logits: torch.Tensor, params: SamplingBatch, top_logprobs: int = 0
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """logits [R, V] fp32 -> (tokens [R], logprob of each token [R], top ids, top logprobs)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    greedy_tok = logits.argmax(dim=-1)
+    if params.all_greedy:
+        tokens = greedy_tok
+    else:
+        temp = params.temperature.clamp(min=1e-5)[:, None]
+        probs = torch.softmax(logits / temp, dim=-1)
+        probs = _filter(probs, params)
+        noise = uniform_noise(params.seeds, params.positions, logits.shape[-1])
+        drawn = (probs / (-torch.log(noise))).argmax(dim=-1)
+        tokens = torch.where(params.temperature <= 0, greedy_tok, drawn)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    top_ids = top_vals = None
+    if top_logprobs > 0:
+        top_vals, top_ids = logprobs.topk(min(top_logprobs, logprobs.shape[-1]), dim=-1)
+    return tokens, chosen, top_ids, top_vals
+
+
+def _filter(probs: torch.Tensor, p: SamplingBatch) -> torch.Tensor:
+    use_k = bool((p.top_k > 0).any())
+    use_p = bool((p.top_p < 1).any())
+    use_min = bool((p.min_p > 0).any())
+    if not (use_k or use_p or use_min):
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    if use_k:
+        k = torch.where(p.top_k > 0, p.top_k, probs.shape[-1])[:, None]
+        keep &= ranks < k
+    if use_p:
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above this token
+        keep &= before < p.top_p[:, None]
+    if use_min:
+        keep &= sorted_p >= p.min_p[:, None] * sorted_p[:, :1]
+    keep[:, 0] = True  # the most likely token always survives
+    filtered = torch.zeros_like(probs).scatter_(1, order, sorted_p * keep)
+    return filtered / filtered.sum(dim=-1, keepdim=True)

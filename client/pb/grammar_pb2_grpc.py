@@ -40,6 +40,16 @@ class GrammarStub:
                 request_serializer=radixmesh_dot_v1_dot_grammar__pb2.GrammarInfoRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_grammar__pb2.GrammarInfo.FromString,
                 _registered_method=True)
+        self.Compile = channel.unary_unary(
+                '/radixmesh.v1.Grammar/Compile',
+                request_serializer=radixmesh_dot_v1_dot_grammar__pb2.CompileRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_grammar__pb2.CompileReply.FromString,
+                _registered_method=True)
+        self.Masks = channel.stream_stream(
+                '/radixmesh.v1.Grammar/Masks',
+                request_serializer=radixmesh_dot_v1_dot_grammar__pb2.MaskRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_grammar__pb2.MaskReply.FromString,
+                _registered_method=True)
 
 
 class GrammarServicer:
@@ -51,6 +61,25 @@ class GrammarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Compile(self, request, context):
+        """Compile (or find in the cache) one grammar. A bad grammar is not an RPC error: the reply
+        says ok=false and carries xgrammar's message, which the scheduler returns to the client
+        as INVALID_ARGUMENT at submission. Calling it at submission also warms the cache, so the
+        Bind at admission never waits for a compile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Masks(self, request_iterator, context):
+        """One long-lived stream per scheduler. First message must be `open`; the reply's first message
+        is `opened`. Then exactly one MaskStep in -> one MaskStepResult out, in order. When the
+        stream ends the service drops every matcher of the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GrammarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +87,16 @@ def add_GrammarServicer_to_server(servicer, server):
                     servicer.GetGrammarInfo,
                     request_deserializer=radixmesh_dot_v1_dot_grammar__pb2.GrammarInfoRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_grammar__pb2.GrammarInfo.SerializeToString,
+            ),
+            'Compile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compile,
+                    request_deserializer=radixmesh_dot_v1_dot_grammar__pb2.CompileRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_grammar__pb2.CompileReply.SerializeToString,
+            ),
+            'Masks': grpc.stream_stream_rpc_method_handler(
+                    servicer.Masks,
+                    request_deserializer=radixmesh_dot_v1_dot_grammar__pb2.MaskRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_grammar__pb2.MaskReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +126,60 @@ class Grammar:
             '/radixmesh.v1.Grammar/GetGrammarInfo',
             radixmesh_dot_v1_dot_grammar__pb2.GrammarInfoRequest.SerializeToString,
             radixmesh_dot_v1_dot_grammar__pb2.GrammarInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Grammar/Compile',
+            radixmesh_dot_v1_dot_grammar__pb2.CompileRequest.SerializeToString,
+            radixmesh_dot_v1_dot_grammar__pb2.CompileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Masks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/radixmesh.v1.Grammar/Masks',
+            radixmesh_dot_v1_dot_grammar__pb2.MaskRequest.SerializeToString,
+            radixmesh_dot_v1_dot_grammar__pb2.MaskReply.FromString,
             options,
             channel_credentials,
             insecure,

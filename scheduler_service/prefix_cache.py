@@ -1,0 +1,175 @@
+"""The prefix-cache protocol the scheduler is written against, and its factory.
+
+Three implementations share it (chosen with ``--radix``):
+- ``tree``  : :class:`~scheduler_service.radix_cache.RadixCache`, RadixAttention (paper sec. 3);
+- ``table`` : :class:`~scheduler_service.table_cache.TableCache`, the paper's "no tree structure"
+  ablation (whole stored sequences only);
+- ``off``   : :class:`~scheduler_service.no_cache.NoCache`, nothing is ever reused.
+
+Slot ownership (the accounting every implementation keeps, checked by ``check_integrity``)::
+
+    allocator.free_count + evictable_size + locked_size + request_owned == capacity
+
+- A slot returned by ``alloc`` belongs to the caller (a request) until it passes the slot to
+  ``insert`` (the cache takes it, or frees it as a duplicate) or to ``free_slots``.
+- Slots in a ``MatchResult`` belong to the cache; the caller may use them (as a prefix) only
+  while it holds ``lock(result.node)``; ``unlock`` when done. The cache never evicts locked slots.
+- After ``reset()`` every slot is free and every node handed out before is stale: drop them
+  (``unlock`` of a stale node is a no-op; ``lock`` of one raises).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scheduler_service.allocator import SlotAllocator
+
+CACHE_MODES = ("tree", "table", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """A cached prefix: ``slots[i]`` holds the KV of ``tokens[i]``.
+
+    ``node`` is an opaque handle for ``lock``/``unlock``; it is never ``None`` (the cache's root
+    when nothing matched) and covers exactly ``slots``.
+    """
+
+    slots: list[int]
+    node: object
+
+    @property
+    def length(self) -> int:
+        return len(self.slots)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """Result of ``cache_unfinished``: the request's KV slots for ``tokens`` after caching them.
+
+    ``slots[:cached_len]`` now belong to the cache and are protected by the lock the call took on
+    ``node``; ``slots[cached_len:]`` still belong to the request (all of them for ``off``).
+    ``slots`` may differ from the slots passed in where the cache already held the same tokens
+    (the duplicates were freed): the model service must be told the new slots in that case.
+    """
+
+    slots: list[int]
+    node: object
+    cached_len: int
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters for reports and metrics (monotonic except on explicit reset by the owner)."""
+
+    evicted_tokens: int = 0
+    inserted_tokens: int = 0  # tokens that were new to the cache at insert time
+    matched_tokens: int = 0  # sum of match lengths over every match_prefix call
+    match_calls: int = 0
+    # Wall time spent inside match/insert/evict/lock/unlock/alloc (time.perf_counter).
+    bookkeeping_seconds: float = 0.0
+
+
+def match_limit(n_tokens: int, prefix_limit: int | None) -> int:
+    """Longest prefix a request of ``n_tokens`` may take from the cache.
+
+    At least one token is always computed (its logits are sampled), and a request asking for
+    prompt logprobs may not be served those positions from the cache (``prefix_limit``).
+    """
+    limit = n_tokens - 1
+    if prefix_limit is not None and prefix_limit < limit:
+        limit = prefix_limit
+    return limit if limit > 0 else 0
+
+
+class PrefixCache(Protocol):
+    """Token ids -> KV slots, sharing one slot pool with running requests."""
+
+    allocator: SlotAllocator
+    stats: CacheStats
+
+    def match_prefix(self, tokens: Sequence[int], max_len: int | None = None) -> MatchResult:
+        """Longest cached prefix of ``tokens[:max_len]``; refreshes its LRU time."""
+        ...
+
+    def lock(self, node: object) -> None:
+        """Protect ``node`` and its ancestors from eviction (evictable -> locked)."""
+        ...
+
+    def unlock(self, node: object) -> None:
+        """Undo one ``lock``; at zero the sizes move back to evictable."""
+        ...
+
+    def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
+        """Cache ``tokens -> slots``, taking ownership of the caller's slots.
+
+        Returns ``(tokens already cached before the call, node covering exactly tokens)``.
+        Caller slots duplicating cached tokens are freed by the cache.
+        """
+        ...
+
+    def cache_unfinished(
+        self, tokens: Sequence[int], slots: Sequence[int], old_node: object
+    ) -> CachedPrefix:
+        """Chunked prefill / retraction helper: insert, lock the new node, unlock ``old_node``."""
+        ...
+
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` slots, evicting LRU unlocked cache as needed; ``None`` (evicting nothing) if
+        free + evictable < n."""
+        ...
+
+    def evict(self, n: int) -> int:
+        """Free at least ``n`` tokens of unlocked cache if possible; returns tokens freed."""
+        ...
+
+    def free_slots(self, slots: Sequence[int]) -> None:
+        """Free request-owned slots that never entered the cache (abort, unused allocations)."""
+        ...
+
+    def node_parent(self, node: object) -> object | None:
+        """Parent handle of a node (``None`` for the root); used by the dfs-weight policy."""
+        ...
+
+    @property
+    def evictable_size(self) -> int: ...
+
+    @property
+    def locked_size(self) -> int: ...
+
+    @property
+    def free_size(self) -> int: ...
+
+    def total_cached(self) -> int: ...
+
+    def reset(self) -> None:
+        """Drop everything: every slot (request-owned ones too) is free again."""
+        ...
+
+    def check_integrity(
+        self, request_owned: int, request_slots: Sequence[int] | None = None
+    ) -> None:
+        """Raise ``AssertionError`` unless the accounting invariant and internal consistency
+        hold; ``request_slots`` (optional) lets it also check no slot is held twice."""
+        ...
+
+
+def make_prefix_cache(mode: str, allocator: SlotAllocator) -> PrefixCache:
+    """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``)."""
+    # Imported here: the implementations import MatchResult from this module.
+    if mode == "tree":
+        from scheduler_service.radix_cache import RadixCache
+
+        return RadixCache(allocator)
+    if mode == "table":
+        from scheduler_service.table_cache import TableCache
+
+        return TableCache(allocator)
+    if mode == "off":
+        from scheduler_service.no_cache import NoCache
+
+        return NoCache(allocator)
+    raise ValueError(f"unknown prefix cache mode {mode!r}; expected one of {CACHE_MODES}")

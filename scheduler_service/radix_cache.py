@@ -1,0 +1,490 @@
+"""RadixAttention: a radix tree from token ids to KV slot ids (page size 1), LRU over leaves.
+
+SGLang paper section 3: edges hold token runs, a node splits where a new sequence diverges
+mid-edge, running requests lock the path they use, and eviction removes least-recently-used
+unlocked *leaves* first so shared ancestors live longest (a parent that becomes an unlocked leaf
+is then a candidate itself). Cache and running requests share one slot pool.
+
+Invariants (``check_integrity`` verifies all of them):
+- every non-root node has a non-empty edge, ``len(key) == len(value)``, and is stored in its
+  parent's ``children`` under ``key[0]``;
+- ``lock_ref(n) == direct(n) + sum(lock_ref(c) for c in children(n))`` where ``direct`` counts
+  ``lock(n)`` calls not yet undone; hence a locked node's ancestors are all locked and an
+  unlocked node's whole subtree is unlocked (so it can be evicted leaf by leaf);
+- ``evictable_size`` / ``locked_size`` are the token counts of nodes with ``lock_ref == 0`` /
+  ``> 0``; ``allocator.free_count + evictable + locked + request_owned == capacity``;
+- a tree slot is never free and appears once in the tree;
+- every unlocked leaf has a valid entry in the LRU heap (entries are invalidated lazily).
+
+A handle returned by ``match_prefix``/``insert`` keeps meaning "the path ending at this token
+position": splitting always creates the *upper* half as a new node, so existing handles (and
+their locks) stay on the lower half, whose path end is unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from time import perf_counter
+
+from scheduler_service.allocator import SlotAllocator
+from scheduler_service.prefix_cache import CachedPrefix, CacheStats, MatchResult
+
+
+class _Node:
+    __slots__ = ("key", "value", "parent", "children", "lock_ref", "direct", "last_access", "dead")
+
+    def __init__(self, key: list[int], value: list[int], parent: _Node | None, now: int) -> None:
+        self.key = key  # token ids on the edge from the parent
+        self.value = value  # KV slot of each token on the edge
+        self.parent = parent
+        self.children: dict[int, _Node] = {}  # keyed by the child's first token
+        self.lock_ref = 0  # locks on this node or any descendant
+        self.direct = 0  # locks taken on exactly this node
+        self.last_access = now  # logical clock tick of the latest match/insert through it
+        self.dead = False  # evicted, or dropped by reset(): the handle is stale
+
+    def __repr__(self) -> str:
+        head = self.key[:4]
+        more = "..." if len(self.key) > 4 else ""
+        return f"_Node(len={len(self.key)}, key={head}{more}, lock={self.lock_ref})"
+
+
+def _as_list(seq: Sequence[int]) -> list[int]:
+    # Edges are lists; list == tuple is always False, so normalise once per call.
+    return seq if type(seq) is list else list(seq)
+
+
+def _common_len(key: list[int], toks: list[int], start: int, stop: int) -> int:
+    """Length of the common prefix of ``key`` and ``toks[start:stop]``.
+
+    Long edges (thousands of tokens) are common, so this compares slices (C speed) and bisects
+    to the first difference instead of stepping token by token in Python.
+    """
+    n = min(len(key), stop - start)
+    if n <= 0:
+        return 0
+    if key[:n] == toks[start : start + n]:
+        return n
+    lo, hi = 0, n  # key[:lo] matches; key[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if key[lo:mid] == toks[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class RadixCache:
+    """Radix tree prefix cache implementing :class:`~scheduler_service.prefix_cache.PrefixCache`.
+
+    LRU time is a logical clock (one tick per match/insert), so ordering is exact and tests are
+    deterministic; every node on an accessed path gets the same tick, and a parent is always at
+    least as recent as any of its children.
+    """
+
+    def __init__(self, allocator: SlotAllocator) -> None:
+        self.allocator = allocator
+        self.stats = CacheStats()
+        self._clock = 0
+        self._seq = itertools.count()  # heap tie-breaker: entries never compare nodes
+        self._root = _Node([], [], None, 0)
+        # (last_access at push time, seq, node); stale entries are skipped when popped.
+        self._heap: list[tuple[int, int, _Node]] = []
+        self._evictable = 0
+        self._locked = 0
+        self._nodes = 0  # non-root nodes in the tree
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    @property
+    def locked_size(self) -> int:
+        return self._locked
+
+    @property
+    def free_size(self) -> int:
+        return self.allocator.free_count
+
+    def total_cached(self) -> int:
+        return self._evictable + self._locked
+
+    @property
+    def root(self) -> object:
+        return self._root
+
+    # -- match --------------------------------------------------------------------------------
+    def match_prefix(self, tokens: Sequence[int], max_len: int | None = None) -> MatchResult:
+        t0 = perf_counter()
+        toks = _as_list(tokens)
+        n = len(toks)
+        if max_len is not None and max_len < n:
+            n = max(max_len, 0)
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        slots: list[int] = []
+        pos = 0
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n and key == toks[pos:end]:
+                slots += child.value
+                child.last_access = now
+                node = child
+                pos = end
+                continue
+            # The match ends inside this edge: split so the handle covers exactly the match.
+            k = _common_len(key, toks, pos, min(end, n))
+            node = self._split(child, k)
+            node.last_access = now
+            slots += node.value
+            pos += k
+            break
+        if node is not self._root and not node.children and node.lock_ref == 0:
+            self._push(node)  # its LRU time changed
+        st = self.stats
+        st.match_calls += 1
+        st.matched_tokens += pos
+        st.bookkeeping_seconds += perf_counter() - t0
+        return MatchResult(slots, node)
+
+    def _split(self, child: _Node, k: int) -> _Node:
+        """Cut ``child``'s edge after ``k`` tokens; the new upper node is returned."""
+        assert 0 < k < len(child.key)
+        parent = child.parent
+        assert parent is not None
+        upper = _Node(child.key[:k], child.value[:k], parent, child.last_access)
+        # Every lock through child also passes through upper; none is taken on upper itself.
+        upper.lock_ref = child.lock_ref
+        child.key = child.key[k:]
+        child.value = child.value[k:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        self._nodes += 1
+        return upper
+
+    # -- lock ---------------------------------------------------------------------------------
+    def _node(self, node: object) -> _Node:
+        if not isinstance(node, _Node):
+            raise TypeError(f"not a radix cache node: {node!r}")
+        return node
+
+    def lock(self, node: object) -> None:
+        t0 = perf_counter()
+        n = self._node(node)
+        root = self._root
+        if n is not root:
+            if n.dead:
+                raise ValueError(f"lock of a stale node (evicted or reset): {n!r}")
+            n.direct += 1
+            while n is not root:
+                if n.lock_ref == 0:
+                    size = len(n.key)
+                    self._evictable -= size
+                    self._locked += size
+                n.lock_ref += 1
+                n = n.parent  # type: ignore[assignment]  # only the root has no parent
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    def unlock(self, node: object) -> None:
+        t0 = perf_counter()
+        n = self._node(node)
+        root = self._root
+        # A dead locked node can only come from reset(): its accounting is gone, so ignore.
+        if n is not root and not n.dead:
+            if n.direct <= 0:
+                raise ValueError(f"unlock without a matching lock: {n!r}")
+            n.direct -= 1
+            while n is not root:
+                n.lock_ref -= 1
+                if n.lock_ref == 0:
+                    size = len(n.key)
+                    self._evictable += size
+                    self._locked -= size
+                    if not n.children:
+                        self._push(n)
+                n = n.parent  # type: ignore[assignment]
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    # -- insert -------------------------------------------------------------------------------
+    def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
+        t0 = perf_counter()
+        toks = _as_list(tokens)
+        sl = _as_list(slots)
+        n = len(toks)
+        if len(sl) != n:
+            raise ValueError(f"insert: {n} tokens but {len(sl)} slots")
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        pos = 0
+        cached = -1
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                # Edge slices copy, so the caller may keep mutating its own lists.
+                leaf = _Node(toks[pos:], sl[pos:], node, now)
+                node.children[toks[pos]] = leaf
+                self._nodes += 1
+                self._evictable += n - pos
+                self.stats.inserted_tokens += n - pos
+                cached = pos
+                node = leaf
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n and key == toks[pos:end]:
+                k = len(key)
+            else:
+                k = _common_len(key, toks, pos, min(end, n))
+            self._free_duplicates(child.value, sl, pos, k)
+            if k < len(key):
+                child = self._split(child, k)
+            child.last_access = now
+            node = child
+            pos += k
+        if cached < 0:
+            cached = n  # everything was already there
+        if node is not self._root and not node.children and node.lock_ref == 0:
+            self._push(node)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return cached, node
+
+    def _free_duplicates(self, cached: list[int], sl: list[int], pos: int, k: int) -> None:
+        """The caller computed tokens the tree already holds: free the caller's copies.
+
+        Positions where the caller passes the tree's own slot (its locked prefix) are not
+        duplicates and stay.
+        """
+        mine = sl[pos : pos + k]
+        if mine == cached[:k]:
+            return
+        self.allocator.free([s for s, c in zip(mine, cached, strict=False) if s != c])
+
+    def cache_unfinished(
+        self, tokens: Sequence[int], slots: Sequence[int], old_node: object
+    ) -> CachedPrefix:
+        """Insert the computed part of a still-running request and move its lock there.
+
+        Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)``, all of
+        ``tokens`` belong to the cache (``cached_len == len(tokens)``), and ``result.slots`` are
+        the slots to use from now on (they differ from ``slots`` where duplicates were freed).
+        """
+        _, node = self.insert(tokens, slots)
+        self.lock(node)  # before the unlock, so the shared path never looks evictable
+        self.unlock(old_node)
+        return CachedPrefix(self._path_slots(self._node(node)), node, len(tokens))
+
+    def _path_slots(self, node: _Node) -> list[int]:
+        parts: list[list[int]] = []
+        root = self._root
+        while node is not root:
+            parts.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        out: list[int] = []
+        for part in reversed(parts):
+            out += part
+        return out
+
+    # -- evict / alloc ------------------------------------------------------------------------
+    def _push(self, node: _Node) -> None:
+        heap = self._heap
+        heapq.heappush(heap, (node.last_access, next(self._seq), node))
+        # Lazy invalidation lets stale entries pile up under match-heavy load; rebuild when the
+        # heap is much larger than the tree (amortised O(1) per push).
+        if len(heap) > 2 * self._nodes + 256:
+            self._rebuild_heap()
+
+    def _rebuild_heap(self) -> None:
+        heap = [
+            (n.last_access, next(self._seq), n)
+            for n in self._iter_nodes()
+            if not n.children and n.lock_ref == 0
+        ]
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def _evict(self, n: int) -> int:
+        freed = 0
+        heap = self._heap
+        root = self._root
+        free = self.allocator.free
+        while freed < n and heap:
+            t, _, node = heapq.heappop(heap)
+            if node.dead or node.children or node.lock_ref or node.last_access != t:
+                continue  # stale entry
+            free(node.value)
+            size = len(node.value)
+            freed += size
+            self._evictable -= size
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key[0]]
+            node.dead = True
+            node.parent = None
+            self._nodes -= 1
+            if parent is not root and not parent.children and parent.lock_ref == 0:
+                self._push(parent)  # it just became an unlocked leaf
+                heap = self._heap  # _push may have rebuilt it
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def evict(self, n: int) -> int:
+        t0 = perf_counter()
+        freed = self._evict(n) if n > 0 else 0
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return freed
+
+    def alloc(self, n: int) -> list[int] | None:
+        t0 = perf_counter()
+        alloc = self.allocator
+        free = alloc.free_count
+        out: list[int] | None
+        if n > free:
+            if n > free + self._evictable:
+                out = None  # cannot succeed: evict nothing
+            else:
+                # Always enough: every unlocked node is reachable leaf-first.
+                self._evict(n - free)
+                out = alloc.alloc(n)
+        else:
+            out = alloc.alloc(n)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return out
+
+    def free_slots(self, slots: Sequence[int]) -> None:
+        self.allocator.free(slots)
+
+    def node_parent(self, node: object) -> object | None:
+        n = self._node(node)
+        return None if n is self._root else n.parent
+
+    # -- reset / introspection ----------------------------------------------------------------
+    def reset(self) -> None:
+        for node in self._iter_nodes():
+            node.dead = True  # handles held by requests become stale; unlock ignores them
+            node.parent = None
+        self._root = _Node([], [], None, 0)
+        self._heap = []
+        self._evictable = 0
+        self._locked = 0
+        self._nodes = 0
+        self.allocator.reset()
+
+    def _iter_nodes(self) -> Iterator[_Node]:
+        """All non-root nodes, depth first."""
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
+        """Every cached prefix -> KV slot of its last token (tests only; O(tokens x depth))."""
+        out: dict[tuple[int, ...], int] = {}
+        stack: list[tuple[_Node, tuple[int, ...]]] = [(c, ()) for c in self._root.children.values()]
+        while stack:
+            node, path = stack.pop()
+            for tok, slot in zip(node.key, node.value, strict=True):
+                path = path + (tok,)
+                out[path] = slot
+            stack.extend((c, path) for c in node.children.values())
+        return out
+
+    def check_integrity(
+        self, request_owned: int, request_slots: Sequence[int] | None = None
+    ) -> None:
+        def fail(msg: str) -> None:
+            raise AssertionError(f"radix cache integrity: {msg}")
+
+        root = self._root
+        if root.lock_ref or root.key or root.value:
+            fail("root must stay empty and unlocked")
+        evictable = locked = nodes = 0
+        tree_slots: list[int] = []
+        unlocked_leaves: list[_Node] = []
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            child_locks = 0
+            for tok, child in node.children.items():
+                if child.dead:
+                    fail(f"dead node still in the tree: {child!r}")
+                if child.parent is not node:
+                    fail(f"bad parent pointer at {child!r}")
+                if not child.key or len(child.key) != len(child.value):
+                    fail(f"bad edge {child!r}: {len(child.key)} tokens, {len(child.value)} slots")
+                if child.key[0] != tok:
+                    fail(f"child keyed by {tok} but its edge starts with {child.key[0]}")
+                if child.lock_ref < 0 or child.direct < 0:
+                    fail(f"negative lock count at {child!r}")
+                child_locks += child.lock_ref
+                stack.append(child)
+            if node is root:
+                continue
+            nodes += 1
+            if node.lock_ref != node.direct + child_locks:
+                fail(
+                    f"lock_ref {node.lock_ref} != direct {node.direct} + children {child_locks}"
+                    f" at {node!r}"
+                )
+            if node.lock_ref:
+                locked += len(node.key)
+            else:
+                evictable += len(node.key)
+                if not node.children:
+                    unlocked_leaves.append(node)
+            tree_slots += node.value
+        if nodes != self._nodes:
+            fail(f"node count {self._nodes} but {nodes} nodes in the tree")
+        if evictable != self._evictable or locked != self._locked:
+            fail(
+                f"sizes say evictable={self._evictable} locked={self._locked}, tree has "
+                f"evictable={evictable} locked={locked}"
+            )
+        cap = self.allocator.capacity
+        tree_set = set(tree_slots)
+        if len(tree_set) != len(tree_slots):
+            fail(f"{len(tree_slots) - len(tree_set)} slots appear twice in the tree")
+        if any(not 0 <= s < cap for s in tree_set):
+            fail("slot id out of range in the tree")
+        free = self.allocator.free_list()
+        free_set = set(free)
+        if len(free_set) != len(free):
+            fail("allocator free list holds a slot twice")
+        both = tree_set & free_set
+        if both:
+            fail(f"slots both cached and free: {sorted(both)[:10]}")
+        if request_slots is not None:
+            req_set = set(request_slots)
+            if len(req_set) != len(request_slots):
+                fail("a slot is held twice by requests")
+            if req_set & tree_set:
+                fail(f"slots both request-owned and cached: {sorted(req_set & tree_set)[:10]}")
+            if req_set & free_set:
+                fail(f"slots both request-owned and free: {sorted(req_set & free_set)[:10]}")
+            if len(req_set) != request_owned:
+                fail(f"request_owned={request_owned} but {len(req_set)} request slots given")
+        total = len(free) + evictable + locked + request_owned
+        if total != cap:
+            fail(
+                f"free {len(free)} + evictable {evictable} + locked {locked} + request_owned "
+                f"{request_owned} = {total} != capacity {cap}"
+            )
+        valid = {
+            id(n)
+            for t, _, n in self._heap
+            if not n.dead and not n.children and not n.lock_ref and n.last_access == t
+        }
+        missing = [n for n in unlocked_leaves if id(n) not in valid]
+        if missing:
+            fail(f"unlocked leaves missing from the LRU heap: {missing[:3]}")

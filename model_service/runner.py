@@ -180,6 +180,9 @@ class ModelRunner:
         dev = logits.device
         lg = logits.index_select(0, torch.tensor(sample_rows, device=dev))
         sp = [r.state.sampling for r in sampled]
+        for i, r in enumerate(sampled):
+            if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
+                lg[i, list(r.state.sampling.stop_ids)] = float("-inf")
         params = SamplingBatch(
             temperature=torch.tensor([s.temperature for s in sp], device=dev),
             top_p=torch.tensor([s.top_p for s in sp], device=dev),

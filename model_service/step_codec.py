@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-from array import array
-
 from client.pb import model_pb2
 from model_service.step_ops import AdmitOp, ExtendOp, Sampling, StepOps, StepOutput
-
-
-def unpack_i32(data: bytes) -> list[int]:
-    a = array("i")
-    a.frombytes(data)
-    return a.tolist()
-
-
-def pack_i32(values: list[int]) -> bytes:
-    return array("i", values).tobytes()
-
-
-def pack_f32(values: list[float]) -> bytes:
-    return array("f", values).tobytes()
-
-
-def unpack_f32(data: bytes) -> list[float]:
-    a = array("f")
-    a.frombytes(data)
-    return a.tolist()
+from services.packing import pack_f32, pack_i32, unpack_i32
 
 
 def decode_step(msg: model_pb2.Step) -> StepOps:
@@ -35,7 +14,8 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
         ops.admits.append(AdmitOp(
             handle=a.handle,
             sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p, s.seed,
-                              s.return_logprob, s.top_logprobs, s.prompt_logprobs_from),
+                              s.return_logprob, s.top_logprobs, s.prompt_logprobs_from,
+                              s.min_new_tokens, tuple(unpack_i32(s.stop_ids))),
             output_offset=a.output_offset,
             prefix_slots=unpack_i32(a.prefix_slots),
             input_ids=unpack_i32(a.input_ids),

@@ -15,6 +15,8 @@ class Sampling:
     return_logprob: bool = False
     top_logprobs: int = 0
     prompt_logprobs_from: int = -1  # absolute prompt position; -1 = none
+    min_new_tokens: int = 0
+    stop_ids: tuple[int, ...] = ()  # banned while fewer than min_new_tokens were sampled
 
 
 @dataclass(frozen=True)

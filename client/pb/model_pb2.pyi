@@ -40,7 +40,7 @@ class OpenSession(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class RequestSampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "has_seed", "return_logprob", "top_logprobs", "prompt_logprobs_from")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "has_seed", "return_logprob", "top_logprobs", "prompt_logprobs_from", "min_new_tokens", "stop_ids")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,8 @@ class RequestSampling(_message.Message):
     RETURN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FROM_FIELD_NUMBER: _ClassVar[int]
+    MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_IDS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -59,7 +61,9 @@ class RequestSampling(_message.Message):
     return_logprob: bool
     top_logprobs: int
     prompt_logprobs_from: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs_from: _Optional[int] = ...) -> None: ...
+    min_new_tokens: int
+    stop_ids: bytes
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs_from: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop_ids: _Optional[bytes] = ...) -> None: ...
 
 class Admit(_message.Message):
     __slots__ = ("handle", "sampling", "output_offset", "prefix_slots", "input_ids", "slots", "sample")

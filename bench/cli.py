@@ -1,0 +1,13 @@
+"""`radixmesh bench ...` sub-commands (JSON results)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    b = sub.add_parser("bench", help="benchmarks with JSON output")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    from bench import cpu_serving
+
+    cpu_serving.add_parser(bsub)

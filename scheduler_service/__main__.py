@@ -1,0 +1,31 @@
+"""python -m scheduler_service [flags]: run the scheduler service."""
+
+from __future__ import annotations
+
+from client.pb import scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.frontend_link import SchedulerServicer
+from scheduler_service.scheduler import Scheduler
+from services.config import parse_config
+from services.logging import configure_logging
+from services.server import run, run_server
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(SchedulerConfig, argv)
+    configure_logging("scheduler", cfg.log_level)
+
+    async def serve() -> None:
+        sched = Scheduler(cfg)
+
+        def register(server, health):  # type: ignore[no-untyped-def]
+            scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)
+            return [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name]
+
+        await run_server("scheduler", cfg.host, cfg.port, register, background=sched.run)
+
+    run(serve)
+
+
+if __name__ == "__main__":
+    main()

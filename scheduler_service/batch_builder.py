@@ -1,0 +1,172 @@
+"""Builds one step: decodes for running requests, the next chunk of chunked prefills, and new
+admissions in policy order within the token, memory and batch budgets (Algorithm 1).
+
+Memory budget for admission: free + evictable - reserved, where reserved is the expected
+future decode of running requests (remaining max_new_tokens x new_token_ratio). When decodes
+themselves do not fit, running requests are retracted (their KV goes into the prefix cache, so
+nothing computed is lost while memory lasts) and they wait again with their tokens so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from client.pb import model_pb2
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.policy import SchedulePolicy
+from scheduler_service.request import Phase, Request
+from scheduler_service.retraction import plan_retraction
+from scheduler_service.state import SchedState
+from services.packing import pack_i32
+
+
+@dataclass
+class PlannedStep:
+    msg: model_pb2.Step
+    prefill_only: list[Request] = field(default_factory=list)  # finish after this step
+    retracted: list[Request] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        m = self.msg
+        return not (m.admits or m.extends or m.decode_handles)
+
+
+def _sampling(req: Request) -> model_pb2.RequestSampling:
+    s = req.spec
+    return model_pb2.RequestSampling(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
+        has_seed=True, return_logprob=s.return_logprob, top_logprobs=s.top_logprobs,
+        prompt_logprobs_from=s.prompt_logprobs_from, min_new_tokens=s.min_new_tokens,
+        stop_ids=pack_i32(sorted(set(s.stop_token_ids) | (set() if s.ignore_eos else req.eos_ids))))
+
+
+class BatchBuilder:
+    def __init__(self, cfg: SchedulerConfig, state: SchedState, policy: SchedulePolicy) -> None:
+        self.cfg = cfg
+        self.st = state
+        self.policy = policy
+
+    def build(self) -> PlannedStep:
+        st = self.st
+        st.step_id += 1
+        plan = PlannedStep(model_pb2.Step(step_id=st.step_id))
+        plan.msg.release_handles = pack_i32(st.pending_release)
+        for h in st.pending_release:
+            st.handles.give(h)  # safe: the worker releases before it sees a later admit
+        st.pending_release = []
+        self._decodes(plan)
+        budget = self.cfg.chunk_tokens
+        budget = self._continue_prefills(plan, budget)
+        self._admit(plan, budget)
+        return plan
+
+    # -- decode ------------------------------------------------------------------------------
+    def _decodes(self, plan: PlannedStep) -> None:
+        st, cache = self.st, self.st.cache
+        decoders = [r for r in st.running.values() if r.phase is Phase.DECODE]
+        shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
+        if shortfall > 0:
+            victims = plan_retraction(decoders, shortfall)
+            for r in victims:
+                self._retract(r)
+                plan.retracted.append(r)
+            decoders = [r for r in decoders if r.phase is Phase.DECODE]
+        handles, slots = [], []
+        for r in decoders:
+            got = cache.alloc(1)
+            if got is None:  # only if retraction could not free enough: wait a step
+                continue
+            r.kv_slots.append(got[0])
+            r.kv_len += 1
+            handles.append(r.handle)
+            slots.append(got[0])
+        plan.msg.decode_handles = pack_i32(handles)
+        plan.msg.decode_slots = pack_i32(slots)
+
+    def _retract(self, r: Request) -> None:
+        st = self.st
+        st.release(r, insert=True)  # its KV stays in the cache until evicted
+        r.phase = Phase.WAITING
+        r.match = None
+        st.stats.retractions += 1
+        st.waiting.insert(0, r)
+
+    # -- prefill -----------------------------------------------------------------------------
+    def _continue_prefills(self, plan: PlannedStep, budget: int) -> int:
+        for r in self.st.running.values():
+            if r.phase is not Phase.PREFILL or budget <= 0:
+                continue
+            n = min(len(r.fill) - r.kv_len, budget)
+            slots = self.st.cache.alloc(n)
+            if slots is None:
+                continue
+            budget -= n
+            plan.msg.extends.append(self._extend_op(plan, r, slots))
+        return budget
+
+    def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> model_pb2.Extend:
+        ids = r.fill[r.kv_len : r.kv_len + len(slots)]
+        r.kv_slots.extend(slots)
+        r.kv_len += len(slots)
+        done = r.kv_len == len(r.fill)
+        sample = done and r.remaining > 0
+        if done:
+            r.phase = Phase.DECODE
+            if not sample:
+                plan.prefill_only.append(r)
+        return model_pb2.Extend(handle=r.handle, input_ids=pack_i32(ids), slots=pack_i32(slots),
+                                sample=sample)
+
+    def _reserved(self) -> int:
+        ratio = self.cfg.new_token_ratio
+        return int(sum(r.remaining * ratio for r in self.st.running.values()))
+
+    def _admit(self, plan: PlannedStep, budget: int) -> None:
+        st, cache = self.st, self.st.cache
+        if not st.waiting or budget <= 0 or len(st.running) >= self.cfg.max_running:
+            return
+        ordered = self.policy.order(st.waiting, cache)
+        admitted: set[int] = set()
+        reserved = self._reserved()
+        for r in ordered:
+            if budget <= 0 or len(st.running) >= self.cfg.max_running:
+                break
+            match = cache.match_prefix(r.fill, r.prefix_limit)  # fresh: earlier admits evict
+            uncached = len(r.fill) - match.length
+            expected = uncached + int(r.remaining * self.cfg.new_token_ratio)
+            if cache.free_size + cache.evictable_size - reserved < expected:
+                break  # keep policy order: do not let small requests starve this one
+            cache.lock(match.node)
+            n = min(uncached, budget)
+            slots = cache.alloc(n)
+            if slots is None:
+                cache.unlock(match.node)
+                break
+            budget -= n
+            reserved += int(r.remaining * self.cfg.new_token_ratio)
+            admitted.add(id(r))
+            self._start(plan, r, match.slots, match.node, slots)
+        if admitted:
+            st.waiting = [r for r in st.waiting if id(r) not in admitted]
+
+    def _start(self, plan: PlannedStep, r: Request, prefix: list[int], node: object,
+               slots: list[int]) -> None:
+        st = self.st
+        r.handle = st.handles.take()
+        r.node = node
+        r.cached_len = len(prefix)
+        r.kv_slots = list(prefix)
+        r.kv_len = len(prefix)
+        r.phase = Phase.PREFILL
+        if r.first_cached < 0:
+            r.first_cached = len(prefix)
+            st.stats.prompt_tokens += len(r.prompt)
+            st.stats.cached_prompt_tokens += min(len(prefix), len(r.prompt))
+            st.delta(r).cached_tokens = len(prefix)
+        st.running[r.handle] = r
+        ext = self._extend_op(plan, r, slots)
+        plan.msg.admits.append(model_pb2.Admit(
+            handle=r.handle, sampling=_sampling(r), output_offset=len(r.output),
+            prefix_slots=pack_i32(prefix), input_ids=ext.input_ids, slots=ext.slots,
+            sample=ext.sample))

@@ -1,0 +1,34 @@
+"""Scheduler service configuration (CLI flags and RADIXMESH_* environment variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config import field
+
+
+@dataclass
+class SchedulerConfig:
+    """RadixMesh scheduler: radix cache, waiting queue, continuous batching."""
+
+    host: str = field("127.0.0.1", "address to listen on")
+    port: int = field(50052, "port to listen on")
+    model_address: str = field("127.0.0.1:50053", "model service address")
+    grammar_address: str = field("127.0.0.1:50054", "grammar service address")
+    radix: str = field("tree", "prefix cache: tree, table (flat exact-prefix) or off",
+                       choices=["tree", "table", "off"])
+    policy: str = field("lpm", "waiting-queue order",
+                        choices=["lpm", "dfs-weight", "fcfs", "lof", "random"])
+    lpm_fallback_queue_len: int = field(128, "above this many waiting, LPM becomes FCFS")
+    chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
+    max_running: int = field(256, "most requests decoding at once")
+    max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
+    new_token_ratio: float = field(0.4, "expected fraction of max_new_tokens still to come")
+    debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
+    log_level: str = field("info", "log level")
+
+    def validate(self) -> None:
+        if self.chunk_tokens < 1:
+            raise ValueError("--chunk-tokens must be >= 1")
+        if self.max_running < 1 or self.max_queue < 1:
+            raise ValueError("--max-running and --max-queue must be >= 1")

@@ -1,0 +1,59 @@
+"""Applies a step's results: appends sampled tokens, checks stop criteria, finishes requests
+(their KV enters the prefix cache) and records per-request deltas for the front door."""
+
+from __future__ import annotations
+
+from client.pb import model_pb2
+from scheduler_service.batch_builder import PlannedStep
+from scheduler_service.request import Phase, Request
+from scheduler_service.state import SchedState
+from services.packing import unpack_f32, unpack_i32
+
+
+def finish(st: SchedState, r: Request, reason: str, stop_token: int = -1) -> None:
+    d = st.delta(r)
+    d.finish = reason
+    d.matched_stop_token = stop_token
+    st.release(r, insert=True)
+    st.stats.finished_requests += 1
+
+
+def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -> None:
+    extras = {e.handle: e for e in res.extras}
+    handles = unpack_i32(res.handles)
+    tokens = unpack_i32(res.tokens)
+    logprobs = unpack_f32(res.logprobs)
+    for h, ex in extras.items():
+        r = st.running.get(h)
+        if r is not None and ex.prompt_logprobs:
+            vals = unpack_f32(ex.prompt_logprobs)
+            start = ex.prompt_logprobs_start
+            st.delta(r).prompt_logprobs.extend(
+                (r.fill[start + i], v) for i, v in enumerate(vals))
+    for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
+        r = st.running.get(h)
+        if r is None or r.phase is not Phase.DECODE:
+            continue  # aborted while the step ran
+        _on_token(st, r, tok, lp, extras.get(h))
+    for r in plan.prefill_only:
+        if r.handle >= 0:
+            finish(st, r, "length")
+
+
+def _on_token(st: SchedState, r: Request, tok: int, lp: float,
+              ex: model_pb2.RowExtras | None) -> None:
+    spec = r.spec
+    st.stats.generated_tokens += 1
+    if (tok in r.eos_ids and not spec.ignore_eos) or tok in spec.stop_token_ids:
+        finish(st, r, "stop", tok)  # the stop token itself is not part of the output
+        return
+    r.output.append(tok)
+    r.fill.append(tok)
+    d = st.delta(r)
+    d.token_ids.append(tok)
+    if spec.return_logprob or spec.top_logprobs:
+        top_ids = unpack_i32(ex.top_ids) if ex is not None else []
+        top_lps = unpack_f32(ex.top_logprobs) if ex is not None else []
+        d.logprobs.append((tok, lp, top_ids, top_lps))
+    if len(r.output) >= spec.max_new_tokens or len(r.fill) >= st.context_length:
+        finish(st, r, "length")

@@ -1,0 +1,88 @@
+"""Per-request state inside the scheduler (no protobuf: the frontend link converts)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+_arrivals = itertools.count()
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"  # admitted, prompt partly in KV (chunked)
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass
+class SamplingSpec:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int = 0
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    return_logprob: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs_from: int = -1  # -1: none
+
+
+@dataclass(eq=False)  # identity semantics: requests are compared by object
+class Request:
+    """Invariants: `kv_slots` holds the KV slots of `fill[:kv_len]` in order; the first
+    `cached_len` of them belong to the prefix cache (locked through `node`), the rest are owned
+    by this request until it finishes (then the cache takes them) or aborts (then freed)."""
+
+    rid: str
+    session: str
+    prompt: list[int]
+    spec: SamplingSpec
+    eos_ids: frozenset[int]
+    output: list[int] = field(default_factory=list)
+    output_logprobs: list[tuple[float, list[int], list[float]]] = field(default_factory=list)
+    arrival: int = field(default_factory=lambda: next(_arrivals))
+    phase: Phase = Phase.WAITING
+    handle: int = -1
+    kv_slots: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    node: object | None = None
+    fill: list[int] = field(default_factory=list)  # tokens to prefill: prompt + output so far
+    kv_len: int = 0
+    first_cached: int = -1  # cached tokens at first admission (reported to the client)
+    resumed_output: int = 0  # output tokens that arrived with a resubmission
+    aborted: bool = False
+    match: object | None = None  # filled by the policy while waiting
+
+    def __post_init__(self) -> None:
+        self.fill = self.prompt + self.output
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.fill
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.spec.max_new_tokens
+
+    @property
+    def prefix_limit(self) -> int:
+        """Most prefix tokens the cache may serve: one token is always computed (its logits are
+        sampled), and prompt-token logprobs need logits from `from - 1` on."""
+        limit = len(self.fill) - 1
+        p = self.spec.prompt_logprobs_from
+        if p >= 0:
+            limit = min(limit, max(p - 1, 0))
+        return max(limit, 0)
+
+    @property
+    def owned(self) -> int:
+        return len(self.kv_slots) - self.cached_len
+
+    @property
+    def remaining(self) -> int:
+        return max(self.spec.max_new_tokens - len(self.output), 0)

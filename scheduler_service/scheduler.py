@@ -1,0 +1,209 @@
+"""The scheduling loop: connect to the model service, then build a step, send it, apply the
+result, hand deltas to the front-door sessions; repeat while there is work.
+
+Losing the model service fails every request promptly with UNAVAILABLE, frees its slots,
+flushes the prefix cache (the KV pool is gone) and reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from client.pb import model_pb2
+from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.model_link import ModelLink, ModelUnavailable
+from scheduler_service.output_processor import apply_result
+from scheduler_service.policy import SchedulePolicy
+from scheduler_service.prefix_cache import make_prefix_cache
+from scheduler_service.request import Request
+from scheduler_service.allocator import SlotAllocator
+from scheduler_service.state import Delta, SchedState
+from services.server import Health
+
+log = structlog.get_logger(__name__)
+
+Sink = Callable[[list[Delta]], None]
+
+
+class SubmitError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.link = ModelLink(cfg.model_address)
+        self.policy = SchedulePolicy(cfg.policy, lpm_fallback_queue_len=cfg.lpm_fallback_queue_len)
+        self.st: SchedState | None = None
+        self.info: model_pb2.WorkerInfo | None = None
+        self.sinks: dict[str, Sink] = {}
+        self.by_rid: dict[str, Request] = {}
+        self.wake = asyncio.Event()
+
+    # -- front door ---------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        st = self.st
+        if st is None or not self.link.connected:
+            raise SubmitError(grpc.StatusCode.UNAVAILABLE, "the model service is not connected")
+        if req.rid in self.by_rid:
+            raise SubmitError(grpc.StatusCode.ALREADY_EXISTS, f"request {req.rid!r} is running")
+        need = len(req.fill) + req.remaining
+        cap = st.cache.allocator.capacity
+        if need > cap:
+            raise SubmitError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"prompt ({len(req.fill)} tokens) + max_new_tokens ({req.remaining})"
+                              f" = {need} exceeds the KV capacity of {cap} tokens: shorten the "
+                              "prompt or lower max_new_tokens")
+        if len(st.waiting) >= self.cfg.max_queue:
+            raise SubmitError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the waiting queue is full ({self.cfg.max_queue}); retry later")
+        self.by_rid[req.rid] = req
+        st.sessions[req.rid] = req.session
+        st.waiting.append(req)
+        self.wake.set()
+
+    def abort(self, rid: str) -> bool:
+        req = self.by_rid.get(rid)
+        if req is None or self.st is None:
+            return False
+        req.aborted = True
+        self.wake.set()
+        return True
+
+    def drop_session(self, session: str) -> None:
+        for r in list(self.by_rid.values()):
+            if r.session == session:
+                r.aborted = True
+        self.sinks.pop(session, None)
+        self.wake.set()
+
+    # -- loop ---------------------------------------------------------------------------------
+    async def run(self, health: Health) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                info = await self.link.connect()
+            except ModelUnavailable as exc:
+                await health.set_ready(False, str(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            self._on_connected(info)
+            await health.set_ready(True, "model connected")
+            try:
+                await self._loop()
+            except ModelUnavailable as exc:
+                await health.set_ready(False, str(exc))
+                self._fail_all(grpc.StatusCode.UNAVAILABLE, str(exc))
+                await self.link.close()
+
+    def _on_connected(self, info: model_pb2.WorkerInfo) -> None:
+        self.info = info
+        cap = int(info.kv_capacity)
+        if self.st is None or self.st.cache.allocator.capacity != cap:
+            alloc = SlotAllocator(cap, track_freed=info.nan_fill)
+            self.st = SchedState(cache=make_prefix_cache(self.cfg.radix, alloc),
+                                 context_length=int(info.context_length))
+        else:
+            self.st.cache.reset()  # new session: the worker's KV pool content is gone
+            self.st.handles.reset()
+            self.st.pending_release.clear()
+        self.builder = BatchBuilder(self.cfg, self.st, self.policy)
+
+    async def _idle(self) -> None:
+        self.wake.clear()
+        closed = asyncio.create_task(self.link.closed.wait())
+        woken = asyncio.create_task(self.wake.wait())
+        await asyncio.wait({closed, woken}, return_when=asyncio.FIRST_COMPLETED)
+        closed.cancel()
+        woken.cancel()
+        if self.link.closed.is_set():
+            raise ModelUnavailable("model service lost")
+
+    async def _loop(self) -> None:
+        st = self.st
+        assert st is not None
+        while True:
+            self._reap_aborted()
+            if not st.waiting and not st.running:
+                self._flush()
+                await self._idle()
+                continue
+            t0 = time.perf_counter()
+            plan = self.builder.build()
+            if plan.empty and not plan.msg.release_handles:
+                self._flush()
+                await self._idle()
+                continue
+            cpu = time.perf_counter() - t0
+            res = await self.link.send(plan.msg)
+            t1 = time.perf_counter()
+            if res.error:
+                log.error("step_failed", step=res.step_id, error=res.error)
+                for r in [*st.running.values()]:
+                    self._fail(r, grpc.StatusCode.INTERNAL, f"model step failed: {res.error}")
+            else:
+                apply_result(st, plan, res)
+            st.stats.steps += 1
+            st.stats.step_seconds += cpu + time.perf_counter() - t1
+            if self.cfg.debug_invariants:
+                st.check_integrity()
+            self._flush()
+
+    def _reap_aborted(self) -> None:
+        st = self.st
+        assert st is not None
+        if not any(r.aborted for r in self.by_rid.values()):
+            return
+        for r in [r for r in self.by_rid.values() if r.aborted]:
+            if r in st.waiting:
+                st.waiting.remove(r)
+            st.release(r, insert=False)
+            st.delta(r).finish = "abort"
+
+    def _fail(self, r: Request, code: grpc.StatusCode, message: str) -> None:
+        st = self.st
+        assert st is not None
+        st.release(r, insert=False)
+        d = st.delta(r)
+        d.error_code = code.value[0]
+        d.error_message = message
+
+    def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
+        st = self.st
+        if st is None:
+            return
+        for r in list(self.by_rid.values()):
+            if r in st.waiting:
+                st.waiting.remove(r)
+            self._fail(r, code, message)
+        st.cache.reset()
+        st.handles.reset()
+        st.pending_release.clear()
+        self._flush()
+
+    def _flush(self) -> None:
+        st = self.st
+        if st is None or not st.deltas:
+            return
+        by_session: dict[str, list[Delta]] = {}
+        for rid, d in st.deltas.items():
+            session = st.sessions.get(rid, "")
+            by_session.setdefault(session, []).append(d)
+            if d.finish or d.error_code:
+                self.by_rid.pop(rid, None)
+                st.sessions.pop(rid, None)
+        st.deltas = {}
+        for session, deltas in by_session.items():
+            sink = self.sinks.get(session)
+            if sink is not None:
+                sink(deltas)

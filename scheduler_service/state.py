@@ -1,0 +1,78 @@
+"""The scheduler's mutable state, shared by the step builder and the output processor.
+
+Accounting invariant (checked after every step in debug mode):
+  free + evictable + locked + sum(request-owned slots of admitted requests) == capacity
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_service.handles import HandlePool
+from scheduler_service.prefix_cache import PrefixCache
+from scheduler_service.request import Phase, Request
+from scheduler_service.stats import SchedulerStats
+
+
+@dataclass
+class Delta:
+    """What one request produced in one step, for its front-door session."""
+
+    rid: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)
+    finish: str = ""  # "", "stop", "length", "abort"
+    matched_stop_token: int = -1
+    cached_tokens: int = -1  # >= 0 on the first delta after admission
+    prompt_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+@dataclass
+class SchedState:
+    cache: PrefixCache
+    context_length: int
+    waiting: list[Request] = field(default_factory=list)
+    running: dict[int, Request] = field(default_factory=dict)  # by handle
+    handles: HandlePool = field(default_factory=HandlePool)
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
+    deltas: dict[str, Delta] = field(default_factory=dict)  # rid -> delta of this step
+    sessions: dict[str, str] = field(default_factory=dict)  # rid -> session
+    pending_release: list[int] = field(default_factory=list)  # handles to release next step
+    step_id: int = 0
+
+    def delta(self, req: Request) -> Delta:
+        d = self.deltas.get(req.rid)
+        if d is None:
+            d = self.deltas[req.rid] = Delta(req.rid)
+        return d
+
+    def request_owned(self) -> int:
+        return sum(r.owned for r in self.running.values())
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity(self.request_owned())
+
+    def release(self, req: Request, insert: bool) -> None:
+        """Take a request out of the running set. `insert`: its KV enters the prefix cache
+        (finished); otherwise its own slots are freed (aborted, failed, retracted)."""
+        if req.handle >= 0:
+            self.running.pop(req.handle, None)
+            self.pending_release.append(req.handle)
+            req.handle = -1
+        kv = req.fill[: req.kv_len]
+        if insert and kv:
+            self.cache.insert(kv, req.kv_slots[: req.kv_len])
+            extra = req.kv_slots[req.kv_len :]
+            if extra:
+                self.cache.free_slots(extra)
+        elif req.owned:
+            self.cache.free_slots(req.kv_slots[req.cached_len :])
+        if req.node is not None:
+            self.cache.unlock(req.node)
+            req.node = None
+        req.kv_slots = []
+        req.cached_len = 0
+        req.kv_len = 0
+        req.phase = Phase.DONE

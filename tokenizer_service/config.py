@@ -1,0 +1,21 @@
+"""Tokenizer service (front door) configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config import field
+
+
+@dataclass
+class TokenizerConfig:
+    """RadixMesh front door: tokenization, chat templates, detokenization, client streams."""
+
+    host: str = field("127.0.0.1", "address to listen on")
+    port: int = field(50051, "port to listen on (the public API)")
+    scheduler_address: str = field("127.0.0.1:50052", "scheduler service address")
+    model: str = field("default", "model folder (for the tokenizer), or 'default'")
+    tokenizer: str = field("", "tokenizer folder if different from --model")
+    default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
+    max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
+    log_level: str = field("info", "log level")

@@ -1,0 +1,94 @@
+"""The model's tokenizer and chat template (transformers), plus the role markers a client
+without transformers needs to build chat prompts itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from transformers import AutoTokenizer
+
+log = structlog.get_logger(__name__)
+
+_SENTINEL = "\x00{}\x00"
+
+
+@dataclass
+class RoleInfo:
+    roles: dict[str, tuple[str, str]] = field(default_factory=dict)  # role -> (prefix, suffix)
+    default_system_prompt: str = ""
+    generation_prefix: str = ""
+
+
+class Tokenization:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.tok = AutoTokenizer.from_pretrained(folder)
+        self.vocab_size = len(self.tok)
+        self.eos_ids = self._eos_ids(folder)
+        self.bos_id = self.tok.bos_token_id if self.tok.bos_token_id is not None else -1
+        self.chat_template = self.tok.chat_template or ""
+        self.roles = self._role_info() if self.chat_template else RoleInfo()
+        cfg = json.loads((folder / "config.json").read_text()) if (
+            folder / "config.json").exists() else {}
+        self.model_name = cfg.get("_name_or_path") or folder.name
+
+    def _eos_ids(self, folder: Path) -> list[int]:
+        ids: set[int] = set()
+        for name in ("generation_config.json", "config.json"):
+            f = folder / name
+            if f.exists():
+                eos = json.loads(f.read_text()).get("eos_token_id")
+                if isinstance(eos, int):
+                    ids.add(eos)
+                elif isinstance(eos, list):
+                    ids.update(eos)
+        if self.tok.eos_token_id is not None:
+            ids.add(self.tok.eos_token_id)
+        return sorted(ids)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+                   ) -> list[int]:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; send text or input_ids")
+        text = self.tok.apply_chat_template(messages, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
+        # the template already carries any BOS it wants
+        return self.encode(text, add_special_tokens=False)
+
+    def _render(self, messages: list[dict[str, str]], gen: bool = False) -> str:
+        return str(self.tok.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=gen))
+
+    def _role_info(self) -> RoleInfo:
+        info = RoleInfo()
+        try:
+            for role in ("system", "user", "assistant"):
+                s = _SENTINEL.format(role)
+                msgs = [{"role": "system", "content": "sys"}] if role != "system" else []
+                base = self._render(msgs) if msgs else ""
+                text = self._render([*msgs, {"role": role, "content": s}])
+                text = text[len(base) :] if text.startswith(base) else text
+                prefix, _, suffix = text.partition(s)
+                info.roles[role] = (prefix, suffix)
+            user = _SENTINEL.format("user")
+            only_user = self._render([{"role": "user", "content": user}])
+            head = only_user.split(info.roles["user"][0] + user)[0]
+            sp, ss = info.roles["system"]
+            if head.startswith(sp) and head.endswith(ss) and len(head) > len(sp) + len(ss):
+                info.default_system_prompt = head[len(sp) : len(head) - len(ss)]
+            msgs = [{"role": "user", "content": "x"}]
+            info.generation_prefix = self._render(msgs, True)[len(self._render(msgs)) :]
+        except Exception as exc:  # a template we cannot probe: clients fall back to text
+            log.warning("role_markers_unavailable", error=str(exc))
+            return RoleInfo()
+        return info

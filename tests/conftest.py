@@ -1,0 +1,71 @@
+"""Shared fixtures. Integration stacks are started once per test session and configuration:
+every service is a real OS process on free localhost ports, spoken to over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.launcher import Launcher, StackPorts, stack_specs
+from services.model_store import resolve_model
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return resolve_model("default")
+
+
+@dataclass
+class Stack:
+    launcher: Launcher
+    ports: StackPorts
+    log_dir: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.ports.tokenizer}"
+
+    def address(self, name: str) -> str:
+        return self.launcher.specs[name].address
+
+    def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
+        asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names))
+
+
+def start_stack(tmp: Path, model_args: list[str] | None = None,
+                scheduler_args: list[str] | None = None) -> Iterator[Stack]:
+    ports = StackPorts.free()
+    launcher = Launcher(
+        stack_specs(ports, "default", model_args=model_args or [],
+                    scheduler_args=scheduler_args or []),
+        log_dir=tmp, max_backoff=0.5)
+    launcher.start_all()
+    loop = asyncio.new_event_loop()
+    supervisor = threading.Thread(target=loop.run_until_complete, args=(launcher.supervise(),),
+                                  daemon=True)
+    try:
+        asyncio.run(launcher.wait_ready(timeout=300))
+        supervisor.start()
+        yield Stack(launcher, ports, tmp)
+    finally:
+        launcher.stop_all()
+        supervisor.join(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """The default CPU stack, with the KV invariant checked after every step."""
+    yield from start_stack(tmp_path_factory.mktemp("stack"), ["--kv-tokens", "16384"],
+                           ["--debug-invariants"])
+
+
+@pytest.fixture(scope="session")
+def nan_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """Freed KV slots are poisoned with NaN: any read after free corrupts outputs."""
+    yield from start_stack(tmp_path_factory.mktemp("nanstack"),
+                           ["--kv-tokens", "16384", "--nan-fill"], ["--debug-invariants"])

@@ -1,0 +1,50 @@
+"""Grammar service configuration (CLI flags and RADIXMESH_* environment variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.config import field
+
+
+@dataclass
+class GrammarConfig:
+    """RadixMesh grammar service: compiled-grammar cache, per-request matchers, masks."""
+
+    host: str = field("127.0.0.1", "address to listen on")
+    port: int = field(50054, "port to listen on")
+    tokenizer: str = field("default", "HF tokenizer folder, or 'default' (SmolLM2-135M's)")
+    vocab_size: int = field(0, "mask width: the model's logits width (0: the tokenizer's)")
+    stop_token_ids: str = field("", "comma-separated ids that end a grammar (empty: tokenizer EOS)")
+    max_cache_entries: int = field(1024, "compiled grammars kept (LRU)")
+    max_cache_bytes: int = field(1 << 30, "bytes of compiled grammars kept (0: no byte bound)")
+    compile_threads: int = field(2, "concurrent compiles (and xgrammar threads per compile)")
+    mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
+    batch_fill_min_rows: int = field(32, "rows from which xgrammar's threaded batch fill is used")
+    inline_step_weight: int = field(4, "steps this light (rows + tokens) skip the thread hop")
+    any_whitespace: bool = field(False, "JSON grammars allow free whitespace (off: compact JSON)")
+    disable_xgrammar_cache: bool = field(False, "turn off xgrammar's own cache (cold benchmarks)")
+    error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
+    max_rollback_tokens: int = field(256, "tokens a matcher can roll back (-1: unlimited)")
+    jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
+    log_level: str = field("info", "log level")
+
+    def validate(self) -> None:
+        if self.max_cache_entries < 1:
+            raise ValueError("--max-cache-entries must be >= 1")
+        if self.compile_threads < 1 or self.mask_threads < 1:
+            raise ValueError("--compile-threads and --mask-threads must be >= 1")
+        if self.vocab_size < 0 or self.max_cache_bytes < 0:
+            raise ValueError("--vocab-size and --max-cache-bytes must be >= 0")
+        if 0 <= self.max_rollback_tokens < self.jump_forward_window:
+            raise ValueError("--max-rollback-tokens must cover --jump-forward-window")
+        self.parsed_stop_token_ids()
+
+    def parsed_stop_token_ids(self) -> list[int] | None:
+        text = self.stop_token_ids.strip()
+        if not text:
+            return None
+        try:
+            return [int(t) for t in text.split(",") if t.strip()]
+        except ValueError as exc:
+            raise ValueError(f"--stop-token-ids: {exc}") from exc

@@ -1,0 +1,195 @@
+"""Shortest-form wire encoding of next-token masks, and the decoders the model service uses.
+
+A mask row covers token ids `0 .. vocab_size-1`. On the wire it takes one of three forms
+(`MaskEncoding`, numerically equal to the proto enum `radixmesh.v1.MaskEncoding`):
+
+- BITMASK: `bitmask_words(vocab_size)` little-endian int32 words laid out as xgrammar lays them
+  out: token `t` is allowed iff bit `t % 32` of word `t // 32` is set. Bits past `vocab_size`
+  are zero in what we decode and ignored in what we encode.
+- ALLOWED: the sorted allowed ids as little-endian int32; every other id is disallowed.
+- DISALLOWED: the sorted disallowed ids as little-endian int32; every other id is allowed.
+
+The encoder picks whichever is fewest bytes (ties go to BITMASK, which is cheapest to apply,
+then ALLOWED). A decoded row is a torch int32 tensor of `bitmask_words(vocab_size)` words, ready
+for `xgrammar.apply_token_bitmask_inplace(logits, rows)` after moving it to the logits' device.
+
+Only numpy and torch are needed here, so the model service can decode without xgrammar.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+import numpy as np
+import torch
+
+assert sys.byteorder == "little", "mask rows assume a little-endian host"
+
+_I32 = np.dtype("<i4")
+
+
+class MaskEncoding(IntEnum):
+    """Mirror of the proto enum (a unit test checks the numbers agree)."""
+
+    NONE = 0
+    BITMASK = 1
+    ALLOWED = 2
+    DISALLOWED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRow:
+    encoding: MaskEncoding
+    data: bytes
+
+
+class RowLike(Protocol):
+    """Anything with `encoding` and `data`: an `EncodedRow` or a proto `MaskRow`."""
+
+    @property
+    def encoding(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def _tail_mask(vocab_size: int) -> np.uint32:
+    """Valid bits of the last word (all ones when vocab_size is a multiple of 32)."""
+    rem = vocab_size % 32
+    return np.uint32(0xFFFFFFFF if rem == 0 else (1 << rem) - 1)
+
+
+def allowed_counts(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Allowed ids per row of an int32 [rows, words] bitmask, ignoring padding bits."""
+    words = bitmask.view(np.uint32)
+    counts = np.bitwise_count(words[:, :-1]).sum(axis=1, dtype=np.int64)
+    last = words[:, -1] & _tail_mask(vocab_size)
+    return counts + np.bitwise_count(last).astype(np.int64)
+
+
+def _row_bits(row: np.ndarray, vocab_size: int) -> np.ndarray:
+    return np.unpackbits(row.view(np.uint8), bitorder="little", count=vocab_size)
+
+
+def choose_encoding(n_allowed: int, vocab_size: int) -> MaskEncoding:
+    """The fewest-bytes form of a row with `n_allowed` allowed ids (ties: BITMASK, ALLOWED)."""
+    sizes = (
+        (4 * bitmask_words(vocab_size), MaskEncoding.BITMASK),
+        (4 * n_allowed, MaskEncoding.ALLOWED),
+        (4 * (vocab_size - n_allowed), MaskEncoding.DISALLOWED),
+    )
+    return min(sizes, key=lambda s: s[0])[1]  # min() keeps the first of equal sizes
+
+
+def encode_rows(bitmask: np.ndarray, vocab_size: int) -> list[EncodedRow]:
+    """Encode every row of an int32 [rows, bitmask_words(vocab_size)] bitmask (xgrammar's
+    layout) in its shortest form. The input is not modified."""
+    if bitmask.ndim != 2 or bitmask.shape[1] != bitmask_words(vocab_size):
+        raise ValueError(f"bitmask shape {bitmask.shape} does not fit vocab_size {vocab_size}")
+    bitmask = np.ascontiguousarray(bitmask, dtype=_I32)
+    counts = allowed_counts(bitmask, vocab_size)
+    rows: list[EncodedRow] = []
+    for i, n in enumerate(counts.tolist()):
+        enc = choose_encoding(n, vocab_size)
+        if enc is MaskEncoding.BITMASK:
+            data = _clear_padding(bitmask[i], vocab_size).tobytes()
+        else:
+            bits = _row_bits(bitmask[i], vocab_size)
+            ids = np.flatnonzero(bits) if enc is MaskEncoding.ALLOWED else np.flatnonzero(bits == 0)
+            data = ids.astype(_I32).tobytes()
+        rows.append(EncodedRow(enc, data))
+    return rows
+
+
+def encode_row(words: np.ndarray, vocab_size: int) -> EncodedRow:
+    return encode_rows(np.asarray(words).reshape(1, -1), vocab_size)[0]
+
+
+def encode_ids(ids: Sequence[int], vocab_size: int) -> EncodedRow:
+    """The shortest form of a mask that allows exactly `ids` (e.g. only the stop tokens)."""
+    bits = np.zeros(bitmask_words(vocab_size) * 32, dtype=bool)
+    bits[np.asarray(list(ids), dtype=np.int64)] = True
+    words = np.packbits(bits, bitorder="little").view(_I32)
+    return encode_row(words, vocab_size)
+
+
+def _clear_padding(row: np.ndarray, vocab_size: int) -> np.ndarray:
+    if vocab_size % 32 == 0:
+        return row
+    row = row.copy()
+    row[-1] = np.int32(np.uint32(row[-1]) & _tail_mask(vocab_size))  # why: padding bits = 0
+    return row
+
+
+def _ids(data: bytes, vocab_size: int) -> np.ndarray:
+    ids = np.frombuffer(data, dtype=_I32)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"mask row has ids outside [0, {vocab_size})")
+    return ids
+
+
+def decode_rows_numpy(rows: Sequence[RowLike], vocab_size: int) -> np.ndarray:
+    """Decode rows into one int32 [len(rows), bitmask_words(vocab_size)] numpy array.
+
+    The fast path for a whole step: BITMASK rows are copied, and all list rows are scattered
+    into one boolean matrix that is packed in a single `np.packbits` call. A NONE row (a row
+    whose grammar failed) raises ValueError: it must never be sampled unmasked.
+    """
+    n_words = bitmask_words(vocab_size)
+    out = np.zeros((len(rows), n_words), dtype=_I32)
+    list_rows: list[int] = []
+    for i, row in enumerate(rows):
+        enc = MaskEncoding(row.encoding)
+        if enc is MaskEncoding.BITMASK:
+            words = np.frombuffer(row.data, dtype=_I32)
+            if words.size != n_words:
+                raise ValueError(f"bitmask row has {words.size} words, expected {n_words}")
+            out[i] = words
+        elif enc is MaskEncoding.NONE:
+            raise ValueError("row has no mask (its grammar failed); do not sample it")
+        else:
+            list_rows.append(i)
+    if list_rows:
+        bits = np.zeros((len(list_rows), n_words * 32), dtype=bool)
+        for j, i in enumerate(list_rows):
+            ids = _ids(rows[i].data, vocab_size)
+            if rows[i].encoding == MaskEncoding.ALLOWED:
+                bits[j, ids] = True
+            else:
+                bits[j, :vocab_size] = True
+                bits[j, ids] = False
+        packed = np.packbits(bits, axis=1, bitorder="little").view(_I32)
+        out[list_rows] = packed
+    if vocab_size % 32:
+        out[:, -1] &= np.int32(np.uint32(_tail_mask(vocab_size)).view(np.int32))
+    return out
+
+
+def decode_rows(rows: Sequence[RowLike], vocab_size: int) -> torch.Tensor:
+    """Int32 [len(rows), words] CPU tensor for `xgrammar.apply_token_bitmask_inplace`."""
+    return torch.from_numpy(decode_rows_numpy(rows, vocab_size))
+
+
+def decode_row(encoding: int, data: bytes, vocab_size: int) -> torch.Tensor:
+    """One row as an int32 [bitmask_words(vocab_size)] CPU tensor."""
+    return decode_rows([EncodedRow(MaskEncoding(encoding), data)], vocab_size)[0]
+
+
+def bitmask_to_bool(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Int32 bitmask words [..., W] -> boolean allowed mask [..., vocab_size] on the same device
+    (for samplers that mask logits themselves: `logits.masked_fill_(~allowed, -inf)`)."""
+    shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # arithmetic shift is fine: we keep bit 0 only
+    return bits.flatten(-2)[..., :vocab_size].bool()
+
+
+def encoded_size(row: RowLike) -> int:
+    return len(row.data)

@@ -1,0 +1,213 @@
+"""The grammar service's gRPC surface: Compile, the per-session Masks stream, GetGrammarInfo.
+
+Threads: the event loop only decodes messages and awaits work. Compiles run in the cache's
+compile pool; mask steps run in the mask pool (`mask_threads`), except steps light enough that
+the thread hop would cost more than the work (`inline_step_weight`). Each session runs one step
+at a time, so its matchers are never touched by two threads at once.
+
+Use `build_servicer(tokenizer, config)` to embed the servicer in any grpc.aio server, or
+`serve(config)` to run it with the shared bootstrap (health, reflection, drain on SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import structlog
+import xgrammar as xgr
+
+from client.pb import grammar_pb2 as pb
+from client.pb import grammar_pb2_grpc as pb_grpc
+from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKey
+from grammar_service.config import GrammarConfig
+from grammar_service.jump_forward import Retokenizer
+from grammar_service.steps import MaskEngine, SessionState, StepOps, grammar_key, parse_step
+from grammar_service.tokenizer_source import load_tokenizer
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Grammar"].full_name
+
+
+class GrammarServicer(pb_grpc.GrammarServicer):
+    def __init__(self, tokenizer: Any, config: GrammarConfig) -> None:
+        """`tokenizer`: a loaded Hugging Face tokenizer (see `build_servicer` for paths)."""
+        config.validate()
+        self.config = config
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer,
+            vocab_size=config.vocab_size or None,
+            stop_token_ids=config.parsed_stop_token_ids(),
+        )
+        self.cache = CompileCache(
+            self.tokenizer_info,
+            max_entries=config.max_cache_entries,
+            max_bytes=config.max_cache_bytes,
+            compile_threads=config.compile_threads,
+            any_whitespace=config.any_whitespace,
+            disable_xgrammar_cache=config.disable_xgrammar_cache,
+            error_ttl_s=config.error_ttl_s,
+        )
+        retok = (
+            Retokenizer(tokenizer, self.tokenizer_info.decoded_vocab, config.jump_forward_window)
+            if config.jump_forward_window > 0
+            else None
+        )
+        self.engine = MaskEngine(
+            self.tokenizer_info,
+            retok,
+            stop_token_ids=[int(t) for t in self.tokenizer_info.stop_token_ids],
+            batch_fill_min_rows=config.batch_fill_min_rows,
+            fill_threads=config.mask_threads,
+        )
+        self._pool = ThreadPoolExecutor(config.mask_threads, thread_name_prefix="masks")
+        self._sessions: dict[int, SessionState] = {}  # keyed by id(): session ids may repeat
+        self.backend = f"xgrammar {importlib.metadata.version('xgrammar')}"
+
+    # --- unary ---------------------------------------------------------------------------
+
+    def info(self) -> pb.GrammarInfo:
+        return pb.GrammarInfo(
+            backend=self.backend,
+            vocab_size=self.engine.vocab_size,
+            bitmask_words=self.engine.words,
+            stop_token_ids=self.engine.stop_token_ids,
+            cache_entries=len(self.cache),
+            cache_bytes=self.cache.nbytes,
+            sessions=len(self._sessions),
+            matchers=sum(len(s.table) for s in self._sessions.values()),
+        )
+
+    async def GetGrammarInfo(
+        self, request: pb.GrammarInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GrammarInfo:
+        return self.info()
+
+    async def Compile(
+        self, request: pb.CompileRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CompileReply:
+        t0 = time.perf_counter()
+        try:
+            kind, text = grammar_key(request.grammar)
+            _, cached = await self.cache.get(kind, text)
+            reply = pb.CompileReply(ok=True, cached=cached)
+        except (ValueError, GrammarError) as exc:
+            reply = pb.CompileReply(ok=False, error=str(exc))
+        reply.compile_ms = (time.perf_counter() - t0) * 1e3
+        return reply
+
+    # --- the mask stream -----------------------------------------------------------------
+
+    async def Masks(
+        self, request_iterator: AsyncIterator[pb.MaskRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MaskReply]:
+        requests = aiter(request_iterator)
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be open")
+        sid = first.open.session_id
+        state = SessionState(
+            sid,
+            max_rollback_tokens=self.config.max_rollback_tokens,
+            keep_tokens=self.config.jump_forward_window,
+        )
+        self._sessions[id(state)] = state
+        log.info("masks_session_opened", session=sid)
+        try:
+            yield pb.MaskReply(opened=pb.MasksOpened(session_id=sid, info=self.info()))
+            async for req in requests:
+                if req.WhichOneof("kind") != "step":
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
+                yield pb.MaskReply(result=await self._step(state, req.step, context))
+        finally:
+            # Drop the reference only: a step still running in a thread finishes on its own
+            # objects, and the matchers go with the last reference.
+            self._sessions.pop(id(state), None)
+            log.info(
+                "masks_session_closed", session=sid, steps=state.steps, matchers=len(state.table)
+            )
+
+    async def _step(
+        self, state: SessionState, step: pb.MaskStep, context: grpc.aio.ServicerContext
+    ) -> pb.MaskStepResult:
+        t0 = time.perf_counter()
+        try:
+            ops = parse_step(step)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step_id}: {exc}")
+        compiled = await self._compile_binds(ops)
+        try:
+            if not ops.binds and ops.weight() <= self.config.inline_step_weight:
+                result = self.engine.run(state, ops, compiled)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(
+                    self._pool, self.engine.run, state, ops, compiled
+                )
+        except Exception as exc:  # a bug, not a grammar problem: fail the stream loudly
+            log.exception("mask_step_failed", session=state.session_id, step=ops.step_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"step {ops.step_id}: {exc}")
+        state.steps += 1
+        result.service_ms = (time.perf_counter() - t0) * 1e3
+        return result
+
+    async def _compile_binds(self, ops: StepOps) -> dict[GrammarKey, xgr.CompiledGrammar | str]:
+        """Every distinct grammar the step binds, compiled concurrently (usually cache hits:
+        the scheduler compiles at submission)."""
+        keys = list(dict.fromkeys(b.key for b in ops.binds if b.key is not None))
+        if not keys:
+            return {}
+        got = await asyncio.gather(*(self.cache.get(*k) for k in keys), return_exceptions=True)
+        out: dict[GrammarKey, xgr.CompiledGrammar | str] = {}
+        for key, res in zip(keys, got, strict=True):
+            if isinstance(res, GrammarError):
+                out[key] = str(res)
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                out[key] = res[0]
+        return out
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.cache.close()
+
+
+def build_servicer(tokenizer: Any, config: GrammarConfig | None = None) -> GrammarServicer:
+    """A servicer from a tokenizer folder, "default", or a loaded HF tokenizer."""
+    config = config or GrammarConfig()
+    return GrammarServicer(load_tokenizer(tokenizer), config)
+
+
+def register(server: grpc.aio.Server, servicer: GrammarServicer) -> list[str]:
+    pb_grpc.add_GrammarServicer_to_server(servicer, server)
+    return [SERVICE_NAME]
+
+
+async def serve(config: GrammarConfig) -> None:
+    """Run the grammar service until SIGTERM/SIGINT with the shared bootstrap."""
+    from services.server import run_server
+
+    servicer = build_servicer(config.tokenizer, config)
+    log.info(
+        "grammar_ready",
+        backend=servicer.backend,
+        vocab_size=servicer.engine.vocab_size,
+        stop_token_ids=servicer.engine.stop_token_ids,
+    )
+    await run_server(
+        "grammar",
+        config.host,
+        config.port,
+        register=lambda server, _health: register(server, servicer),
+        on_stop=servicer.close,
+    )

@@ -64,6 +64,8 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, ops: StepOps) -> StepOutput:
         t0 = time.perf_counter()
+        for handle in ops.releases:  # first: a released handle may be re-admitted this step
+            self.requests.pop(handle, None)
         if ops.freed_slots:
             self.pool.poison(torch.tensor(ops.freed_slots, device=self.device))
         for handle, length in ops.truncates:
@@ -72,8 +74,6 @@ class ModelRunner:
             st.last_token = None
         rows = self._collect_rows(ops)
         outputs, plps = self._run(rows) if rows else ([], [])
-        for handle in ops.releases:
-            self.requests.pop(handle, None)
         ms = (time.perf_counter() - t0) * 1e3
         return StepOutput(ops.step_id, outputs, plps, ms)
 

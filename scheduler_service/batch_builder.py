@@ -1,8 +1,8 @@
 """Builds one step: decodes for running requests, the next chunk of chunked prefills, and new
 admissions in policy order within the token, memory and batch budgets (Algorithm 1).
 
-Memory budget for admission: free + evictable - reserved, where reserved is the expected
-future decode of running requests (remaining max_new_tokens x new_token_ratio). When decodes
+Admission is `prefill_adder.admit_prefills` (budget: free + evictable - the running batch's
+expected future decode, remaining max_new_tokens x a decaying new-token ratio). When decodes
 themselves do not fit, running requests are retracted (their KV goes into the prefix cache, so
 nothing computed is lost while memory lasts) and they wait again with their tokens so far.
 """
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from client.pb import model_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.policy import SchedulePolicy
+from scheduler_service.prefill_adder import NewTokenRatio, admit_prefills, decode_reservation
+from scheduler_service.prefix_cache import MatchResult
 from scheduler_service.request import Phase, Request
 from scheduler_service.retraction import plan_retraction
 from scheduler_service.state import SchedState
@@ -46,6 +48,7 @@ class BatchBuilder:
         self.cfg = cfg
         self.st = state
         self.policy = policy
+        self.ratio = NewTokenRatio(init=cfg.new_token_ratio)
 
     def build(self) -> PlannedStep:
         st = self.st
@@ -56,21 +59,23 @@ class BatchBuilder:
             st.handles.give(h)  # safe: the worker releases before it sees a later admit
         st.pending_release = []
         self._decodes(plan)
-        budget = self.cfg.chunk_tokens
-        budget = self._continue_prefills(plan, budget)
-        self._admit(plan, budget)
+        self._prefill(plan)
         return plan
 
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep) -> None:
         st, cache = self.st, self.st.cache
         decoders = [r for r in st.running.values() if r.phase is Phase.DECODE]
+        if decoders:
+            self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
         if shortfall > 0:
             victims = plan_retraction(decoders, shortfall)
             for r in victims:
                 self._retract(r)
                 plan.retracted.append(r)
+            if victims:
+                self.ratio.on_retract()
             decoders = [r for r in decoders if r.phase is Phase.DECODE]
         handles, slots = [], []
         for r in decoders:
@@ -92,18 +97,29 @@ class BatchBuilder:
         st.stats.retractions += 1
         st.waiting.insert(0, r)
 
-    # -- prefill -----------------------------------------------------------------------------
-    def _continue_prefills(self, plan: PlannedStep, budget: int) -> int:
-        for r in self.st.running.values():
-            if r.phase is not Phase.PREFILL or budget <= 0:
-                continue
-            n = min(len(r.fill) - r.kv_len, budget)
-            slots = self.st.cache.alloc(n)
-            if slots is None:
-                continue
-            budget -= n
-            plan.msg.extends.append(self._extend_op(plan, r, slots))
-        return budget
+    # -- prefill ---------------------------------------------------------------------------
+    def _prefill(self, plan: PlannedStep) -> None:
+        st, cfg = self.st, self.cfg
+        running = list(st.running.values())
+        chunked = next((r for r in running if r.phase is Phase.PREFILL), None)
+        remaining = len(chunked.fill) - chunked.kv_len if chunked else 0
+        if not st.waiting and not remaining:
+            return
+        candidates: list[Request] = []
+        if st.waiting and len(running) < cfg.max_running:
+            candidates, _deferred = self.policy.schedule(st.waiting, st.cache)
+        ratio = self.ratio.value
+        pp = admit_prefills(
+            candidates, st.cache, chunk_budget=cfg.chunk_tokens, max_running=cfg.max_running,
+            num_running=len(running), reserved_tokens=decode_reservation(running, ratio),
+            new_token_ratio=ratio, chunked_remaining=remaining)
+        if chunked is not None and pp.continuation_slots:
+            plan.msg.extends.append(self._extend_op(plan, chunked, pp.continuation_slots))
+        for a in pp.admitted:
+            self._start(plan, a.item, a.match, a.new_slots)
+        if pp.admitted:
+            taken = {id(a.item) for a in pp.admitted}
+            st.waiting = [r for r in st.waiting if id(r) not in taken]
 
     def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> model_pb2.Extend:
         ids = r.fill[r.kv_len : r.kv_len + len(slots)]
@@ -118,43 +134,13 @@ class BatchBuilder:
         return model_pb2.Extend(handle=r.handle, input_ids=pack_i32(ids), slots=pack_i32(slots),
                                 sample=sample)
 
-    def _reserved(self) -> int:
-        ratio = self.cfg.new_token_ratio
-        return int(sum(r.remaining * ratio for r in self.st.running.values()))
-
-    def _admit(self, plan: PlannedStep, budget: int) -> None:
-        st, cache = self.st, self.st.cache
-        if not st.waiting or budget <= 0 or len(st.running) >= self.cfg.max_running:
-            return
-        ordered = self.policy.order(st.waiting, cache)
-        admitted: set[int] = set()
-        reserved = self._reserved()
-        for r in ordered:
-            if budget <= 0 or len(st.running) >= self.cfg.max_running:
-                break
-            match = cache.match_prefix(r.fill, r.prefix_limit)  # fresh: earlier admits evict
-            uncached = len(r.fill) - match.length
-            expected = uncached + int(r.remaining * self.cfg.new_token_ratio)
-            if cache.free_size + cache.evictable_size - reserved < expected:
-                break  # keep policy order: do not let small requests starve this one
-            cache.lock(match.node)
-            n = min(uncached, budget)
-            slots = cache.alloc(n)
-            if slots is None:
-                cache.unlock(match.node)
-                break
-            budget -= n
-            reserved += int(r.remaining * self.cfg.new_token_ratio)
-            admitted.add(id(r))
-            self._start(plan, r, match.slots, match.node, slots)
-        if admitted:
-            st.waiting = [r for r in st.waiting if id(r) not in admitted]
-
-    def _start(self, plan: PlannedStep, r: Request, prefix: list[int], node: object,
-               slots: list[int]) -> None:
+    def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]
+               ) -> None:
+        """`match.node` is already locked by the adder; `slots` hold the first chunk."""
         st = self.st
+        prefix = match.slots
         r.handle = st.handles.take()
-        r.node = node
+        r.node = match.node
         r.cached_len = len(prefix)
         r.kv_slots = list(prefix)
         r.kv_len = len(prefix)

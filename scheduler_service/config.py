@@ -23,7 +23,8 @@ class SchedulerConfig:
     chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
     max_running: int = field(256, "most requests decoding at once")
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
-    new_token_ratio: float = field(0.4, "expected fraction of max_new_tokens still to come")
+    new_token_ratio: float = field(0.7, "initial expected fraction of max_new_tokens still to "
+                                   "come (decays while no retraction happens)")
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 

@@ -70,7 +70,7 @@ class ModelLink:
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         reason = "stream ended"
         try:
-            async for reply in call:
+            while (reply := await call.read()) is not grpc.aio.EOF:
                 if not self._pending:
                     continue
                 step_id, fut = self._pending.popleft()

@@ -80,6 +80,14 @@ class Request:
         return max(limit, 0)
 
     @property
+    def output_len(self) -> int:
+        return len(self.output)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
     def owned(self) -> int:
         return len(self.kv_slots) - self.cached_len
 

@@ -20,15 +20,24 @@ from grpc_reflection.v1alpha import reflection
 log = structlog.get_logger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GRPC_OPTIONS = [
+_SIZE = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-    # Internal streams live for hours; keepalive pings notice a dead peer quickly.
+]
+# Internal streams live for hours; client keepalive pings notice a dead peer that never closed
+# its socket, and servers must accept those pings (the default would answer GOAWAY).
+CHANNEL_OPTIONS = [
+    *_SIZE,
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+]
+SERVER_OPTIONS = [
+    *_SIZE,
+    ("grpc.so_reuseport", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 LIVENESS = "liveness"
 READINESS = "readiness"
@@ -60,7 +69,7 @@ class Health:
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
 async def run_server(
@@ -74,7 +83,7 @@ async def run_server(
 ) -> None:
     """Serve until SIGTERM/SIGINT. `register` adds servicers and returns their full names;
     `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     hb = Health()
     names = list(register(server, hb))
     health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)

@@ -89,7 +89,7 @@ class SchedulerLink:
             self.hello = first.hello
             self.connected.set()
             await health.set_ready(True, "scheduler connected")
-            async for msg in call:
+            while (msg := await call.read()) is not grpc.aio.EOF:
                 for d in msg.deltas:
                     q = self.queues.get(d.rid)
                     if q is not None:

@@ -61,7 +61,7 @@ def stack_specs(ports: StackPorts, model: str = "default", model_args: Sequence[
     p = ports
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
-        ServiceSpec("grammar", "grammar_service", p.grammar, ["--model", model, *grammar_args]),
+        ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),
         ServiceSpec("scheduler", "scheduler_service", p.scheduler,
                     [f"--model-address=127.0.0.1:{p.model}",
                      f"--grammar-address=127.0.0.1:{p.grammar}", *scheduler_args]),

@@ -216,7 +216,9 @@ def flatten(value: Expr | str) -> list[Leaf]:
                 stack.append(item.content)
             stack.append(RoleBegin(item.role))
         elif isinstance(item, Text):
-            if item.value:
+            if "\x00rm:" in item.value:  # `f"{arg}" + gen(...)` wraps the sentinel in a Text
+                stack.append(item.value)
+            elif item.value:
                 out.append(item)
         elif isinstance(item, Gen | Select | RoleBegin | RoleEnd | Argument | Variable):
             out.append(item)

@@ -207,7 +207,7 @@ def test_subprogram_call_shares_the_state() -> None:
 def test_appending_unsupported_values_fails_at_the_call_site() -> None:
     @rm.function
     def prog(s: rm.ProgramState) -> None:
-        s += 5  # type: ignore[operator]
+        s += 5  # type: ignore[arg-type]
 
     with pytest.raises(TypeError):
         prog.run(backend=ScriptedBackend())

@@ -1,0 +1,1 @@
+"""Runnable DSL examples: `python -m client.examples.<name> --endpoint HOST:PORT`."""

@@ -1,0 +1,250 @@
+"""Stateful property tests: the prefix caches against naive reference models.
+
+RadixCache model: a dict ``prefix tuple -> KV slot of its last token`` (the set of cached
+prefixes is closed under taking prefixes). It is updated by our own reasoning on insert, and on
+evictions by observation: a cached slot that the allocator got back (free, or handed out again
+by the same ``alloc``) was evicted. After every step the tree must equal the model exactly, so
+matches return the longest cached prefix, insert reports what was cached, locked prefixes keep
+their slots, and ``check_integrity`` holds with the request-owned slots we track.
+
+TableCache model: the set of stored sequences -> slots; entries may only disappear through
+eviction (never while locked) and never change.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
+
+from scheduler_service.allocator import SlotAllocator
+from scheduler_service.radix_cache import RadixCache
+from scheduler_service.table_cache import TableCache
+
+CAPACITY = 24
+TOKENS = st.lists(st.integers(0, 2), min_size=0, max_size=9)  # small alphabet: lots of sharing
+NONEMPTY = st.lists(st.integers(0, 2), min_size=1, max_size=9)
+LIMITS = st.none() | st.integers(0, 9)
+SETTINGS = settings(
+    max_examples=200,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+Prefix = tuple[int, ...]
+
+
+class RadixMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = SlotAllocator(CAPACITY, debug=True)
+        self.cache = RadixCache(self.alloc)
+        self.model: dict[Prefix, int] = {}
+        self.owned: list[list[int]] = []  # request-owned slot chunks
+        self.locks: list[tuple[object, Prefix, list[int]]] = []  # node, tokens, slots
+
+    # -- reference model ----------------------------------------------------------------------
+    def longest(self, toks: list[int], limit: int | None) -> int:
+        n = len(toks) if limit is None else min(limit, len(toks))
+        i = 0
+        while i < n and tuple(toks[: i + 1]) in self.model:
+            i += 1
+        return i
+
+    def observe_evictions(self, handed_out: list[int] | None = None) -> int:
+        """Drop model prefixes whose slot came back to the allocator; return how many."""
+        back = set(self.alloc.free_list()) | set(handed_out or ())
+        gone = {p for p, s in self.model.items() if s in back}
+        for p in gone:
+            del self.model[p]
+        for p in self.model:  # leaves first: no cached prefix lost an ancestor
+            assert all(p[:i] in self.model for i in range(1, len(p))), p
+        return len(gone)
+
+    # -- rules --------------------------------------------------------------------------------
+    @rule(toks=TOKENS, limit=LIMITS)
+    def match(self, toks: list[int], limit: int | None) -> None:
+        m = self.cache.match_prefix(toks, limit)
+        want = self.longest(toks, limit)
+        assert m.length == want
+        assert m.slots == [self.model[tuple(toks[: i + 1])] for i in range(want)]
+        assert m.node is not None
+
+    @rule(toks=TOKENS, limit=LIMITS)
+    def lock(self, toks: list[int], limit: int | None) -> None:
+        m = self.cache.match_prefix(toks, limit)
+        self.cache.lock(m.node)
+        self.locks.append((m.node, tuple(toks[: m.length]), m.slots))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 1000))
+    def unlock(self, i: int) -> None:
+        node, _, _ = self.locks.pop(i % len(self.locks))
+        self.cache.unlock(node)
+
+    @rule(n=st.integers(0, CAPACITY))
+    def alloc_slots(self, n: int) -> None:
+        avail = self.cache.free_size + self.cache.evictable_size
+        cached = self.cache.total_cached()
+        got = self.cache.alloc(n)
+        if got is None:
+            assert n > avail
+            assert self.cache.total_cached() == cached  # nothing evicted in vain
+            return
+        assert len(got) == n == len(set(got))
+        self.observe_evictions(got)
+        self.owned.append(got)
+
+    @precondition(lambda self: self.owned)
+    @rule(i=st.integers(0, 1000))
+    def free_owned(self, i: int) -> None:
+        self.cache.free_slots(self.owned.pop(i % len(self.owned)))
+
+    @rule(n=st.integers(1, CAPACITY))
+    def evict(self, n: int) -> None:
+        evictable = self.cache.evictable_size
+        freed = self.cache.evict(n)
+        assert freed == self.observe_evictions()
+        assert freed >= min(n, evictable)
+        assert freed <= evictable
+
+    @rule(toks=NONEMPTY, reuse=st.booleans())
+    def request(self, toks: list[int], reuse: bool) -> None:
+        """A request computes ``toks``: reusing its cached prefix (locked meanwhile) or
+        recomputing everything into fresh slots, then inserts the result."""
+        if reuse:
+            m = self.cache.match_prefix(toks)
+            self.cache.lock(m.node)
+            prefix, node = m.slots, m.node
+        else:
+            prefix, node = [], None
+        got = self.cache.alloc(len(toks) - len(prefix))
+        if got is not None:
+            self.observe_evictions(got)
+            slots = prefix + got
+            want = self.longest(toks, None)
+            cached, inserted = self.cache.insert(toks, slots)
+            assert cached == want
+            for i, s in enumerate(slots):
+                p = tuple(toks[: i + 1])
+                if p not in self.model:
+                    self.model[p] = s
+                elif self.model[p] != s:
+                    assert self.alloc.is_free(s)  # our duplicate copy went back
+            assert self.cache.match_prefix(toks).node is inserted  # covers exactly toks
+        if node is not None:
+            self.cache.unlock(node)
+
+    @rule()
+    def reset(self) -> None:
+        self.cache.reset()
+        self.model.clear()
+        self.owned.clear()
+        self.locks.clear()
+
+    # -- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def consistent(self) -> None:
+        owned = [s for chunk in self.owned for s in chunk]
+        self.cache.check_integrity(len(owned), owned)
+        assert self.cache.debug_prefix_map() == self.model
+        for _, toks, slots in self.locks:  # locked prefixes were never evicted
+            assert [self.model[toks[: i + 1]] for i in range(len(toks))] == slots
+        assert self.cache.total_cached() == len(self.model)
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = SETTINGS
+
+
+class TableMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = SlotAllocator(CAPACITY, debug=True)
+        self.cache = TableCache(self.alloc)
+        self.model: dict[Prefix, list[int]] = {}
+        self.owned: list[list[int]] = []
+        self.locks: list[tuple[object, Prefix]] = []
+
+    def observe(self) -> None:
+        now = self.cache.entries()
+        locked = {k for _, k in self.locks}
+        for k, v in self.model.items():
+            if k in now:
+                assert now[k] == v  # entries never change
+            else:
+                assert k not in locked  # only unlocked entries are evicted
+        self.model = {k: v for k, v in self.model.items() if k in now}
+
+    def longest(self, toks: list[int], limit: int | None) -> int:
+        n = len(toks) if limit is None else min(limit, len(toks))
+        return max(
+            (len(k) for k in self.model if len(k) <= n and tuple(toks[: len(k)]) == k), default=0
+        )
+
+    @rule(toks=TOKENS, limit=LIMITS, keep_lock=st.booleans())
+    def match(self, toks: list[int], limit: int | None, keep_lock: bool) -> None:
+        m = self.cache.match_prefix(toks, limit)
+        assert m.length == self.longest(toks, limit)
+        if m.length:
+            assert m.slots == self.model[tuple(toks[: m.length])]
+        if keep_lock:
+            self.cache.lock(m.node)
+            self.locks.append((m.node, tuple(toks[: m.length])))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 1000))
+    def unlock(self, i: int) -> None:
+        node, _ = self.locks.pop(i % len(self.locks))
+        self.cache.unlock(node)
+
+    @rule(toks=NONEMPTY, reuse=st.booleans())
+    def request(self, toks: list[int], reuse: bool) -> None:
+        m = self.cache.match_prefix(toks) if reuse else None
+        if m is not None:
+            self.cache.lock(m.node)
+        prefix = m.slots if m is not None else []
+        got = self.cache.alloc(len(toks) - len(prefix))
+        self.observe()
+        if got is not None:
+            self.cache.insert(toks, prefix + got)
+            key = tuple(toks)
+            self.model.setdefault(key, prefix + got)
+            assert self.cache.entries()[key] == self.model[key]
+        if m is not None:
+            self.cache.unlock(m.node)
+
+    @rule(n=st.integers(0, CAPACITY))
+    def alloc_slots(self, n: int) -> None:
+        got = self.cache.alloc(n)
+        self.observe()
+        if got is not None:
+            self.owned.append(got)
+
+    @precondition(lambda self: self.owned)
+    @rule(i=st.integers(0, 1000))
+    def free_owned(self, i: int) -> None:
+        self.cache.free_slots(self.owned.pop(i % len(self.owned)))
+
+    @rule(n=st.integers(1, CAPACITY))
+    def evict(self, n: int) -> None:
+        evictable = self.cache.evictable_size
+        freed = self.cache.evict(n)
+        self.observe()
+        assert min(n, evictable) <= freed <= evictable
+
+    @invariant()
+    def consistent(self) -> None:
+        owned = [s for chunk in self.owned for s in chunk]
+        self.cache.check_integrity(len(owned), owned)
+        assert self.cache.entries() == self.model
+
+
+TestTableMachine = TableMachine.TestCase
+TestTableMachine.settings = SETTINGS

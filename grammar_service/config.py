@@ -25,7 +25,7 @@ class GrammarConfig:
     any_whitespace: bool = field(False, "JSON grammars allow free whitespace (off: compact JSON)")
     disable_xgrammar_cache: bool = field(False, "turn off xgrammar's own cache (cold benchmarks)")
     error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
-    max_rollback_tokens: int = field(256, "tokens a matcher can roll back (-1: unlimited)")
+    max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
     log_level: str = field("info", "log level")
 

@@ -46,9 +46,9 @@ class MatchError(Exception):
 class RequestMatcher:
     """One constrained request's grammar state.
 
-    `history` keeps the last `keep` accepted tokens (enough for rollback and for the
-    retokenization window), `n_accepted` counts all of them, and `undoable` is how many the
-    xgrammar matcher can roll back now (it forgets states beyond `max_rollback_tokens`).
+    `history` keeps the last `keep` accepted tokens (a suffix of the request's output: enough for
+    the retokenization window), `n_accepted` counts all of them, and `undoable` is how many may
+    be rolled back now (all of them when `max_rollback_tokens` is -1).
     """
 
     __slots__ = ("key", "matcher", "history", "n_accepted", "undoable", "_max_rollback", "_keep")
@@ -62,7 +62,9 @@ class RequestMatcher:
         keep_tokens: int,
     ) -> None:
         self.key = key
-        self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max_rollback_tokens)
+        # xgrammar 0.2.8 keeps every state (its max_rollback_tokens is deprecated); our bound
+        # is a policy that also caps the token history we keep.
+        self.matcher = xgr.GrammarMatcher(compiled)
         self.history: list[int] = []
         self.n_accepted = 0
         self.undoable = 0

@@ -27,7 +27,14 @@ from client.pb import grammar_pb2_grpc as pb_grpc
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKey
 from grammar_service.config import GrammarConfig
 from grammar_service.jump_forward import Retokenizer
-from grammar_service.steps import MaskEngine, SessionState, StepOps, grammar_key, parse_step
+from grammar_service.steps import (
+    MaskEngine,
+    SessionState,
+    StepFormatError,
+    StepOps,
+    grammar_key,
+    parse_step,
+)
 from grammar_service.tokenizer_source import load_tokenizer
 
 log = structlog.get_logger(__name__)
@@ -115,11 +122,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         if first.WhichOneof("kind") != "open":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be open")
         sid = first.open.session_id
-        state = SessionState(
-            sid,
-            max_rollback_tokens=self.config.max_rollback_tokens,
-            keep_tokens=self.config.jump_forward_window,
-        )
+        state = self.new_session(sid)
         self._sessions[id(state)] = state
         log.info("masks_session_opened", session=sid)
         try:
@@ -139,23 +142,33 @@ class GrammarServicer(pb_grpc.GrammarServicer):
     async def _step(
         self, state: SessionState, step: pb.MaskStep, context: grpc.aio.ServicerContext
     ) -> pb.MaskStepResult:
-        t0 = time.perf_counter()
         try:
-            ops = parse_step(step)
-        except ValueError as exc:
+            return await self.run_step(state, step)
+        except StepFormatError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step_id}: {exc}")
-        compiled = await self._compile_binds(ops)
-        try:
-            if not ops.binds and ops.weight() <= self.config.inline_step_weight:
-                result = self.engine.run(state, ops, compiled)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(
-                    self._pool, self.engine.run, state, ops, compiled
-                )
         except Exception as exc:  # a bug, not a grammar problem: fail the stream loudly
-            log.exception("mask_step_failed", session=state.session_id, step=ops.step_id)
-            await context.abort(grpc.StatusCode.INTERNAL, f"step {ops.step_id}: {exc}")
+            log.exception("mask_step_failed", session=state.session_id, step=step.step_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"step {step.step_id}: {exc}")
+        raise AssertionError("unreachable: abort raises")
+
+    def new_session(self, session_id: str) -> SessionState:
+        return SessionState(
+            session_id,
+            max_rollback_tokens=self.config.max_rollback_tokens,
+            keep_tokens=self.config.jump_forward_window,
+        )
+
+    async def run_step(self, state: SessionState, step: pb.MaskStep) -> pb.MaskStepResult:
+        """Apply one step to a session (the Masks stream's body, usable in-process). Raises
+        StepFormatError for a malformed step."""
+        t0 = time.perf_counter()
+        ops = parse_step(step)
+        compiled = await self._compile_binds(ops)
+        if not ops.binds and ops.weight() <= self.config.inline_step_weight:
+            result = self.engine.run(state, ops, compiled)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._pool, self.engine.run, state, ops, compiled)
         state.steps += 1
         result.service_ms = (time.perf_counter() - t0) * 1e3
         return result

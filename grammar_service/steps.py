@@ -42,9 +42,13 @@ def grammar_key(spec: pb.GrammarSpec) -> GrammarKey:
     return kind, spec.text
 
 
+class StepFormatError(ValueError):
+    """A malformed MaskStep (a scheduler bug): the server ends the stream with INVALID_ARGUMENT."""
+
+
 def _ints(data: bytes, what: str) -> list[int]:
     if len(data) % 4:
-        raise ValueError(f"{what}: {len(data)} bytes is not a whole number of int32")
+        raise StepFormatError(f"{what}: {len(data)} bytes is not a whole number of int32")
     return np.frombuffer(data, dtype=_I32).tolist()
 
 
@@ -73,8 +77,7 @@ class StepOps:
 
 
 def parse_step(msg: pb.MaskStep) -> StepOps:
-    """Decode a MaskStep. Malformed packing raises ValueError (a scheduler bug: the server ends
-    the stream with INVALID_ARGUMENT)."""
+    """Decode a MaskStep; malformed packing raises StepFormatError."""
     ops = StepOps(step_id=msg.step_id, releases=_ints(msg.release_handles, "release_handles"))
     for b in msg.binds:
         try:
@@ -88,7 +91,7 @@ def parse_step(msg: pb.MaskStep) -> StepOps:
     tokens = _ints(msg.accept_tokens, "accept_tokens")
     counts = _ints(msg.accept_counts, "accept_counts") if msg.accept_counts else [1] * len(handles)
     if len(counts) != len(handles) or sum(counts) != len(tokens) or min(counts, default=0) < 0:
-        raise ValueError(
+        raise StepFormatError(
             f"accepts: {len(handles)} handles, {len(counts)} counts summing to {sum(counts)}, "
             f"{len(tokens)} tokens"
         )

@@ -141,8 +141,10 @@ class ModelRunner:
                     logit_rows.append(last)
             cursor += n
         self.attn.plan(plans, torch.tensor(out_slots, dtype=torch.int64, device=dev))
-        logits = self.model(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev),
-                            self.attn, torch.tensor(logit_rows, device=dev))
+        i64 = torch.int64
+        logits = self.model(torch.tensor(ids, dtype=i64, device=dev),
+                            torch.tensor(pos, dtype=i64, device=dev), self.attn,
+                            torch.tensor(logit_rows, dtype=i64, device=dev))
         plps = self._prompt_logprobs(rows, lp_spans, logits)
         return self._sample(rows, sample_rows, logits), plps
 
@@ -178,7 +180,7 @@ class ModelRunner:
         if not sampled:
             return []
         dev = logits.device
-        lg = logits.index_select(0, torch.tensor(sample_rows, device=dev))
+        lg = logits.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=dev))
         sp = [r.state.sampling for r in sampled]
         for i, r in enumerate(sampled):
             if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:

@@ -79,10 +79,12 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 ops = decode_step(step)
                 try:
                     out = await loop.run_in_executor(self.executor, self.engine.runner.step, ops)
-                except StepError as exc:
-                    log.error("step_rejected", session=sid, step=step.step_id, error=str(exc))
+                except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
+                    kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
+                    log.error(kind, session=sid, step=step.step_id, error=repr(exc),
+                              exc_info=not isinstance(exc, StepError))
                     yield model_pb2.StepReply(result=model_pb2.StepResult(
-                        step_id=step.step_id, error=str(exc)))
+                        step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"))
                     continue
                 yield model_pb2.StepReply(result=encode_output(out))
         finally:

@@ -113,13 +113,16 @@ class Launcher:
         for name in self.specs:
             self.start(name)
 
-    async def wait_ready(self, timeout: float = 300.0, names: Sequence[str] | None = None) -> None:
+    async def wait_ready(self, timeout: float = 300.0, names: Sequence[str] | None = None,
+                         fail_on_exit: bool = True) -> None:
+        """Until every named service reports readiness. `fail_on_exit=False` while `supervise`
+        is running: a dead process is then about to be restarted, not a start-up failure."""
         deadline = time.monotonic() + timeout
         pending = list(names or self.specs)
         while pending:
             for name in list(pending):
                 proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None:
+                if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"service {name} exited with code {proc.returncode} "
                                        f"during start-up{self._log_hint(name)}")
                 if await check_ready(self.specs[name].address):

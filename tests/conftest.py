@@ -34,7 +34,7 @@ class Stack:
         return self.launcher.specs[name].address
 
     def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
-        asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names))
+        asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))
 
 
 def start_stack(tmp: Path, model_args: list[str] | None = None,

@@ -1,0 +1,118 @@
+"""flashinfer attention over the slot-indexed KV pool (CUDA only).
+
+The pool keeps one slot per token (page size 1), so a row's flashinfer page indices are simply
+its KV slots and every "last page" holds exactly one token. The pool's per-layer tensors
+`k[layer]`, `v[layer]` ([capacity, kv_heads, head_dim]) are passed to flashinfer as they are: a
+3-D cache is read as NHD with page size 1, so no copy and no change to KVPool.
+
+Per step, `plan` builds the index arrays once and plans one wrapper:
+- every row has q_len == 1 (a decode-only step): BatchDecodeWithPagedKVCacheWrapper;
+- otherwise (prefill chunks, possibly mixed with decodes): one ragged, causal
+  BatchPrefillWithPagedKVCacheWrapper over all rows; flashinfer aligns the causal mask to the
+  end of each row's KV, so a cached prefix (kv_len > q_len) is handled as in the reference.
+Per layer, `forward` writes this step's k/v at the step's out slots (index_copy) and runs the
+planned wrapper. GQA is native (num_qo_heads a multiple of num_kv_heads).
+
+For the grouped-query shapes of Llama 3 (4 query heads per KV head and more) decode runs on
+tensor cores, as SGLang does; that also reuses the prefill kernel module, so a process JIT-
+compiles one attention module instead of two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from model_service.attention.reference import RowPlan
+from model_service.kv_pool import KVPool
+
+WORKSPACE_BYTES = 256 << 20  # flashinfer's split-kv scratch; 128 MiB is its documented minimum
+
+
+def flashinfer_available() -> tuple[bool, str]:
+    """(usable, reason): flashinfer imports and a CUDA device is present."""
+    if not torch.cuda.is_available():
+        return False, "CUDA is not available"
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything else
+        return False, f"flashinfer does not import: {exc!r}"
+    return True, ""
+
+
+def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
+    return num_heads // num_kv_heads >= 4
+
+
+class FlashInferAttention:
+    name = "flashinfer"
+
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 workspace_bytes: int = WORKSPACE_BYTES, prefill_backend: str = "fa2",
+                 decode_tensor_cores: bool | None = None,
+                 workspace: torch.Tensor | None = None) -> None:
+        import flashinfer
+
+        dev = pool.k.device
+        if dev.type != "cuda":
+            raise ValueError("flashinfer attention needs the KV pool on a CUDA device")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads}")
+        self.pool = pool
+        self.nh, self.nkv, self.hd = num_heads, num_kv_heads, head_dim
+        self.dtype = pool.k.dtype
+        self.device = dev
+        self.tensor_cores = (use_tensor_core_decode(num_heads, num_kv_heads)
+                             if decode_tensor_cores is None else decode_tensor_cores)
+        # Both wrappers share one float workspace: they run one after the other on one stream.
+        self.workspace = workspace if workspace is not None else torch.zeros(
+            workspace_bytes, dtype=torch.uint8, device=dev)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=prefill_backend)
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
+        self._active: Any = None
+        self.out_slots = torch.empty(0, dtype=torch.int64, device=dev)
+        self.decode_only = False
+
+    def plan(self, rows: Sequence[RowPlan], out_slots: torch.Tensor) -> None:
+        if not rows:
+            raise ValueError("a step with no rows has nothing to attend")
+        qo = [0]
+        kv = [0]
+        for r in rows:
+            qo.append(qo[-1] + r.q_len)
+            kv.append(kv[-1] + int(r.kv_slots.numel()))
+        qo_indptr = torch.tensor(qo, dtype=torch.int32)
+        kv_indptr = torch.tensor(kv, dtype=torch.int32)
+        indices = kv_indices(rows, self.device)
+        last_page_len = torch.ones(len(rows), dtype=torch.int32)  # page size 1: always full
+        self.out_slots = out_slots.to(self.device, torch.int64)
+        self.decode_only = qo[-1] == len(rows)
+        if self.decode_only:
+            self._decode.plan(kv_indptr, indices, last_page_len, self.nh, self.nkv, self.hd, 1,
+                              q_data_type=self.dtype, kv_data_type=self.dtype)
+            self._active = self._decode
+        else:
+            self._prefill.plan(qo_indptr, kv_indptr, indices, last_page_len, self.nh, self.nkv,
+                               self.hd, 1, causal=True, q_data_type=self.dtype,
+                               kv_data_type=self.dtype)
+            self._active = self._prefill
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor:
+        self.pool.write(layer, self.out_slots, k, v)
+        return self._active.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
+
+
+def kv_indices(rows: Sequence[RowPlan], device: torch.device,
+               pad: torch.Tensor | None = None) -> torch.Tensor:
+    """All rows' KV slots in row order as one int32 tensor on `device` (flashinfer's
+    paged_kv_indices for page size 1), optionally followed by `pad`."""
+    parts = [r.kv_slots for r in rows]
+    if pad is not None:
+        parts.append(pad)
+    flat = torch.cat([p.to(device, non_blocking=True) for p in parts])
+    return flat.to(torch.int32)

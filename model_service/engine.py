@@ -8,10 +8,10 @@ from pathlib import Path
 import structlog
 import torch
 
-from model_service.attention.reference import ReferenceAttention
+from model_service.attention.flashinfer import choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
-from model_service.models.llama import LlamaForCausalLM
+from model_service.models.llama import LlamaForCausalLM, rope_inv_freq
 from model_service.runner import ModelRunner
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
@@ -58,6 +58,7 @@ def kv_capacity(cfg: ModelServiceConfig, model: LlamaForCausalLM, dtype: torch.d
     if cfg.kv_tokens:
         return cfg.kv_tokens
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks freed while building the weights count as free
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * cfg.kv_memory_fraction)
     else:
@@ -84,6 +85,7 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         from model_service.models.llama import LlamaArgs
 
         model = random_model(LlamaArgs.from_hf_config(hf_cfg), dtype, device)
+        model.inv_freq = rope_inv_freq(model.args).to(device)  # keep RoPE frequencies fp32
         name = f"random-{cfg.random_weights}"
     else:
         model_dir = resolve_model(cfg.model)
@@ -92,13 +94,25 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
     capacity = kv_capacity(cfg, model, dtype, device)
     a = model.args
-    pool = KVPool(a.num_layers, capacity, a.num_kv_heads, a.head_dim, dtype, device,
+    # One slot more than the scheduler's index space: CUDA-graph padding rows write there.
+    pool = KVPool(a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device,
                   nan_fill=cfg.nan_fill)
-    attention = ReferenceAttention(pool, a.num_heads, a.head_dim)
+    pool.capacity = capacity
+    attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads,
+                                       a.head_dim)
+    if note:
+        log.warning("attention_fallback", reason=note)
+    graphs = None
+    if attention.name == "flashinfer":
+        from model_service.cuda_graphs import capture_decode_graphs
+
+        graphs = capture_decode_graphs(model, attention, scratch_slot=capacity,
+                                       max_kv_tokens=capacity)
     log.info("engine_ready", model=name, device=str(device), dtype=str(dtype),
-             kv_tokens=capacity, layers=a.num_layers, attention=attention.name)
+             kv_tokens=capacity, layers=a.num_layers, attention=attention.name,
+             cuda_graph_buckets=graphs.buckets if graphs else [])
     return Engine(
-        runner=ModelRunner(model, pool, attention, device),
+        runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),
         model_name=str(name),
         model_dir=model_dir,
         context_length=a.max_position,

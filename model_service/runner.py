@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from model_service.attention.reference import ReferenceAttention, RowPlan
+from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaForCausalLM
 from model_service.sampling import SamplingBatch, sample
@@ -51,11 +52,12 @@ class _Row:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, pool: KVPool, attention: ReferenceAttention,
-                 device: torch.device) -> None:
+                 device: torch.device, decode_graphs: DecodeCudaGraphs | None = None) -> None:
         self.model = model
         self.pool = pool
         self.attn = attention
         self.device = device
+        self.decode_graphs = decode_graphs  # replays decode-only steps that fit a bucket
         self.requests: dict[int, RequestState] = {}
 
     def reset(self) -> None:
@@ -140,11 +142,16 @@ class ModelRunner:
                     sample_rows.append(len(logit_rows))
                     logit_rows.append(last)
             cursor += n
-        self.attn.plan(plans, torch.tensor(out_slots, dtype=torch.int64, device=dev))
-        i64 = torch.int64
-        logits = self.model(torch.tensor(ids, dtype=i64, device=dev),
-                            torch.tensor(pos, dtype=i64, device=dev), self.attn,
-                            torch.tensor(logit_rows, dtype=i64, device=dev))
+        logits = None
+        if (self.decode_graphs is not None and cursor == len(rows)
+                and logit_rows == list(range(cursor))):
+            logits = self.decode_graphs.run(ids, pos, out_slots, plans)
+        if logits is None:
+            self.attn.plan(plans, torch.tensor(out_slots, dtype=torch.int64, device=dev))
+            i64 = torch.int64
+            logits = self.model(torch.tensor(ids, dtype=i64, device=dev),
+                                torch.tensor(pos, dtype=i64, device=dev), self.attn,
+                                torch.tensor(logit_rows, dtype=i64, device=dev))
         plps = self._prompt_logprobs(rows, lp_spans, logits)
         return self._sample(rows, sample_rows, logits), plps
 

@@ -116,3 +116,34 @@ def kv_indices(rows: Sequence[RowPlan], device: torch.device,
         parts.append(pad)
     flat = torch.cat([p.to(device, non_blocking=True) for p in parts])
     return flat.to(torch.int32)
+
+
+def choose_attention(choice: str, pool: KVPool, num_heads: int, num_kv_heads: int,
+                     head_dim: int) -> tuple[Any, str]:
+    """(backend, note) for `--attention auto|reference|flashinfer`.
+
+    `auto` takes flashinfer where it can run (CUDA, flashinfer importable, a 16-bit KV dtype)
+    and the reference otherwise. An explicit `flashinfer` that cannot run falls back to the
+    reference with a note for the log: a serving process never fails to start over this.
+    """
+    from model_service.attention.reference import ReferenceAttention
+
+    if choice not in ("auto", "reference", "flashinfer"):
+        raise ValueError(f"--attention {choice!r}: expected auto, reference or flashinfer")
+    if choice == "reference":
+        return ReferenceAttention(pool, num_heads, head_dim), ""
+    if pool.k.device.type != "cuda":
+        why = "the KV pool is not on a CUDA device"
+    elif pool.k.dtype not in (torch.float16, torch.bfloat16):
+        why = f"flashinfer kernels here take fp16/bf16 KV, not {pool.k.dtype}"
+    else:
+        ok, why = flashinfer_available()
+        if ok:
+            try:
+                return FlashInferAttention(pool, num_heads, num_kv_heads, head_dim), ""
+            except Exception as exc:  # a broken install or an unsupported shape
+                why = f"flashinfer failed to start: {exc!r}"
+    note = ""
+    if choice == "flashinfer" or pool.k.device.type == "cuda":
+        note = f"flashinfer unavailable ({why}); using the reference attention"
+    return ReferenceAttention(pool, num_heads, head_dim), note

@@ -1,0 +1,190 @@
+"""CUDA graphs for decode-only steps (flashinfer attention only).
+
+A decode step of an 8B model launches several hundred small kernels; at batch 1 their launch
+cost from Python is larger than the GPU time (DESIGN.md section 9: the weights alone take
+5.3 ms to read). So at start-up we capture, for each batch-size bucket, one graph of the whole
+forward pass (embedding, layers, final norm, lm_head) for `bucket` decode rows, and a decode-
+only step whose batch fits a bucket replays the smallest such graph instead of running eagerly.
+
+Per bucket the graph owns static inputs (token ids, positions, output slots: one [3, bucket]
+int64 tensor filled with one copy) and its own flashinfer decode wrapper in CUDA-graph mode,
+whose index buffers the graph reads. Before each replay the wrapper is re-planned outside the
+graph (flashinfer's documented pattern; in graph mode its plan layout depends only on the batch
+size, so the captured kernels stay valid for any KV lengths).
+
+Padding rows (bucket - n of them) decode token 0 at position 0 and write and read only the
+scratch slot, one KV slot past the scheduler's index space (the engine allocates the pool one
+slot larger than the capacity it reports), so padding never touches a real sequence's KV.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_service.attention.flashinfer import FlashInferAttention, kv_indices
+from model_service.attention.reference import RowPlan
+from model_service.kv_pool import KVPool
+from model_service.models.llama import LlamaForCausalLM
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+ENV_MAX_BS = "RADIXMESH_CUDA_GRAPH_MAX_BS"  # 0 turns CUDA graphs off
+
+
+def buckets_from_env(default_max: int = 128) -> list[int]:
+    """Buckets up to $RADIXMESH_CUDA_GRAPH_MAX_BS (default 128); [] when it is 0."""
+    raw = os.environ.get(ENV_MAX_BS, "")
+    top = int(raw) if raw.strip() else default_max
+    if top <= 0:
+        return []
+    out = [b for b in DEFAULT_BUCKETS if b <= top]
+    if not out or out[-1] != top:
+        out.append(top)
+    return out
+
+
+class _GraphAttention:
+    """The attention backend seen by the captured forward pass: static slots, one wrapper."""
+
+    def __init__(self, pool: KVPool, slots: torch.Tensor, wrapper: Any) -> None:
+        self.pool = pool
+        self.slots = slots
+        self.wrapper = wrapper
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor:
+        self.pool.write(layer, self.slots, k, v)
+        return self.wrapper.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
+
+
+@dataclass
+class _Captured:
+    bs: int
+    inputs: torch.Tensor  # int64 [3, bs]: token ids, positions, output slots
+    wrapper: Any
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # fp32 [bs, vocab], written by each replay
+
+
+class DecodeCudaGraphs:
+    def __init__(self, model: LlamaForCausalLM, attn: FlashInferAttention,
+                 buckets: Sequence[int], scratch_slot: int, max_kv_tokens: int) -> None:
+        if not buckets:
+            raise ValueError("no batch-size buckets to capture")
+        if not 0 <= scratch_slot < attn.pool.k.shape[1]:
+            raise ValueError(f"scratch slot {scratch_slot} is outside the KV pool")
+        self.model = model
+        self.attn = attn
+        self.pool = attn.pool
+        self.buckets = sorted(set(int(b) for b in buckets))
+        self.scratch = scratch_slot
+        dev = attn.device
+        self.device = dev
+        top = self.buckets[-1]
+        # One index buffer for all buckets (only one graph replays at a time).
+        self.indices_buf = torch.zeros(max_kv_tokens + top, dtype=torch.int32, device=dev)
+        self.scratch_pad = torch.full((top,), scratch_slot, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, _Captured] = {}
+        self.mempool: Any = None
+        self.replays = 0
+        self.capture_s = 0.0
+
+    # -- start-up -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        self.mempool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+            self.graphs[bs] = self._capture(bs)
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - t0
+
+    def _capture(self, bs: int) -> _Captured:
+        import flashinfer
+
+        dev = self.device
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.attn.workspace, "NHD", use_cuda_graph=True,
+            use_tensor_cores=self.attn.tensor_cores,
+            paged_kv_indptr_buffer=torch.arange(bs + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=self.indices_buf,
+            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
+        inputs = torch.zeros(3, bs, dtype=torch.int64, device=dev)
+        inputs[2].fill_(self.scratch)
+        logit_rows = torch.arange(bs, device=dev)
+        shim = _GraphAttention(self.pool, inputs[2], wrapper)
+        self._plan(wrapper, bs, [], 0)  # every row a padding row: KV = [scratch]
+
+        def fwd() -> torch.Tensor:
+            return self.model(inputs[0], inputs[1], shim, logit_rows)
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy inits and autotuning stay out of the graph
+                fwd()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            logits = fwd()
+        return _Captured(bs, inputs, wrapper, graph, logits)
+
+    def _plan(self, wrapper: Any, bs: int, rows: Sequence[RowPlan], n: int) -> None:
+        lens = [int(r.kv_slots.numel()) for r in rows] + [1] * (bs - n)
+        indptr = torch.zeros(bs + 1, dtype=torch.int32)
+        indptr[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+        pad = self.scratch_pad[: bs - n] if bs > n else None
+        if rows:
+            indices = kv_indices(rows, self.device, pad)
+        else:
+            indices = self.scratch_pad[:bs].to(torch.int32)
+        a = self.attn
+        wrapper.plan(indptr, indices, torch.ones(bs, dtype=torch.int32), a.nh, a.nkv, a.hd, 1,
+                     q_data_type=a.dtype, kv_data_type=a.dtype)
+
+    # -- per step -----------------------------------------------------------------------------
+    def bucket_for(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def run(self, ids: Sequence[int], positions: Sequence[int], out_slots: Sequence[int],
+            rows: Sequence[RowPlan]) -> torch.Tensor | None:
+        """Logits [n, vocab] (fp32) of a decode-only step by graph replay, or None when no
+        bucket fits (the caller then runs the step eagerly). The returned tensor is the
+        graph's static output: read it before the next replay."""
+        n = len(ids)
+        bs = self.bucket_for(n)
+        if bs is None or n == 0:
+            return None
+        total = sum(int(r.kv_slots.numel()) for r in rows) + (bs - n)
+        if total > self.indices_buf.numel():
+            return None
+        g = self.graphs[bs]
+        pad = bs - n
+        host = torch.tensor([list(ids) + [0] * pad, list(positions) + [0] * pad,
+                             list(out_slots) + [self.scratch] * pad], dtype=torch.int64)
+        g.inputs.copy_(host, non_blocking=True)
+        self._plan(g.wrapper, bs, rows, n)
+        g.graph.replay()
+        self.replays += 1
+        return g.logits[:n]
+
+
+def capture_decode_graphs(model: LlamaForCausalLM, attn: FlashInferAttention,
+                          scratch_slot: int, max_kv_tokens: int,
+                          buckets: Sequence[int] | None = None) -> DecodeCudaGraphs | None:
+    """Capture decode graphs at start-up; None when turned off (bucket list empty)."""
+    bl = list(buckets) if buckets is not None else buckets_from_env()
+    if not bl:
+        return None
+    graphs = DecodeCudaGraphs(model, attn, bl, scratch_slot, max_kv_tokens)
+    graphs.capture()
+    return graphs

@@ -150,10 +150,14 @@ class PrefixCache(Protocol):
         ...
 
     def check_integrity(
-        self, request_owned: int, request_slots: Sequence[int] | None = None
+        self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True
     ) -> None:
         """Raise ``AssertionError`` unless the accounting invariant and internal consistency
-        hold; ``request_slots`` (optional) lets it also check no slot is held twice."""
+        hold; ``request_slots`` (optional) lets it also check no slot is held twice.
+
+        ``deep=False`` skips the O(capacity) slot-set checks (free list overlap, duplicates,
+        LRU heap) and keeps the accounting sum and the structural checks: cheap enough to run
+        after every step with a real-sized pool."""
         ...
 
 

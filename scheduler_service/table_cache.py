@@ -302,12 +302,20 @@ class TableCache:
         return {k: list(e.slots) for k, e in self._entries.items()}
 
     def check_integrity(
-        self, request_owned: int, request_slots: Sequence[int] | None = None
+        self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True
     ) -> None:
         def fail(msg: str) -> None:
             raise AssertionError(f"table cache integrity: {msg}")
 
         cap = self.allocator.capacity
+        if not deep:
+            free_n = self.allocator.free_count
+            if free_n + self._evictable + self._locked + request_owned != cap:
+                fail(
+                    f"free {free_n} + evictable {self._evictable} + locked {self._locked} + "
+                    f"request_owned {request_owned} != capacity {cap}"
+                )
+            return
         ref = [0] * cap
         lockcnt = [0] * cap
         for key, e in self._entries.items():

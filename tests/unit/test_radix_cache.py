@@ -7,7 +7,7 @@ import pytest
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.no_cache import NoCache
 from scheduler_service.prefix_cache import PrefixCache, make_prefix_cache, match_limit
-from scheduler_service.radix_cache import RadixCache
+from scheduler_service.radix_cache import RadixCache, intern_tokens
 from scheduler_service.table_cache import TableCache
 
 
@@ -425,3 +425,22 @@ def test_factory_modes() -> None:
     assert isinstance(make_prefix_cache("off", a), NoCache)
     with pytest.raises(ValueError, match="unknown"):
         make_prefix_cache("lru", a)
+
+
+def test_intern_tokens_gives_canonical_objects() -> None:
+    a = intern_tokens([int("100000"), 5, int("70000")])
+    b = intern_tokens(iter([int("100000"), int("70000")]))
+    assert a == [100000, 5, 70000]
+    assert a[0] is b[0] and a[2] is b[1]
+
+
+@pytest.mark.parametrize("mode", ["tree", "table", "off"])
+def test_shallow_integrity_check_catches_leaks(mode: str) -> None:
+    c = make_prefix_cache(mode, SlotAllocator(16, debug=True))
+    put(c, [1, 2, 3])
+    held = c.alloc(4)
+    assert held is not None
+    c.check_integrity(4, deep=False)
+    c.check_integrity(4, held)
+    with pytest.raises(AssertionError, match="capacity"):
+        c.check_integrity(3, deep=False)

@@ -15,7 +15,8 @@ from typing import Any
 
 from client.lang.backend import Backend
 from client.lang.config import get_default_backend
-from client.lang.interpreter import ProgramContext, StreamExecutor
+from client.lang.context import ProgramContext
+from client.lang.interpreter import StreamExecutor
 from client.lang.ir import (
     Argument,
     Fork,

@@ -18,8 +18,9 @@ from typing import Any
 from client.lang.backend import Backend, Completion
 from client.lang.compiler import ProgramGraph
 from client.lang.config import get_default_backend, global_config
+from client.lang.context import ProgramContext
 from client.lang.errors import TracingError
-from client.lang.interpreter import ProgramContext, StreamExecutor
+from client.lang.interpreter import StreamExecutor
 from client.lang.params import GenParams, split_sampling
 from client.lang.roles import RoleRenderer
 from client.lang.state import ProgramState

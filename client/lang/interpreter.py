@@ -23,112 +23,27 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
-from client.lang.backend import Backend
-from client.lang.config import global_config
+from client.lang.context import ProgramContext
 from client.lang.errors import ProgramError
 from client.lang.ir import Argument, Gen, Leaf, RoleBegin, RoleEnd, Select, Text, Variable
-from client.lang.params import GenParams
-from client.lang.roles import RoleRenderer
 from client.lang.scoring import run_select
-from client.lang.stats import ProgramStats
+from client.lang.stream_ops import (
+    Await,
+    End,
+    ForkPoint,
+    Inherit,
+    JoinOp,
+    LeafOp,
+    Op,
+    Skipped,
+    Snapshot,
+    label_of,
+)
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
-
-
-@dataclass
-class ProgramContext:
-    """What all streams of one program share; fixed when the program starts."""
-
-    backend: Backend
-    defaults: GenParams = field(default_factory=GenParams)
-    stats: ProgramStats = field(default_factory=ProgramStats)
-    stream: bool = False
-    parallel: bool = True
-    hint: bool = True
-    _renderer: RoleRenderer | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @classmethod
-    def create(
-        cls, backend: Backend, defaults: GenParams | None = None, *, stream: bool = False
-    ) -> ProgramContext:
-        """A context with the ablation switches of `global_config` as of now."""
-        return cls(
-            backend,
-            defaults or GenParams(),
-            stream=stream,
-            parallel=global_config.enable_parallelism,
-            hint=global_config.enable_fork_hint,
-        )
-
-    def renderer(self) -> RoleRenderer:
-        with self._lock:
-            if self._renderer is None:
-                self._renderer = RoleRenderer(self.backend.model_info())
-            return self._renderer
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    text: str
-    messages: tuple[dict[str, str], ...]
-    role: tuple[str, int] | None
-    roles_started: bool
-
-
-@dataclass(eq=False)
-class _Op:
-    label: str
-    outputs: list[Future[Any]] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class _LeafOp(_Op):
-    leaf: Leaf | None = None
-
-
-@dataclass(eq=False)
-class _Inherit(_Op):
-    snapshot: Future[_Snapshot] = field(default_factory=Future)
-
-
-@dataclass(eq=False)
-class _ForkPoint(_Op):
-    hint: bool = False
-
-
-@dataclass(eq=False)
-class _Await(_Op):
-    value: Future[Any] = field(default_factory=Future)
-
-
-@dataclass(eq=False)
-class _JoinOp(_Op):
-    children: list[StreamExecutor] = field(default_factory=list)
-    mode: str = "gather"
-    names: list[str] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class _End(_Op):
-    pass
-
-
-class _Skipped(Exception):
-    pass
-
-
-def _label(leaf: Leaf) -> str:
-    if isinstance(leaf, Gen | Select):
-        kind = "gen" if isinstance(leaf, Gen) else "select"
-        return f"{kind} {leaf.name!r}" if leaf.name else kind
-    if isinstance(leaf, RoleBegin | RoleEnd):
-        return f"{leaf.role} role"
-    return "text"
 
 
 class StreamExecutor:
@@ -138,7 +53,7 @@ class StreamExecutor:
         self,
         ctx: ProgramContext,
         *,
-        inherit: Future[_Snapshot] | None = None,
+        inherit: Future[Snapshot] | None = None,
         variables: dict[str, Future[Any]] | None = None,
         submit_role: str | None = None,
     ) -> None:
@@ -163,16 +78,16 @@ class StreamExecutor:
         self._messages: list[dict[str, str]] = []
         self._role: tuple[str, int] | None = None
         self._roles_started = False
-        self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
         if ctx.parallel:
             name = f"radixmesh-stream-{self.id}"
             threading.Thread(target=self._worker, name=name, daemon=True).start()
         if inherit is not None:
-            self._dispatch([_Inherit("fork", snapshot=inherit)])
+            self._dispatch([Inherit("fork", snapshot=inherit)])
 
     # ---- submission (caller thread) -------------------------------------------------
 
-    def _dispatch(self, ops: list[_Op]) -> None:
+    def _dispatch(self, ops: list[Op]) -> None:
         with self._cond:
             if self._ended:
                 raise ProgramError("this state has ended (its program returned or it was joined)")
@@ -198,10 +113,10 @@ class StreamExecutor:
                 if role != leaf.role:
                     raise ValueError(f"cannot close role {leaf.role!r}: open role is {role!r}")
                 role = None
-        ops: list[_Op] = []
+        ops: list[Op] = []
         with self._cond:
             for leaf in leaves:
-                op = _LeafOp(_label(leaf), leaf=leaf)
+                op = LeafOp(label_of(leaf), leaf=leaf)
                 if isinstance(leaf, Gen | Select) and leaf.name is not None:
                     op.outputs.append(self._register(leaf.name))
                 ops.append(op)
@@ -217,14 +132,14 @@ class StreamExecutor:
 
     def submit_value(self, value: Future[Any], label: str) -> None:
         """Append a value another stream will produce (compiler-mode inter-stream edge)."""
-        self._dispatch([_Await(label, value=value)])
+        self._dispatch([Await(label, value=value)])
 
     def fork(self, n: int) -> list[StreamExecutor]:
         """n new streams starting from this stream's prompt at this point of the program."""
         if n < 1:
             raise ValueError("fork needs n >= 1")
         snapshots: list[Future[Any]] = [Future() for _ in range(n)]
-        self._dispatch([_ForkPoint("fork", outputs=snapshots, hint=self.ctx.hint and n > 1)])
+        self._dispatch([ForkPoint("fork", outputs=snapshots, hint=self.ctx.hint and n > 1)])
         with self._cond:
             variables = dict(self._vars)
         children = [
@@ -246,7 +161,7 @@ class StreamExecutor:
         names: list[str] = []
         for child in children:
             names += [n for n in child.own_vars() if n not in names]
-        op = _JoinOp("join", children=list(children), mode=mode, names=names)
+        op = JoinOp("join", children=list(children), mode=mode, names=names)
         with self._cond:
             if mode == "gather":
                 op.outputs = [self._register(n) for n in names]
@@ -258,7 +173,7 @@ class StreamExecutor:
             if self._ended:
                 return
             children = list(self._children)
-        self._dispatch([_End("end")])
+        self._dispatch([End("end")])
         with self._cond:
             self._ended = True
         for child in children:
@@ -346,20 +261,20 @@ class StreamExecutor:
         while True:
             op = self._queue.get()
             self._run(op)
-            if isinstance(op, _End):
+            if isinstance(op, End):
                 return
 
-    def _run(self, op: _Op) -> None:
+    def _run(self, op: Op) -> None:
         try:
-            if isinstance(op, _End):
+            if isinstance(op, End):
                 with self._cond:
                     self._finished = True
                 return
             if self._error is not None:
-                raise _Skipped
+                raise Skipped
             self._execute(op)
         except Exception as exc:
-            if isinstance(exc, _Skipped):
+            if isinstance(exc, Skipped):
                 err = ProgramError(f"{op.label} not run: {self._error_label} failed before it")
                 err.__cause__ = self._error
             else:
@@ -381,29 +296,29 @@ class StreamExecutor:
                 self._chunks.append((var, text))
                 self._cond.notify_all()
 
-    def _execute(self, op: _Op) -> None:
-        if isinstance(op, _LeafOp):
+    def _execute(self, op: Op) -> None:
+        if isinstance(op, LeafOp):
             assert op.leaf is not None
             self._execute_leaf(op.leaf, op.outputs)
-        elif isinstance(op, _Inherit):
+        elif isinstance(op, Inherit):
             snap = op.snapshot.result()
             self._fork_len = len(snap.text)
             self._messages = [dict(m) for m in snap.messages]
             self._role, self._roles_started = snap.role, snap.roles_started
             self._append(snap.text)
-        elif isinstance(op, _ForkPoint):
+        elif isinstance(op, ForkPoint):
             if op.hint and self._text:
                 try:  # the hint only saves compute: a failure must not fail the program
                     self.ctx.stats.add("hint", self.ctx.backend.warm(self._text))
                 except Exception:
                     log.warning("fork hint failed; branches will compute the prefix", exc_info=True)
-            snap = _Snapshot(self._text, tuple(self._messages), self._role, self._roles_started)
+            snap = Snapshot(self._text, tuple(self._messages), self._role, self._roles_started)
             for future in op.outputs:
                 future.set_result(snap)
-        elif isinstance(op, _Await):
+        elif isinstance(op, Await):
             value = op.value.result()
             self._append(value if isinstance(value, str) else str(value))
-        elif isinstance(op, _JoinOp):
+        elif isinstance(op, JoinOp):
             self._execute_join(op)
         else:  # pragma: no cover - all op kinds are handled above
             raise TypeError(f"unknown op {op!r}")
@@ -461,7 +376,7 @@ class StreamExecutor:
                 self._meta[leaf.name] = completion
         return completion.text
 
-    def _execute_join(self, op: _JoinOp) -> None:
+    def _execute_join(self, op: JoinOp) -> None:
         for child in op.children:
             child.wait_finished()
         for i, child in enumerate(op.children):

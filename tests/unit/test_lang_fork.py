@@ -90,14 +90,15 @@ def test_branch_reads_parent_variables_and_parent_continues_independently() -> N
     backend = ScriptedBackend({"Q:": " 42", "double:": " 84", "more:": " x"})
 
     @rm.function
-    def prog(s: rm.ProgramState) -> None:
+    def prog(s: rm.ProgramState) -> str:
         s += "Q:" + rm.gen("answer")
         (f,) = s.fork(1)
         f += " double:" + rm.gen("double")
         s += " more:" + rm.gen("more")
+        return str(f["answer"])  # a branch sees the variables its parent set before the fork
 
-    state = prog.run(backend=backend)
-    assert state.text() == "Q: 42 more: x"
+    state = prog.run(backend=backend).wait()
+    assert state.text() == "Q: 42 more: x" and state.ret_value == " 42"
     fork_calls = [c for c in backend.calls if c.prompt.endswith("double:")]
     assert fork_calls[0].prompt == "Q: 42 double:"
     assert state["answer"] == " 42"

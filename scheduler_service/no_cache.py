@@ -71,9 +71,9 @@ class NoCache:
 
     def cache_unfinished(
         self, tokens: Sequence[int], slots: Sequence[int], old_node: object
-    ) -> CachedPrefix:
+    ) -> CachedPrefix | None:
         # Keep everything with the request: freeing here would pull KV from under it.
-        return CachedPrefix(list(slots), self._root, 0)
+        return CachedPrefix(self._root, 0)
 
     def alloc(self, n: int) -> list[int] | None:
         return self.allocator.alloc(n)

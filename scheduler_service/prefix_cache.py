@@ -48,15 +48,11 @@ class MatchResult:
 
 @dataclass(frozen=True, slots=True)
 class CachedPrefix:
-    """Result of ``cache_unfinished``: the request's KV slots for ``tokens`` after caching them.
+    """Result of ``cache_unfinished``: the request's slots are unchanged, but now the first
+    ``cached_len`` of them belong to the cache, protected by the lock the call took on ``node``
+    (which replaces the request's previous lock); the rest still belong to the request (all of
+    them for ``off``)."""
 
-    ``slots[:cached_len]`` now belong to the cache and are protected by the lock the call took on
-    ``node``; ``slots[cached_len:]`` still belong to the request (all of them for ``off``).
-    ``slots`` may differ from the slots passed in where the cache already held the same tokens
-    (the duplicates were freed): the model service must be told the new slots in that case.
-    """
-
-    slots: list[int]
     node: object
     cached_len: int
 
@@ -113,8 +109,15 @@ class PrefixCache(Protocol):
 
     def cache_unfinished(
         self, tokens: Sequence[int], slots: Sequence[int], old_node: object
-    ) -> CachedPrefix:
-        """Chunked prefill / retraction helper: insert, lock the new node, unlock ``old_node``."""
+    ) -> CachedPrefix | None:
+        """Cache the computed tokens of a request that keeps running (after a prefill chunk):
+        insert, lock the new node, unlock ``old_node``, so other requests can hit them now.
+
+        Returns ``None`` and changes nothing when the cache already holds some of ``tokens`` in
+        other slots (another request computed them concurrently): taking the request's copies
+        would change its slots under the model service. The request keeps its slots and
+        ``insert`` dedupes them when it finishes.
+        """
         ...
 
     def alloc(self, n: int) -> list[int] | None:

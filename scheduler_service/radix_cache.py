@@ -288,27 +288,40 @@ class RadixCache:
 
     def cache_unfinished(
         self, tokens: Sequence[int], slots: Sequence[int], old_node: object
-    ) -> CachedPrefix:
+    ) -> CachedPrefix | None:
         """Insert the computed part of a still-running request and move its lock there.
 
-        Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)``, all of
-        ``tokens`` belong to the cache (``cached_len == len(tokens)``), and ``result.slots`` are
-        the slots to use from now on (they differ from ``slots`` where duplicates were freed).
+        Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)`` and all
+        of ``tokens`` belong to the cache (``cached_len == len(tokens)``). ``None`` (nothing
+        changed) if the tree already holds some of ``tokens`` in other slots.
         """
-        _, node = self.insert(tokens, slots)
+        toks = _as_list(tokens)
+        sl = _as_list(slots)
+        held = self._peek(toks)
+        if held != sl[: len(held)]:
+            return None
+        _, node = self.insert(toks, sl)
         self.lock(node)  # before the unlock, so the shared path never looks evictable
         self.unlock(old_node)
-        return CachedPrefix(self._path_slots(self._node(node)), node, len(tokens))
+        return CachedPrefix(node, len(toks))
 
-    def _path_slots(self, node: _Node) -> list[int]:
-        parts: list[list[int]] = []
-        root = self._root
-        while node is not root:
-            parts.append(node.value)
-            node = node.parent  # type: ignore[assignment]
+    def _peek(self, toks: list[int]) -> list[int]:
+        """Slots of the longest cached prefix of ``toks``, without splitting or touching LRU."""
+        node = self._root
         out: list[int] = []
-        for part in reversed(parts):
-            out += part
+        pos, n = 0, len(toks)
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n and key == toks[pos:end]:
+                out += child.value
+                node, pos = child, end
+                continue
+            out += child.value[: _common_len(key, toks, pos, min(end, n))]
+            break
         return out
 
     # -- evict / alloc ------------------------------------------------------------------------

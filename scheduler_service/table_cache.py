@@ -212,13 +212,16 @@ class TableCache:
 
     def cache_unfinished(
         self, tokens: Sequence[int], slots: Sequence[int], old_node: object
-    ) -> CachedPrefix:
-        """Insert a running request's computed tokens and move its lock to the new entry."""
+    ) -> CachedPrefix | None:
+        """Insert a running request's computed tokens and move its lock to the new entry
+        (``None``, nothing changed, if the same sequence is stored with other slots)."""
+        existing = self._entries.get(tuple(tokens))
+        if existing is not None and existing.slots != list(slots):
+            return None
         _, node = self.insert(tokens, slots)
         self.lock(node)
         self.unlock(old_node)
-        e = self._entry(node)
-        return CachedPrefix(list(e.slots), e, len(e.slots))
+        return CachedPrefix(node, len(tokens))
 
     # -- evict / alloc ------------------------------------------------------------------------
     def _push(self, e: _Entry) -> None:

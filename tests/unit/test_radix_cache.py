@@ -145,20 +145,38 @@ def test_insert_of_a_prefix_splits_and_returns_exact_node() -> None:
     c.check_integrity(0)
 
 
-def test_cache_unfinished_moves_the_lock_and_returns_canonical_slots() -> None:
+def test_cache_unfinished_moves_the_lock() -> None:
     c = tree(32)
-    other = put(c, [1, 2, 3, 4, 5, 6])  # someone else already cached these tokens
-    m = c.match_prefix([1, 2, 9])  # our request matched only [1, 2]
+    put(c, [1, 2, 3, 4])
+    m = c.match_prefix([1, 2, 9])  # our request matched [1, 2]
     c.lock(m.node)
-    mine = c.alloc(4)
-    assert mine is not None
-    # We prefilled [3, 4, 5, 6] ourselves (they were computed before the other insert landed).
-    res = c.cache_unfinished([1, 2, 3, 4, 5, 6], m.slots + mine, m.node)
-    assert res.cached_len == 6 and res.slots == other  # our duplicates were freed
-    assert c.locked_size == 6
+    chunk = c.alloc(3)
+    assert chunk is not None
+    res = c.cache_unfinished([1, 2, 7, 8, 9], m.slots + chunk, m.node)
+    assert res is not None and res.cached_len == 5
+    assert c.locked_size == 5 and c.evictable_size == 2  # [3, 4] is the only unlocked tail
+    assert c.match_prefix([1, 2, 7, 8, 9, 0]).slots == m.slots + chunk  # others can hit it
     c.check_integrity(0)
-    c.unlock(res.node)
+    more = c.alloc(2)  # the next chunk
+    assert more is not None
+    res2 = c.cache_unfinished([1, 2, 7, 8, 9, 5, 6], m.slots + chunk + more, res.node)
+    assert res2 is not None and res2.cached_len == 7 and c.locked_size == 7
+    c.unlock(res2.node)
     assert c.locked_size == 0
+    c.check_integrity(0)
+
+
+def test_cache_unfinished_declines_when_tokens_are_cached_elsewhere() -> None:
+    c = tree(32)
+    m = c.match_prefix([1, 2, 3, 4, 5, 6])
+    mine = c.alloc(6)  # our request started prefilling [1..6]...
+    assert mine is not None
+    put(c, [1, 2, 3, 4])  # ...while another request cached [1..4] in its own slots
+    free = c.free_size
+    assert c.cache_unfinished([1, 2, 3, 4, 5, 6], mine, m.node) is None
+    assert c.free_size == free and c.locked_size == 0  # nothing changed: our slots stay ours
+    c.check_integrity(6, mine)
+    assert c.insert([1, 2, 3, 4, 5, 6], mine)[0] == 4  # at finish: our 4 copies are freed
     c.check_integrity(0)
 
 
@@ -392,8 +410,13 @@ def test_table_insert_existing_frees_copies_and_unfinished() -> None:
     more = t.alloc(2)
     assert more is not None
     res = t.cache_unfinished([1, 2, 3, 4, 5], a + more, m.node)
-    assert res.cached_len == 5 and res.slots == a + more
+    assert res is not None and res.cached_len == 5
+    assert t.entries()[(1, 2, 3, 4, 5)] == a + more
     assert t.locked_size == 5 and t.evictable_size == 0
+    other = t.alloc(3)
+    assert other is not None
+    assert t.cache_unfinished([1, 2, 3], other, t.root) is None  # stored with other slots
+    t.free_slots(other)
     t.check_integrity(0)
     t.unlock(res.node)
     t.reset()
@@ -408,7 +431,7 @@ def test_no_cache_never_matches_and_frees_on_insert() -> None:
     assert s is not None and n.match_prefix([1, 2, 3]).length == 0
     assert n.alloc(4) is None and n.evict(3) == 0
     res = n.cache_unfinished([1, 2, 3], s[:3], n.match_prefix([1]).node)
-    assert res.cached_len == 0 and res.slots == s[:3]  # still the request's
+    assert res is not None and res.cached_len == 0  # still the request's
     n.check_integrity(5, s)
     assert n.insert([1, 2, 3, 4, 5], s) == (0, n.root)
     assert n.free_size == 8 and n.total_cached() == 0

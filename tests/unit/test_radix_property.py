@@ -41,6 +41,14 @@ TABLE_SETTINGS = settings(SETTINGS, max_examples=100)  # the ablation: a lighter
 Prefix = tuple[int, ...]
 
 
+class InFlight:
+    """A running request mid-prefill: ``slots[:cached]`` are the cache's (locked via ``node``),
+    the rest are its own."""
+
+    def __init__(self, toks: list[int], slots: list[int], node: object, cached: int) -> None:
+        self.toks, self.slots, self.node, self.cached = toks, slots, node, cached
+
+
 class RadixMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -49,6 +57,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.model: dict[Prefix, int] = {}
         self.owned: list[list[int]] = []  # request-owned slot chunks
         self.locks: list[tuple[object, Prefix, list[int]]] = []  # node, tokens, slots
+        self.running: list[InFlight] = []
 
     # -- reference model ----------------------------------------------------------------------
     def longest(self, toks: list[int], limit: int | None) -> int:
@@ -142,21 +151,82 @@ class RadixMachine(RuleBasedStateMachine):
         if node is not None:
             self.cache.unlock(node)
 
+    def add_to_model(self, toks: list[int], slots: list[int]) -> None:
+        for i, s in enumerate(slots):
+            p = tuple(toks[: i + 1])
+            if p not in self.model:
+                self.model[p] = s
+            elif self.model[p] != s:
+                assert self.alloc.is_free(s)  # a duplicate copy went back
+
+    @rule(toks=NONEMPTY, first=st.integers(1, 9))
+    def start(self, toks: list[int], first: int) -> None:
+        m = self.cache.match_prefix(toks, len(toks) - 1)
+        self.cache.lock(m.node)
+        got = self.cache.alloc(min(first, len(toks) - m.length))
+        if got is None:
+            self.cache.unlock(m.node)
+            return
+        self.observe_evictions(got)
+        self.running.append(InFlight(toks, m.slots + got, m.node, m.length))
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 1000), n=st.integers(1, 9))
+    def next_chunk(self, i: int, n: int) -> None:
+        r = self.running[i % len(self.running)]
+        got = self.cache.alloc(min(n, len(r.toks) - len(r.slots)))
+        if got is not None:
+            self.observe_evictions(got)
+            r.slots += got
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 1000))
+    def cache_chunk(self, i: int) -> None:
+        r = self.running[i % len(self.running)]
+        kv = len(r.slots)
+        clash = any(
+            self.model.get(tuple(r.toks[: j + 1]), r.slots[j]) != r.slots[j] for j in range(kv)
+        )
+        free = self.cache.free_size
+        res = self.cache.cache_unfinished(r.toks[:kv], r.slots, r.node)
+        if clash:
+            assert res is None and self.cache.free_size == free
+            return
+        assert res is not None and res.cached_len == kv
+        self.add_to_model(r.toks[:kv], r.slots)
+        r.node, r.cached = res.node, kv
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 1000))
+    def finish(self, i: int) -> None:
+        r = self.running.pop(i % len(self.running))
+        kv = len(r.slots)
+        cached, _ = self.cache.insert(r.toks[:kv], r.slots)
+        assert cached == self.longest(r.toks[:kv], None)
+        self.add_to_model(r.toks[:kv], r.slots)
+        self.cache.unlock(r.node)
+
     @rule()
     def reset(self) -> None:
         self.cache.reset()
         self.model.clear()
         self.owned.clear()
         self.locks.clear()
+        self.running.clear()
 
     # -- invariants ---------------------------------------------------------------------------
     @invariant()
     def consistent(self) -> None:
         owned = [s for chunk in self.owned for s in chunk]
+        owned += [s for r in self.running for s in r.slots[r.cached :]]
         self.cache.check_integrity(len(owned), owned)
         assert self.cache.debug_prefix_map() == self.model
         for _, toks, slots in self.locks:  # locked prefixes were never evicted
             assert [self.model[toks[: i + 1]] for i in range(len(toks))] == slots
+        for r in self.running:
+            assert [self.model[tuple(r.toks[: i + 1])] for i in range(r.cached)] == r.slots[
+                : r.cached
+            ]
         assert self.cache.total_cached() == len(self.model)
 
 

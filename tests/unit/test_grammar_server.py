@@ -105,7 +105,8 @@ def test_masks_stream_generates_the_paper_format(servicer: GrammarServicer, toke
     async def body(stub: pb_grpc.GrammarStub) -> None:
         call = await open_masks(stub, "sched-1")
         assert len(servicer._sessions) == 1
-        b, out, step_id = MaskStepBuilder(), [], 0
+        b, step_id = MaskStepBuilder(), 0
+        out: list[int] = []
         b.bind(3, "regex", PAPER_REGEX)
         script = iter([words[w][0] for w in script_text])
         while True:

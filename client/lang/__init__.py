@@ -17,6 +17,9 @@ from client.lang.backend import (
 )
 from client.lang.choices import (
     ChoicesMethod,
+    GreedyToken,
+    TokenLengthNormalized,
+    UnconditionalNormalized,
     greedy_token,
     token_length_normalized,
     unconditional_normalized,
@@ -58,6 +61,7 @@ __all__ = [
     "Completion",
     "ForkGroup",
     "GenParams",
+    "GreedyToken",
     "GrpcBackend",
     "LogprobRequest",
     "ModelInfo",
@@ -70,8 +74,10 @@ __all__ = [
     "ScriptedBackend",
     "SelectResult",
     "SglFunction",
+    "TokenLengthNormalized",
     "TokenLogprob",
     "TracingError",
+    "UnconditionalNormalized",
     "assistant",
     "concat",
     "default_endpoint",

@@ -152,16 +152,21 @@ class GrpcBackend(BackendBase):
         on_text: TextCallback | None = None,
     ) -> Completion:
         request = generate_request(prompt, params, logprobs, stream=on_text is not None)
+        completion: Completion | None = None
         try:
+            # Drain the stream even after `complete` (the last message) so the call ends
+            # normally instead of being cancelled by garbage collection.
             for response in self._stub.Generate(request, timeout=self.timeout):
                 kind = response.WhichOneof("response")
                 if kind == "chunk" and on_text is not None and response.chunk.text:
                     on_text(response.chunk.text)
                 elif kind == "complete":
-                    return completion_from(response.request_id, response.complete)
+                    completion = completion_from(response.request_id, response.complete)
         except grpc.RpcError as exc:
             raise _rpc_error("Generate", exc) from exc
-        raise BackendError("Generate stream ended without a complete message")
+        if completion is None:
+            raise BackendError("Generate stream ended without a complete message")
+        return completion
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         request = api_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)

@@ -22,6 +22,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -238,7 +239,7 @@ class StreamExecutor:
         with self._cond:
             return [dict(m) for m in self._messages]
 
-    def chunks(self, var: str | None = None) -> Any:
+    def chunks(self, var: str | None = None) -> Iterator[str]:
         """Yields text as it is appended (only `var`'s when given) until the stream ends."""
         seen = 0
         while True:

@@ -97,11 +97,16 @@ class ProgramState:
         return self
 
     def error(self) -> BaseException | None:
-        """The first failure of this stream or of the program body, if any (after wait)."""
+        """The root cause of this stream's first failure (or the program body's exception),
+        None if there is none; waits for this stream's submitted ops first."""
+        self._executor.sync()
         try:
             self._executor.raise_if_failed()
         except Exception as exc:  # reported, not handled
-            return exc.__cause__ or exc
+            root: BaseException = exc
+            while root.__cause__ is not None:
+                root = root.__cause__
+            return root
         return None
 
     # ---- accounting -------------------------------------------------------------------

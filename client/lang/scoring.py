@@ -9,8 +9,9 @@ Protocol (so the shared prefix is computed once and every choice hits the radix 
 3. A choice's tokens are the returned positions from the first one that differs from the
    prompt's own tokens; their logprobs feed the method's arithmetic (`choices.py`).
 
-Invariant: the server matches at most `prompt_logprobs_from` cached tokens for a request
-that asks for prompt logprobs, so step 2 recomputes only the boundary token and the choice.
+Invariant: a request asking for prompt logprobs from p reuses at most p - 1 cached tokens
+(the logits scoring token p come from position p - 1), so step 2 recomputes two boundary
+tokens plus the choice and nothing else of the (cached) prompt.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Tokens are whitespace-prefixed words (`" world"`), numbered in order of first sight, so
 prompts, positions and cache matches are easy to reason about in tests. It keeps a prefix
-cache of every prompt + output it has seen, reporting `cached_tokens` like the radix cache
-(at most `prompt_logprobs_from` when prompt logprobs are asked, and at least one prompt token
-is computed when generating). Every call is recorded in `calls` (start order) and
+cache of every prompt + output it has seen, reporting `cached_tokens` like the scheduler
+(at most `prompt_logprobs_from - 1` when prompt logprobs are asked, since the logits scoring
+token p come from position p - 1, and at least one prompt token is computed when
+generating). Every call is recorded in `calls` (start order) and
 `on_call` runs (outside any lock) at the start of each generate, where tests can block on
 Events or Barriers to prove or forbid overlap; `max_inflight` is the most calls seen at once.
 """
@@ -172,8 +173,8 @@ class ScriptedBackend(BackendBase):
         ids = self.tokenize(text) if isinstance(prompt, str) else list(prompt)
         limit = len(ids) if params.max_new_tokens == 0 else len(ids) - 1
         start = logprobs.prompt_logprobs_from if logprobs else None
-        if start is not None:
-            limit = min(limit, start)
+        if start is not None:  # the logits scoring token `start` come from token start - 1
+            limit = min(limit, start - 1)
         cached = min(self._match(ids), max(limit, 0))
         out, matched = "", ""
         if params.max_new_tokens != 0:

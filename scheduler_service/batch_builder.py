@@ -26,6 +26,7 @@ from services.packing import pack_i32
 class PlannedStep:
     msg: model_pb2.Step
     prefill_only: list[Request] = field(default_factory=list)  # finish after this step
+    prefilled: list[Request] = field(default_factory=list)  # computed prompt tokens this step
     retracted: list[Request] = field(default_factory=list)
 
     @property
@@ -77,17 +78,17 @@ class BatchBuilder:
             if victims:
                 self.ratio.on_retract()
             decoders = [r for r in decoders if r.phase is Phase.DECODE]
-        handles, slots = [], []
-        for r in decoders:
-            got = cache.alloc(1)
-            if got is None:  # only if retraction could not free enough: wait a step
-                continue
-            r.kv_slots.append(got[0])
+        got = cache.alloc(len(decoders))  # one call: per-request alloc(1) costs 100x more
+        if got is None:  # retraction could not free enough: those without a slot wait a step
+            got = cache.alloc(cache.free_size + cache.evictable_size) or []
+            decoders = decoders[: len(got)]
+        handles = []
+        for r, slot in zip(decoders, got, strict=True):
+            r.kv_slots.append(slot)
             r.kv_len += 1
             handles.append(r.handle)
-            slots.append(got[0])
         plan.msg.decode_handles = pack_i32(handles)
-        plan.msg.decode_slots = pack_i32(slots)
+        plan.msg.decode_slots = pack_i32(got)
 
     def _retract(self, r: Request) -> None:
         st = self.st
@@ -123,6 +124,7 @@ class BatchBuilder:
 
     def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> model_pb2.Extend:
         ids = r.fill[r.kv_len : r.kv_len + len(slots)]
+        plan.prefilled.append(r)
         r.kv_slots.extend(slots)
         r.kv_len += len(slots)
         done = r.kv_len == len(r.fill)

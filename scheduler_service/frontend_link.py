@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import structlog
@@ -17,7 +18,7 @@ from scheduler_service.state import Delta
 
 log = structlog.get_logger(__name__)
 
-_FINISH = {"stop": api_pb2.FINISH_REASON_STOP, "length": api_pb2.FINISH_REASON_LENGTH,
+_FINISH: dict[str, Any] = {"stop": api_pb2.FINISH_REASON_STOP, "length": api_pb2.FINISH_REASON_LENGTH,
            "abort": api_pb2.FINISH_REASON_ABORT}
 
 

@@ -30,6 +30,14 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             start = ex.prompt_logprobs_start
             st.delta(r).prompt_logprobs.extend(
                 (r.fill[start + i], v) for i, v in enumerate(vals))
+    for r in plan.prefilled:
+        if r.handle >= 0 and r.node is not None:
+            # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
+            # sharing (and later chunks) hit it next round.
+            cached = st.cache.cache_unfinished(r.fill[: r.kv_len], r.kv_slots[: r.kv_len],
+                                               r.node)
+            if cached is not None:
+                r.node, r.cached_len = cached.node, cached.cached_len
     for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
         r = st.running.get(h)
         if r is None or r.phase is not Phase.DECODE:

@@ -6,6 +6,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from scheduler_service.prefix_cache import MatchResult
+
 _arrivals = itertools.count()
 
 
@@ -56,7 +58,7 @@ class Request:
     first_cached: int = -1  # cached tokens at first admission (reported to the client)
     resumed_output: int = 0  # output tokens that arrived with a resubmission
     aborted: bool = False
-    match: object | None = None  # filled by the policy while waiting
+    match: MatchResult | None = None  # filled by the policy while waiting
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output

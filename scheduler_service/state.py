@@ -52,7 +52,7 @@ class SchedState:
         return sum(r.owned for r in self.running.values())
 
     def check_integrity(self) -> None:
-        self.cache.check_integrity(self.request_owned())
+        self.cache.check_integrity(self.request_owned(), deep=False)
 
     def release(self, req: Request, insert: bool) -> None:
         """Take a request out of the running set. `insert`: its KV enters the prefix cache

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -94,19 +95,19 @@ class Launcher:
         self.env = {**os.environ, **(env or {})}
         self.max_backoff = max_backoff
         self._stopping = False
-        self._logs: list[object] = []
+        self._logs: list[Any] = []
 
     def start(self, name: str) -> None:
         spec = self.specs[name]
         cmd = [sys.executable, "-m", spec.module, "--port", str(spec.port), *spec.args]
-        out: int | object = subprocess.DEVNULL if self.log_dir is None else None
+        out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             f = (self.log_dir / f"{name}.log").open("ab")
             self._logs.append(f)
             out = f
         self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=out,
-                                            start_new_session=True)  # type: ignore[arg-type]
+                                            start_new_session=True)
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
 
     def start_all(self) -> None:
@@ -168,4 +169,4 @@ class Launcher:
                 proc.kill()
                 proc.wait()
         for f in self._logs:
-            f.close()  # type: ignore[attr-defined]
+            f.close()

@@ -235,7 +235,8 @@ class _Stream:
             matched_stop=self.matched_stop, prompt_tokens=self.prompt_len,
             completion_tokens=len(self.ids), cached_tokens=self.cached,
             output_logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
-            prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField(
+            # position 0 has no logprob (nothing precedes it), so scores start at max(p, 1)
+            prompt_logprobs_from=max(lp.prompt_logprobs_from, 1) if lp.HasField(
                 "prompt_logprobs_from") else 0)
 
 

@@ -54,14 +54,14 @@ class Tokenization:
         return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return str(self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
                    ) -> list[int]:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send text or input_ids")
-        text = self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+        text = str(self.tok.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=add_generation_prompt))
         # the template already carries any BOS it wants
         return self.encode(text, add_special_tokens=False)
 

@@ -167,6 +167,8 @@ class LlamaBody(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T], attn, logit_rows [R]) -> logits [R, vocab] (fp32)."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
         self.args = args

@@ -67,16 +67,19 @@ def _tail_mask(vocab_size: int) -> np.uint32:
     return np.uint32(0xFFFFFFFF if rem == 0 else (1 << rem) - 1)
 
 
+def _popcount(words: np.ndarray) -> np.ndarray:
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        return np.bitwise_count(words)
+    as_bytes = words.reshape(*words.shape, 1).view(np.uint8)
+    return np.unpackbits(as_bytes, axis=-1).sum(axis=-1)
+
+
 def allowed_counts(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
     """Allowed ids per row of an int32 [rows, words] bitmask, ignoring padding bits."""
     words = bitmask.view(np.uint32)
-    counts = np.bitwise_count(words[:, :-1]).sum(axis=1, dtype=np.int64)
+    counts = _popcount(words[:, :-1]).sum(axis=1, dtype=np.int64)
     last = words[:, -1] & _tail_mask(vocab_size)
-    return counts + np.bitwise_count(last).astype(np.int64)
-
-
-def _row_bits(row: np.ndarray, vocab_size: int) -> np.ndarray:
-    return np.unpackbits(row.view(np.uint8), bitorder="little", count=vocab_size)
+    return counts + _popcount(last).astype(np.int64)
 
 
 def choose_encoding(n_allowed: int, vocab_size: int) -> MaskEncoding:
@@ -91,22 +94,41 @@ def choose_encoding(n_allowed: int, vocab_size: int) -> MaskEncoding:
 
 def encode_rows(bitmask: np.ndarray, vocab_size: int) -> list[EncodedRow]:
     """Encode every row of an int32 [rows, bitmask_words(vocab_size)] bitmask (xgrammar's
-    layout) in its shortest form. The input is not modified."""
+    layout) in its shortest form. The input is not modified.
+
+    Why vectorized: unpacking each row to one byte per token costs ~50 us per 49k-token row;
+    expanding only the non-zero words of all list rows at once costs a few us per row."""
     if bitmask.ndim != 2 or bitmask.shape[1] != bitmask_words(vocab_size):
         raise ValueError(f"bitmask shape {bitmask.shape} does not fit vocab_size {vocab_size}")
-    bitmask = np.ascontiguousarray(bitmask, dtype=_I32)
-    counts = allowed_counts(bitmask, vocab_size)
-    rows: list[EncodedRow] = []
-    for i, n in enumerate(counts.tolist()):
-        enc = choose_encoding(n, vocab_size)
-        if enc is MaskEncoding.BITMASK:
-            data = _clear_padding(bitmask[i], vocab_size).tobytes()
-        else:
-            bits = _row_bits(bitmask[i], vocab_size)
-            ids = np.flatnonzero(bits) if enc is MaskEncoding.ALLOWED else np.flatnonzero(bits == 0)
-            data = ids.astype(_I32).tobytes()
-        rows.append(EncodedRow(enc, data))
-    return rows
+    words = np.ascontiguousarray(bitmask, dtype=_I32).view(np.uint32)
+    counts = allowed_counts(words.view(_I32), vocab_size).tolist()
+    encs = [choose_encoding(n, vocab_size) for n in counts]
+    data: list[bytes] = [b""] * len(encs)
+    for form in (MaskEncoding.ALLOWED, MaskEncoding.DISALLOWED):
+        rows = [i for i, e in enumerate(encs) if e is form]
+        if not rows:
+            continue
+        sub = words[rows] if form is MaskEncoding.ALLOWED else ~words[rows]
+        sub[:, -1] &= _tail_mask(vocab_size)  # why: padding bits are never ids
+        sizes = [
+            counts[i] if form is MaskEncoding.ALLOWED else vocab_size - counts[i] for i in rows
+        ]
+        ids = _set_bit_ids(sub)
+        for i, part in zip(rows, np.split(ids, np.cumsum(sizes)[:-1]), strict=True):
+            data[i] = part.tobytes()
+    for i, e in enumerate(encs):
+        if e is MaskEncoding.BITMASK:
+            data[i] = _clear_padding(words[i].view(_I32), vocab_size).tobytes()
+    return [EncodedRow(e, d) for e, d in zip(encs, data, strict=True)]
+
+
+def _set_bit_ids(words: np.ndarray) -> np.ndarray:
+    """Token ids of every set bit of uint32 [rows, W], row after row, ascending within a row
+    (np.nonzero walks in C order), as little-endian int32. Only non-zero words are unpacked."""
+    r, w = np.nonzero(words)
+    vals = np.ascontiguousarray(words[r, w])
+    bits = np.flatnonzero(np.unpackbits(vals.view(np.uint8), bitorder="little"))
+    return (w[bits >> 5] * 32 + (bits & 31)).astype(_I32)
 
 
 def encode_row(words: np.ndarray, vocab_size: int) -> EncodedRow:

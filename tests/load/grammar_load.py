@@ -67,7 +67,7 @@ def make_traces(svc: GrammarServicer, per_case: int, max_len: int, seed: int) ->
             "ebnf": compiler.compile_grammar,
         }[case.kind.value](case.text)
         for _ in range(per_case):
-            m, toks = xgr.GrammarMatcher(grammar), []
+            m, toks = xgr.GrammarMatcher(grammar), list[int]()
             while not m.is_terminated():
                 m.fill_next_token_bitmask(bitmask)
                 bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little", count=vocab)
@@ -158,8 +158,10 @@ def bench_direct(svc: GrammarServicer, traces: list[Trace], batch: int, steps: i
     return summarize(lat, batch)
 
 
-async def bench_service(step_fn: Any, traces: list[Trace], batch: int, steps: int) -> dict:
-    work, lat, nbytes, forms = Workload(traces, batch), [], 0, {1: 0, 2: 0, 3: 0}
+async def bench_service(
+    step_fn: Any, traces: list[Trace], batch: int, steps: int
+) -> dict[str, Any]:
+    work, lat, nbytes, forms = Workload(traces, batch), list[float](), 0, {1: 0, 2: 0, 3: 0}
     for i in range(steps):
         b = MaskStepBuilder()
         work.next_step(b)
@@ -173,7 +175,7 @@ async def bench_service(step_fn: Any, traces: list[Trace], batch: int, steps: in
             nbytes += result.ByteSize()
             for r in result.rows:
                 forms[r.encoding] += 1
-    out = summarize(lat, batch)
+    out: dict[str, Any] = dict(summarize(lat, batch))
     out["reply_bytes_per_row"] = round(nbytes / (len(lat) * batch), 1)
     total = sum(forms.values())
     out["forms"] = {

@@ -68,6 +68,10 @@ class _Captured:
     wrapper: Any
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # fp32 [bs, vocab], written by each replay
+    # Everything else the captured kernels read must outlive the capture: the graph holds raw
+    # addresses, so a tensor freed after capture would be reused by the allocator and read as
+    # garbage at replay (seen: out-of-range logit rows).
+    keep: tuple[Any, ...] = ()
 
 
 class DecodeCudaGraphs:
@@ -133,7 +137,7 @@ class DecodeCudaGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
             logits = fwd()
-        return _Captured(bs, inputs, wrapper, graph, logits)
+        return _Captured(bs, inputs, wrapper, graph, logits, keep=(logit_rows, shim))
 
     def _plan(self, wrapper: Any, bs: int, rows: Sequence[RowPlan], n: int) -> None:
         lens = [int(r.kv_slots.numel()) for r in rows] + [1] * (bs - n)

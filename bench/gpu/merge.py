@@ -27,6 +27,8 @@ def _fmt(v: Any, digits: int = 1) -> str:
             return "nan"
         if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6):
             return f"{v:.3e}"
+        if v != 0 and abs(v) < 1:
+            return f"{v:.3g}"
         return f"{v:,.{digits}f}"
     return str(v)
 

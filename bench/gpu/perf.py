@@ -30,6 +30,64 @@ def prompts(batch: int, input_len: int, vocab: int, seed: int = 0) -> list[list[
     return torch.randint(0, min(vocab, 128000), (batch, input_len), generator=g).tolist()
 
 
+def launch_us(n: int = 2000) -> float:
+    """Host cost of one tiny CUDA kernel launch from Python (no sync in between): a decode
+    step that is not captured in a graph pays this several hundred times."""
+    x = torch.zeros(1, device="cuda")
+    for _ in range(50):
+        x.add_(1)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+class _HostTimer:
+    """Wraps bound methods on instances to sum their wall time (bench-only instrumentation)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self._undo: list[tuple[Any, str]] = []
+
+    def wrap(self, obj: Any, name: str, key: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.sums[key] = self.sums.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(obj, name, timed)
+        self._undo.append((obj, name))
+
+    def restore(self) -> None:
+        for obj, name in self._undo:
+            delattr(obj, name)
+        self._undo.clear()
+
+
+def graph_replay_gpu_ms(graphs: Any, bs: int, reps: int = 20) -> float | None:
+    """GPU time of one replay of the bucket graph serving `bs` rows, as last planned."""
+    b = graphs.bucket_for(bs)
+    if b is None:
+        return None
+    g = graphs.graphs[b].graph
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: int
               ) -> dict[str, Any]:
     from model_service.step_ops import AdmitOp, Sampling, StepOps
@@ -74,7 +132,8 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
     from model_service.engine import build_engine
 
     bw = copy_bandwidth_gbps()
-    log(f"copy bandwidth {bw:.0f} GB/s; building {MODEL}")
+    lus = launch_us()
+    log(f"copy bandwidth {bw:.0f} GB/s, kernel launch {lus:.1f} us; building {MODEL}")
     t = time.perf_counter()
     cfg = ModelServiceConfig(random_weights=MODEL, device="cuda", dtype="bfloat16",
                              attention="flashinfer", kv_tokens=kv_tokens)
@@ -88,8 +147,9 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
     kv_per_tok = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2
     graphs = runner.decode_graphs
     res: dict[str, Any] = {
-        "copy_bandwidth_GBps": bw, "build_s": build_s, "weight_bytes": weight_bytes,
-        "kv_tokens": runner.pool.capacity, "attention": eng.attention_backend,
+        "copy_bandwidth_GBps": bw, "launch_us": lus, "build_s": build_s,
+        "weight_bytes": weight_bytes, "kv_tokens": runner.pool.capacity,
+        "attention": eng.attention_backend,
         "cuda_graph_buckets": graphs.buckets if graphs else [],
         "cuda_graph_capture_s": graphs.capture_s if graphs else None, "rows": []}
     log(f"built in {build_s:.1f}s, attention={eng.attention_backend}, "
@@ -103,8 +163,20 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
         runner.decode_graphs = g
         _workload(runner, batch, input_len, min(8, output_len), sid)  # warm-up
         sid += 100
-        r = _workload(runner, batch, input_len, output_len, sid)
+        timer = _HostTimer()
+        timer.wrap(runner, "_collect_rows", "collect_rows")
+        timer.wrap(runner, "_sample", "sample_incl_gpu_wait")
+        timer.wrap(runner.attn, "plan", "attn_plan")
+        if g is not None:
+            timer.wrap(g, "run", "graph_plan_copy_launch")
+        try:
+            r = _workload(runner, batch, input_len, output_len, sid)
+        finally:
+            timer.restore()
         sid += output_len + 10
+        r["host_ms_per_step"] = {k: v / r["steps"] * 1e3 for k, v in timer.sums.items()}
+        if g is not None:
+            r["graph_replay_gpu_ms"] = graph_replay_gpu_ms(g, batch)
         toks = r.pop("tokens")
         if first_tokens is None:
             first_tokens = toks
@@ -118,6 +190,10 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
         need = weight_bytes - embed_bytes + batch * ctx * kv_per_tok
         floor2_ms = need / (bw * 1e9) * 1e3
         med = r["decode_step_ms_median"]
+        gpu = r.get("graph_replay_gpu_ms")
+        if gpu:
+            r["roofline_fraction_gpu_forward"] = floor_ms / gpu
+            r["host_overhead_ms_per_step"] = med - gpu
         row = {"system": "radixmesh", "variant": name, "path": "in-process ModelRunner",
                "model": f"{MODEL} random bf16", "batch": batch, "input_len": input_len,
                "output_len": output_len, **r,
@@ -137,6 +213,7 @@ def worker_hf(batch: int, input_len: int, output_len: int) -> dict[str, Any]:
     from model_service.random_configs import random_config
 
     bw = copy_bandwidth_gbps()
+    lus = launch_us()
     hf_cfg, _ = random_config(MODEL)
     t = time.perf_counter()
     model = hf_model(hf_cfg, torch.bfloat16, attn="sdpa")
@@ -172,5 +249,5 @@ def worker_hf(batch: int, input_len: int, output_len: int) -> dict[str, Any]:
            "(t(out) - t(out/4)) / (3 out/4): mean, not median",
            "weight_floor_ms": floor_ms, "roofline_fraction": floor_ms / step_ms}
     log(f"HF: {row['tok_s']:.1f} tok/s, ~{step_ms:.2f} ms/step")
-    return {"copy_bandwidth_GBps": bw, "build_s": build_s, "weight_bytes": weight_bytes,
-            "rows": [row]}
+    return {"copy_bandwidth_GBps": bw, "launch_us": lus, "build_s": build_s,
+            "weight_bytes": weight_bytes, "rows": [row]}

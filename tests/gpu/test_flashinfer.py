@@ -117,6 +117,9 @@ def test_decode_graphs_match_eager() -> None:
     attn = FlashInferAttention(pool, 4, 1, HD)
     graphs = DecodeCudaGraphs(model, attn, [1, 4], scratch_slot=cap, max_kv_tokens=cap)
     graphs.capture()
+    # Reuse freed memory: a tensor the graph reads but nobody kept alive would now hold junk.
+    junk = [torch.full((n,), 10**6, dtype=torch.int64, device=DEV)
+            for n in (1, 2, 3, 4, 8, 16, 64, 256) for _ in range(32)]
     lens = [5, 100, 250]
     perm = torch.randperm(cap)
     seqs, off = [], 0
@@ -146,6 +149,7 @@ def test_decode_graphs_match_eager() -> None:
         replay = replay.clone()
         torch.cuda.synchronize()
     assert graphs.replays == 1
+    del junk
     assert not replay.isnan().any()
     assert _rel(replay, eager) < 1e-2
     assert torch.equal(replay.argmax(-1), eager.argmax(-1))

@@ -12,9 +12,10 @@ Invariants:
 - Concurrent requests for one key share a single compilation (one task, awaited through
   `asyncio.shield`, so a cancelled waiter never cancels the compile the others wait for; a
   compile whose waiters all left still fills the cache).
-- Errors are cached for `error_ttl_s` (0 = not at all). Why: a client retrying a bad schema in a
-  loop should not cost a compile per retry, yet a grammar must not stay rejected forever should
-  an error ever be transient. Error entries count toward `max_entries` with zero bytes.
+- Errors are cached for `error_ttl_s` (0 = not at all) in a separate small LRU
+  (`MAX_ERROR_ENTRIES`). Why: a client retrying a bad schema in a loop should not cost a compile
+  per retry, yet a grammar must not stay rejected forever should an error ever be transient, and
+  a flood of distinct bad grammars must never evict good compiled ones.
 - xgrammar's own cache can be turned off (`disable_xgrammar_cache`) so cold-compile benchmarks
   measure real compiles after `clear()`.
 """
@@ -41,6 +42,7 @@ log = structlog.get_logger(__name__)
 _LOG_PREFIX = re.compile(r"^\s*\[[0-9:.]+\]\s+\S+:\d+:\s*")
 _CHECK_PREFIX = re.compile(r"^Check failed: .*? is false:\s*")
 MAX_ERROR_CHARS = 2000
+MAX_ERROR_ENTRIES = 256
 
 
 class GrammarKind(str, Enum):
@@ -111,6 +113,7 @@ class CompileCache:
         )
         self._pool = ThreadPoolExecutor(max(1, compile_threads), thread_name_prefix="compile")
         self._lru: OrderedDict[GrammarKey, _Entry] = OrderedDict()
+        self._errors: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._inflight: dict[GrammarKey, asyncio.Task[_Entry]] = {}
         self._nbytes = 0
         self.stats = CacheStats()
@@ -146,12 +149,15 @@ class CompileCache:
 
     def _lookup(self, key: GrammarKey) -> _Entry | None:
         entry = self._lru.get(key)
-        if entry is None:
-            return None
-        if entry.expires < time.monotonic():
-            self._remove(key)
-            return None
-        self._lru.move_to_end(key)
+        if entry is not None:
+            self._lru.move_to_end(key)
+        else:
+            entry = self._errors.get(key)
+            if entry is None:
+                return None
+            if entry.expires < time.monotonic():
+                del self._errors[key]
+                return None
         self.stats.hits += 1
         return entry
 
@@ -169,7 +175,9 @@ class CompileCache:
             self.stats.errors += 1
             log.info("grammar_rejected", kind=key[0].value, ms=round(ms, 2), error=entry.error)
             if self.error_ttl_s > 0:
-                self._insert(key, entry)
+                self._errors[key] = entry
+                while len(self._errors) > MAX_ERROR_ENTRIES:
+                    self._errors.popitem(last=False)
         else:
             log.debug("grammar_compiled", kind=key[0].value, ms=round(ms, 2), nbytes=entry.nbytes)
             self._insert(key, entry)
@@ -228,6 +236,7 @@ class CompileCache:
     def clear(self) -> None:
         """Drop every cached grammar, ours and xgrammar's (compiles in flight still finish)."""
         self._lru.clear()
+        self._errors.clear()
         self._nbytes = 0
         self.stats.entries = 0
         self.stats.nbytes = 0

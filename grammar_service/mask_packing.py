@@ -101,34 +101,46 @@ def encode_rows(bitmask: np.ndarray, vocab_size: int) -> list[EncodedRow]:
     if bitmask.ndim != 2 or bitmask.shape[1] != bitmask_words(vocab_size):
         raise ValueError(f"bitmask shape {bitmask.shape} does not fit vocab_size {vocab_size}")
     words = np.ascontiguousarray(bitmask, dtype=_I32).view(np.uint32)
-    counts = allowed_counts(words.view(_I32), vocab_size).tolist()
-    encs = [choose_encoding(n, vocab_size) for n in counts]
-    data: list[bytes] = [b""] * len(encs)
+    counts = allowed_counts(words.view(_I32), vocab_size)
+    forms = _choose_encodings(counts, vocab_size).tolist()
+    data: list[bytes] = [b""] * len(forms)
     for form in (MaskEncoding.ALLOWED, MaskEncoding.DISALLOWED):
-        rows = [i for i, e in enumerate(encs) if e is form]
+        rows = [i for i, f in enumerate(forms) if f == form]
         if not rows:
             continue
         sub = words[rows] if form is MaskEncoding.ALLOWED else ~words[rows]
         sub[:, -1] &= _tail_mask(vocab_size)  # why: padding bits are never ids
-        sizes = [
-            counts[i] if form is MaskEncoding.ALLOWED else vocab_size - counts[i] for i in rows
-        ]
+        sizes = counts[rows] if form is MaskEncoding.ALLOWED else vocab_size - counts[rows]
         ids = _set_bit_ids(sub)
-        for i, part in zip(rows, np.split(ids, np.cumsum(sizes)[:-1]), strict=True):
-            data[i] = part.tobytes()
-    for i, e in enumerate(encs):
-        if e is MaskEncoding.BITMASK:
+        ends = np.cumsum(sizes).tolist()
+        for i, start, end in zip(rows, [0, *ends[:-1]], ends, strict=True):
+            data[i] = ids[start:end].tobytes()
+    for i, f in enumerate(forms):
+        if f == MaskEncoding.BITMASK:
             data[i] = _clear_padding(words[i].view(_I32), vocab_size).tobytes()
-    return [EncodedRow(e, d) for e, d in zip(encs, data, strict=True)]
+    return [EncodedRow(MaskEncoding(f), d) for f, d in zip(forms, data, strict=True)]
+
+
+def _choose_encodings(counts: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`choose_encoding` for many rows at once (same sizes, same tie order)."""
+    bitmask = 4 * bitmask_words(vocab_size)
+    allowed, disallowed = 4 * counts, 4 * (vocab_size - counts)
+    out = np.full(counts.shape, int(MaskEncoding.BITMASK))
+    out[(allowed < bitmask) & (allowed <= disallowed)] = int(MaskEncoding.ALLOWED)
+    out[(disallowed < bitmask) & (disallowed < allowed)] = int(MaskEncoding.DISALLOWED)
+    return out
 
 
 def _set_bit_ids(words: np.ndarray) -> np.ndarray:
-    """Token ids of every set bit of uint32 [rows, W], row after row, ascending within a row
-    (np.nonzero walks in C order), as little-endian int32. Only non-zero words are unpacked."""
-    r, w = np.nonzero(words)
-    vals = np.ascontiguousarray(words[r, w])
+    """Token ids of every set bit of uint32 [rows, W], row after row, ascending within a row,
+    as little-endian int32. Only non-zero words are unpacked; `flatnonzero` of a boolean view
+    is ~10x faster than `nonzero` of the 2-D words."""
+    flat = words.reshape(-1)
+    at = np.flatnonzero(flat != 0)
+    vals = np.ascontiguousarray(flat[at])
     bits = np.flatnonzero(np.unpackbits(vals.view(np.uint8), bitorder="little"))
-    return (w[bits >> 5] * 32 + (bits & 31)).astype(_I32)
+    word_in_row = at[bits >> 5] % words.shape[1]
+    return (word_in_row * 32 + (bits & 31)).astype(_I32)
 
 
 def encode_row(words: np.ndarray, vocab_size: int) -> EncodedRow:

@@ -188,3 +188,19 @@ def test_clear_forces_a_real_recompile(tokenizer_info: xgr.TokenizerInfo) -> Non
         cache.close()
 
     asyncio.run(main())
+
+
+def test_bad_grammars_never_evict_good_ones(tokenizer_info: xgr.TokenizerInfo) -> None:
+    async def main() -> None:
+        cache = CompileCache(tokenizer_info, max_entries=1)
+        good, _ = await cache.get(REGEX, "a+")
+        for i in range(5):
+            with pytest.raises(GrammarError):
+                await cache.get(REGEX, f"[bad{i}")
+        assert cache.peek(REGEX, "a+") is good and len(cache) == 1
+        with pytest.raises(GrammarError):
+            await cache.get(REGEX, "[bad0")  # still cached as an error: no new compile
+        assert cache.stats.misses == 6
+        cache.close()
+
+    asyncio.run(main())

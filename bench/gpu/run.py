@@ -46,9 +46,9 @@ def run_worker(kind: str, batch: int, input_len: int, output_len: int, tmp: Path
            "--json", str(path)]
     log(f"worker {kind}: {' '.join(cmd[1:])}")
     t = time.perf_counter()
+    rc: int | str
     try:
-        proc = subprocess.run(cmd, timeout=timeout, cwd=ROOT)
-        rc = proc.returncode
+        rc = subprocess.run(cmd, timeout=timeout, cwd=ROOT).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
     wall = time.perf_counter() - t

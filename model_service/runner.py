@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grammar_service.mask_packing import EncodedRow, MaskEncoding, bitmask_to_bool, decode_rows
 from model_service.attention.reference import ReferenceAttention, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
@@ -59,6 +60,7 @@ class ModelRunner:
         self.device = device
         self.decode_graphs = decode_graphs  # replays decode-only steps that fit a bucket
         self.requests: dict[int, RequestState] = {}
+        self.masks: dict[int, tuple[int, bytes]] = {}
 
     def reset(self) -> None:
         self.requests.clear()
@@ -75,6 +77,7 @@ class ModelRunner:
             del st.slots[length:]
             st.last_token = None
         rows = self._collect_rows(ops)
+        self.masks = ops.masks
         outputs, plps = self._run(rows) if rows else ([], [])
         ms = (time.perf_counter() - t0) * 1e3
         return StepOutput(ops.step_id, outputs, plps, ms)
@@ -181,6 +184,19 @@ class ModelRunner:
                 out.append(PromptLogprobs(r.handle, abs_start, values))
         return out
 
+    def _apply_masks(self, sampled: list[_Row], lg: torch.Tensor) -> None:
+        """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
+        idx = [i for i, r in enumerate(sampled) if r.handle in self.masks]
+        if not idx:
+            return
+        rows = [EncodedRow(MaskEncoding(e), d)
+                for e, d in (self.masks[sampled[i].handle] for i in idx)]
+        width = lg.shape[-1]
+        words = decode_rows(rows, width).to(lg.device)
+        allowed = bitmask_to_bool(words, width)
+        sel = torch.tensor(idx, dtype=torch.int64, device=lg.device)
+        lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
+
     def _sample(self, rows: list[_Row], sample_rows: list[int], logits: torch.Tensor
                 ) -> list[RowOutput]:
         sampled = [r for r in rows if r.sample]
@@ -192,6 +208,8 @@ class ModelRunner:
         for i, r in enumerate(sampled):
             if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
                 lg[i, list(r.state.sampling.stop_ids)] = float("-inf")
+        if self.masks:
+            self._apply_masks(sampled, lg)
         params = SamplingBatch(
             temperature=torch.tensor([s.temperature for s in sp], device=dev),
             top_p=torch.tensor([s.top_p for s in sp], device=dev),

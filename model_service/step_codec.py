@@ -30,6 +30,7 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
     ops.truncates = [(t.handle, t.length) for t in msg.truncates]
     ops.releases = unpack_i32(msg.release_handles)
     ops.freed_slots = unpack_i32(msg.freed_slots)
+    ops.masks = {m.handle: (m.encoding, m.data) for m in msg.masks}
     return ops
 
 

@@ -48,6 +48,7 @@ class StepOps:
     truncates: list[tuple[int, int]] = field(default_factory=list)
     releases: list[int] = field(default_factory=list)
     freed_slots: list[int] = field(default_factory=list)
+    masks: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # handle -> (encoding, data)
 
 
 @dataclass

@@ -66,7 +66,7 @@ class BatchBuilder:
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep) -> None:
         st, cache = self.st, self.st.cache
-        decoders = [r for r in st.running.values() if r.phase is Phase.DECODE]
+        decoders = [r for r in st.running.values() if r.phase is Phase.DECODE and st.runnable(r)]
         if decoders:
             self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
@@ -102,13 +102,14 @@ class BatchBuilder:
     def _prefill(self, plan: PlannedStep) -> None:
         st, cfg = self.st, self.cfg
         running = list(st.running.values())
-        chunked = next((r for r in running if r.phase is Phase.PREFILL), None)
+        chunked = next((r for r in running if r.phase is Phase.PREFILL and st.runnable(r)), None)
         remaining = len(chunked.fill) - chunked.kv_len if chunked else 0
         if not st.waiting and not remaining:
             return
         candidates: list[Request] = []
         if st.waiting and len(running) < cfg.max_running:
-            candidates, _deferred = self.policy.schedule(st.waiting, st.cache)
+            waiting = st.waiting if st.grammar_up else [r for r in st.waiting if st.runnable(r)]
+            candidates, _deferred = self.policy.schedule(waiting, st.cache)
         ratio = self.ratio.value
         pp = admit_prefills(
             candidates, st.cache, chunk_budget=cfg.chunk_tokens, max_running=cfg.max_running,
@@ -153,6 +154,8 @@ class BatchBuilder:
             st.stats.cached_prompt_tokens += min(len(prefix), len(r.prompt))
             st.delta(r).cached_tokens = len(prefix)
         st.running[r.handle] = r
+        if r.grammar is not None:  # replay: a resumed request's matcher catches up first
+            st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
         ext = self._extend_op(plan, r, slots)
         plan.msg.admits.append(model_pb2.Admit(
             handle=r.handle, sampling=_sampling(r), output_offset=len(r.output),

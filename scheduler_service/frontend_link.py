@@ -12,14 +12,18 @@ import grpc
 import structlog
 
 from client.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.grammar_link import GrammarUnavailable
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.state import Delta
 
 log = structlog.get_logger(__name__)
 
-_FINISH: dict[str, Any] = {"stop": api_pb2.FINISH_REASON_STOP, "length": api_pb2.FINISH_REASON_LENGTH,
-           "abort": api_pb2.FINISH_REASON_ABORT}
+_FINISH: dict[str, Any] = {
+    "stop": api_pb2.FINISH_REASON_STOP,
+    "length": api_pb2.FINISH_REASON_LENGTH,
+    "abort": api_pb2.FINISH_REASON_ABORT,
+}
 
 
 def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Request:
@@ -36,26 +40,43 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         stop_token_ids=tuple(s.stop_token_ids),
         return_logprob=lp.return_logprob,
         top_logprobs=lp.top_logprobs,
-        prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from")
-        else -1,
+        prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from") else -1,
     )
-    return Request(rid=msg.rid, session=session, prompt=list(msg.input_ids), spec=spec,
-                   eos_ids=frozenset(msg.eos_token_ids), output=list(msg.output_ids),
-                   resumed_output=len(msg.output_ids))
+    kind = s.WhichOneof("constraint")
+    return Request(
+        rid=msg.rid,
+        session=session,
+        prompt=list(msg.input_ids),
+        spec=spec,
+        eos_ids=frozenset(msg.eos_token_ids),
+        output=list(msg.output_ids),
+        resumed_output=len(msg.output_ids),
+        grammar=(kind, getattr(s, kind)) if kind else None,
+    )
 
 
 def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
     out = scheduler_pb2.RequestDelta(
-        rid=d.rid, token_ids=d.token_ids, finish_reason=_FINISH.get(d.finish, 0),
-        matched_stop_token=d.matched_stop_token, error_code=d.error_code,
-        error_message=d.error_message)
+        rid=d.rid,
+        token_ids=d.token_ids,
+        finish_reason=_FINISH.get(d.finish, 0),
+        matched_stop_token=d.matched_stop_token,
+        error_code=d.error_code,
+        error_message=d.error_message,
+    )
     if d.cached_tokens >= 0:
         out.cached_tokens = d.cached_tokens
     for tok, lp, top_ids, top_lps in d.logprobs:
-        out.logprobs.append(api_pb2.TokenLogprob(
-            token_id=tok, logprob=lp,
-            top=[api_pb2.TopLogprob(token_id=i, logprob=v) for i, v in zip(top_ids, top_lps,
-                                                                             strict=False)]))
+        out.logprobs.append(
+            api_pb2.TokenLogprob(
+                token_id=tok,
+                logprob=lp,
+                top=[
+                    api_pb2.TopLogprob(token_id=i, logprob=v)
+                    for i, v in zip(top_ids, top_lps, strict=False)
+                ],
+            )
+        )
     for tok, lp in d.prompt_logprobs:
         out.prompt_logprobs.append(api_pb2.TokenLogprob(token_id=tok, logprob=lp))
     return out
@@ -64,10 +85,13 @@ def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, scheduler: Scheduler) -> None:
         self.sched = scheduler
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    async def Session(self, request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
-                      context: grpc.aio.ServicerContext
-                      ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
@@ -76,14 +100,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
 
         def sink(deltas: list[Delta]) -> None:
-            out.put_nowait(scheduler_pb2.SchedulerMessage(
-                deltas=[delta_to_proto(d) for d in deltas]))
+            out.put_nowait(
+                scheduler_pb2.SchedulerMessage(deltas=[delta_to_proto(d) for d in deltas])
+            )
 
         self.sched.sinks[session] = sink
         info = self.sched.info
-        yield scheduler_pb2.SchedulerMessage(hello=scheduler_pb2.SchedulerHello(
-            session_id=session, kv_capacity=info.kv_capacity if info else 0,
-            context_length=info.context_length if info else 0))
+        yield scheduler_pb2.SchedulerMessage(
+            hello=scheduler_pb2.SchedulerHello(
+                session_id=session,
+                kv_capacity=info.kv_capacity if info else 0,
+                context_length=info.context_length if info else 0,
+            )
+        )
         log.info("frontend_session", session=session)
 
         async def read() -> None:
@@ -107,23 +136,72 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             log.info("frontend_session_closed", session=session)
 
     def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
-        try:
-            self.sched.submit(request_from_proto(msg, session))
-        except SubmitError as exc:
-            sink([Delta(msg.rid, error_code=exc.code.value[0], error_message=str(exc))])
+        req = request_from_proto(msg, session)
+        if req.grammar is None:
+            self._admit(req, sink)
+        else:  # compile first (off the read loop): a bad grammar never reaches the queue
+            task = asyncio.create_task(self._compile_then_admit(req, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def GetStats(self, request: api_pb2.GetStatsRequest,
-                       context: grpc.aio.ServicerContext) -> api_pb2.Stats:
+    def _admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
+        try:
+            self.sched.submit(req)
+        except SubmitError as exc:
+            sink([Delta(req.rid, error_code=exc.code.value[0], error_message=str(exc))])
+
+    async def _compile_then_admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
+        assert req.grammar is not None
+        try:
+            ok, error = await self.sched.grammar.compile(*req.grammar)
+        except GrammarUnavailable as exc:
+            sink(
+                [
+                    Delta(
+                        req.rid,
+                        error_code=grpc.StatusCode.UNAVAILABLE.value[0],
+                        error_message=str(exc),
+                    )
+                ]
+            )
+            return
+        if not ok:
+            sink(
+                [
+                    Delta(
+                        req.rid,
+                        error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                        error_message=f"invalid {req.grammar[0]}: {error}",
+                    )
+                ]
+            )
+            return
+        self._admit(req, sink)
+
+    async def GetStats(
+        self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Stats:
         st = self.sched.st
         if st is None:
             return api_pb2.Stats()
         c, s = st.cache, st.stats
         cap = c.allocator.capacity
         return api_pb2.Stats(
-            queue_length=len(st.waiting), running_requests=len(st.running), kv_capacity=cap,
-            kv_free=c.free_size, kv_evictable=c.evictable_size, kv_locked=c.locked_size,
-            kv_request_owned=st.request_owned(), token_usage=1 - c.free_size / cap if cap else 0,
-            cache_hit_rate=s.cache_hit_rate, prompt_tokens=s.prompt_tokens,
-            cached_prompt_tokens=s.cached_prompt_tokens, generated_tokens=s.generated_tokens,
-            evicted_tokens=c.stats.evicted_tokens, finished_requests=s.finished_requests,
-            retractions=s.retractions, steps=s.steps, radix_seconds=c.stats.bookkeeping_seconds)
+            queue_length=len(st.waiting),
+            running_requests=len(st.running),
+            kv_capacity=cap,
+            kv_free=c.free_size,
+            kv_evictable=c.evictable_size,
+            kv_locked=c.locked_size,
+            kv_request_owned=st.request_owned(),
+            token_usage=1 - c.free_size / cap if cap else 0,
+            cache_hit_rate=s.cache_hit_rate,
+            prompt_tokens=s.prompt_tokens,
+            cached_prompt_tokens=s.cached_prompt_tokens,
+            generated_tokens=s.generated_tokens,
+            evicted_tokens=c.stats.evicted_tokens,
+            finished_requests=s.finished_requests,
+            retractions=s.retractions,
+            steps=s.steps,
+            radix_seconds=c.stats.bookkeeping_seconds,
+        )

@@ -57,6 +57,8 @@ def _on_token(st: SchedState, r: Request, tok: int, lp: float,
         return
     r.output.append(tok)
     r.fill.append(tok)
+    if r.grammar is not None:
+        st.grammar_ops.accept(r.handle, tok)
     d = st.delta(r)
     d.token_ids.append(tok)
     if spec.return_logprob or spec.top_logprobs:

@@ -59,6 +59,7 @@ class Request:
     resumed_output: int = 0  # output tokens that arrived with a resubmission
     aborted: bool = False
     match: MatchResult | None = None  # filled by the policy while waiting
+    grammar: tuple[str, str] | None = None  # (json_schema|regex|ebnf, text)
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output

@@ -15,14 +15,16 @@ import grpc
 import structlog
 
 from client.pb import model_pb2
-from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.allocator import SlotAllocator
+from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.constrained_rows import constrained_samplers, drop_rows, strip_constrained
+from scheduler_service.grammar_link import GrammarLink, GrammarUnavailable
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
-from scheduler_service.allocator import SlotAllocator
 from scheduler_service.state import Delta, SchedState
 from services.server import Health
 
@@ -41,6 +43,8 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.link = ModelLink(cfg.model_address)
+        self.grammar = GrammarLink(cfg.grammar_address)
+        self.grammar.on_reconnect = self._rebind_grammars
         self.policy = SchedulePolicy(cfg.policy, lpm_fallback_queue_len=cfg.lpm_fallback_queue_len)
         self.st: SchedState | None = None
         self.info: model_pb2.WorkerInfo | None = None
@@ -58,13 +62,17 @@ class Scheduler:
         need = len(req.fill) + req.remaining
         cap = st.cache.allocator.capacity
         if need > cap:
-            raise SubmitError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"prompt ({len(req.fill)} tokens) + max_new_tokens ({req.remaining})"
-                              f" = {need} exceeds the KV capacity of {cap} tokens: shorten the "
-                              "prompt or lower max_new_tokens")
+            raise SubmitError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prompt ({len(req.fill)} tokens) + max_new_tokens ({req.remaining})"
+                f" = {need} exceeds the KV capacity of {cap} tokens: shorten the "
+                "prompt or lower max_new_tokens",
+            )
         if len(st.waiting) >= self.cfg.max_queue:
-            raise SubmitError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"the waiting queue is full ({self.cfg.max_queue}); retry later")
+            raise SubmitError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the waiting queue is full ({self.cfg.max_queue}); retry later",
+            )
         self.by_rid[req.rid] = req
         st.sessions[req.rid] = req.session
         st.waiting.append(req)
@@ -87,6 +95,25 @@ class Scheduler:
 
     # -- loop ---------------------------------------------------------------------------------
     async def run(self, health: Health) -> None:
+        grammar = asyncio.create_task(self.grammar.run())
+        try:
+            await self._run_model(health)
+        finally:
+            grammar.cancel()
+
+    def _rebind_grammars(self) -> None:
+        """A (re)opened grammar session knows no matchers: bind every constrained running
+        request again, replaying its output so far, before any other grammar operation."""
+        st = self.st
+        if st is None:
+            return
+        st.grammar_ops.clear()
+        for r in st.running.values():
+            if r.grammar is not None:
+                st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
+        self.wake.set()
+
+    async def _run_model(self, health: Health) -> None:
         backoff = 0.1
         while True:
             try:
@@ -111,8 +138,10 @@ class Scheduler:
         cap = int(info.kv_capacity)
         if self.st is None or self.st.cache.allocator.capacity != cap:
             alloc = SlotAllocator(cap, track_freed=info.nan_fill)
-            self.st = SchedState(cache=make_prefix_cache(self.cfg.radix, alloc),
-                                 context_length=int(info.context_length))
+            self.st = SchedState(
+                cache=make_prefix_cache(self.cfg.radix, alloc),
+                context_length=int(info.context_length),
+            )
         else:
             self.st.cache.reset()  # new session: the worker's KV pool content is gone
             self.st.handles.reset()
@@ -139,12 +168,14 @@ class Scheduler:
                 await self._idle()
                 continue
             t0 = time.perf_counter()
+            st.grammar_up = self.grammar.up.is_set()
             plan = self.builder.build()
             if plan.empty and not plan.msg.release_handles:
                 self._flush()
                 await self._idle()
                 continue
             cpu = time.perf_counter() - t0
+            await self._masks(plan)
             res = await self.link.send(plan.msg)
             t1 = time.perf_counter()
             if res.error:
@@ -158,6 +189,40 @@ class Scheduler:
             if self.cfg.debug_invariants:
                 st.check_integrity()
             self._flush()
+
+    async def _masks(self, plan: PlannedStep) -> None:
+        """Fetch grammar masks for the constrained rows that sample in this step. If the grammar
+        service is lost meanwhile, those rows are taken out of the step (they wait for the
+        reconnect and its replay) instead of ever being sampled unmasked."""
+        st = self.st
+        assert st is not None
+        want = constrained_samplers(st, plan)
+        if not want and not st.grammar_ops:
+            return
+        if not st.grammar_up:
+            strip_constrained(st, plan)
+            return
+        t0 = time.perf_counter()
+        try:
+            res = await self.grammar.step(st.grammar_ops.build(plan.msg.step_id, want))
+        except GrammarUnavailable:
+            st.grammar_up = False
+            strip_constrained(st, plan)
+            return
+        finally:
+            st.stats.mask_wait_seconds += time.perf_counter() - t0
+        for err in res.errors:
+            r = st.running.get(err.handle)
+            if r is not None:
+                code = (
+                    grpc.StatusCode.INVALID_ARGUMENT if err.code == 3 else grpc.StatusCode.INTERNAL
+                )
+                log.error("grammar_row_failed", rid=r.rid, code=err.code, error=err.message)
+                drop_rows(st, plan, {r.handle})
+                if r in st.waiting:
+                    st.waiting.remove(r)
+                self._fail(r, code, f"grammar: {err.message}")
+        plan.msg.masks.extend(row for row in res.rows if row.handle in st.running)
 
     def _reap_aborted(self) -> None:
         st = self.st

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler_service.grammar_ops import GrammarOps
 from scheduler_service.handles import HandlePool
 from scheduler_service.prefix_cache import PrefixCache
 from scheduler_service.request import Phase, Request
@@ -40,6 +41,8 @@ class SchedState:
     deltas: dict[str, Delta] = field(default_factory=dict)  # rid -> delta of this step
     sessions: dict[str, str] = field(default_factory=dict)  # rid -> session
     pending_release: list[int] = field(default_factory=list)  # handles to release next step
+    grammar_ops: GrammarOps = field(default_factory=GrammarOps)
+    grammar_up: bool = False  # constrained requests run only while the grammar link is up
     step_id: int = 0
 
     def delta(self, req: Request) -> Delta:
@@ -47,6 +50,9 @@ class SchedState:
         if d is None:
             d = self.deltas[req.rid] = Delta(req.rid)
         return d
+
+    def runnable(self, req: Request) -> bool:
+        return req.grammar is None or self.grammar_up
 
     def request_owned(self) -> int:
         return sum(r.owned for r in self.running.values())
@@ -58,6 +64,8 @@ class SchedState:
         """Take a request out of the running set. `insert`: its KV enters the prefix cache
         (finished); otherwise its own slots are freed (aborted, failed, retracted)."""
         if req.handle >= 0:
+            if req.grammar is not None:
+                self.grammar_ops.release(req.handle)
             self.running.pop(req.handle, None)
             self.pending_release.append(req.handle)
             req.handle = -1

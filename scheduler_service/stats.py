@@ -14,6 +14,7 @@ class SchedulerStats:
     retractions: int = 0
     steps: int = 0
     step_seconds: float = 0.0  # scheduler CPU time building and applying steps
+    mask_wait_seconds: float = 0.0  # time steps waited for grammar masks (mask stall)
 
     @property
     def cache_hit_rate(self) -> float:

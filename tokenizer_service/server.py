@@ -3,7 +3,6 @@ scheduler, incremental detokenization, stop strings, coalesced client streams, a
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -66,9 +65,6 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             sampling = normalize_sampling(
                 request.sampling, request.logprobs, len(ids), self.context_length,
                 self.tok.vocab_size, self.cfg.default_max_new_tokens, self.cfg.max_top_logprobs)
-            if sampling.WhichOneof("constraint"):
-                raise InvalidRequest("constrained decoding (json_schema/regex/ebnf) is not "
-                                     "enabled on this server yet")
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return

@@ -1,0 +1,63 @@
+"""Which rows of a planned step are constrained samplers, and taking rows back out of a step
+before it is sent (grammar service lost, or a row's grammar failed)."""
+
+from __future__ import annotations
+
+from scheduler_service.batch_builder import PlannedStep
+from scheduler_service.request import Phase, Request
+from scheduler_service.state import SchedState
+from services.packing import pack_i32, unpack_i32
+
+
+def constrained_samplers(st: SchedState, plan: PlannedStep) -> list[int]:
+    """Handles of constrained requests that sample a token in this step."""
+    m = plan.msg
+    want = [a.handle for a in m.admits if a.sample and _constrained(st, a.handle)]
+    want += [e.handle for e in m.extends if e.sample and _constrained(st, e.handle)]
+    want += [h for h in unpack_i32(m.decode_handles) if _constrained(st, h)]
+    return want
+
+
+def _constrained(st: SchedState, handle: int) -> bool:
+    r = st.running.get(handle)
+    return r is not None and r.grammar is not None
+
+
+def strip_constrained(st: SchedState, plan: PlannedStep) -> None:
+    drop_rows(st, plan, set(constrained_samplers(st, plan)))
+
+
+def drop_rows(st: SchedState, plan: PlannedStep, handles: set[int]) -> None:
+    """Remove these handles' work from the unsent step, undoing the builder's bookkeeping:
+    a decode gives its new slot back; a prefill request goes back to the queue (its computed
+    prefix stays cached, so the retry is cheap)."""
+    if not handles:
+        return
+    m = plan.msg
+    dh, ds = unpack_i32(m.decode_handles), unpack_i32(m.decode_slots)
+    keep = [(h, s) for h, s in zip(dh, ds, strict=True) if h not in handles]
+    for h, s in zip(dh, ds, strict=True):
+        if h in handles and (r := st.running.get(h)) is not None:
+            r.kv_slots.pop()
+            r.kv_len -= 1
+            st.cache.free_slots([s])
+    m.decode_handles = pack_i32([h for h, _ in keep])
+    m.decode_slots = pack_i32([s for _, s in keep])
+    for ops in (m.admits, m.extends):
+        for op in [op for op in ops if op.handle in handles]:
+            ops.remove(op)
+            r = st.running.get(op.handle)
+            if r is not None:
+                _requeue(st, plan, r)
+
+
+def _requeue(st: SchedState, plan: PlannedStep, r: Request) -> None:
+    """Back to the queue. Its slots (earlier chunks included) are freed: simpler than keeping
+    a partial prefill alive, and rare (only when the grammar service goes away)."""
+    for lst in (plan.prefilled, plan.prefill_only):
+        if r in lst:
+            lst.remove(r)
+    st.release(r, insert=False)
+    r.phase = Phase.WAITING
+    r.match = None
+    st.waiting.insert(0, r)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ JSON = GrammarKind.JSON_SCHEMA
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     """The embedded model's tokenizer, built once and cached under the temp dir."""
-    return load_tokenizer(default_tokenizer_dir(Path(tempfile.gettempdir()) / "radixmesh"))
+    return load_tokenizer(default_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,7 +26,7 @@ def tokenizer() -> Any:
     """The embedded model's tokenizer, built once and cached under the temp dir."""
     from grammar_service.tokenizer_source import default_tokenizer_dir, load_tokenizer
 
-    return load_tokenizer(default_tokenizer_dir(Path(tempfile.gettempdir()) / "radixmesh"))
+    return load_tokenizer(default_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")

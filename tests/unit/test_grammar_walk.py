@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -36,7 +34,7 @@ def tokenizer() -> Any:
     """The embedded model's tokenizer, built once and cached under the temp dir."""
     from grammar_service.tokenizer_source import default_tokenizer_dir, load_tokenizer
 
-    return load_tokenizer(default_tokenizer_dir(Path(tempfile.gettempdir()) / "radixmesh"))
+    return load_tokenizer(default_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")

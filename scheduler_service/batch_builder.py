@@ -59,14 +59,53 @@ class BatchBuilder:
         for h in st.pending_release:
             st.handles.give(h)  # safe: the worker releases before it sees a later admit
         st.pending_release = []
-        self._decodes(plan)
+        self._decodes(plan)  # first: requests with a pending jump are not decoders
+        self._jumps(plan)
         self._prefill(plan)
         return plan
+
+    # -- jump-forward (compressed FSM) -----------------------------------------------------
+    def _jumps(self, plan: PlannedStep) -> None:
+        """Apply pending jump-forwards: cut the request back by the grammar's `rollback`
+        tokens (the retokenization boundary), append the forced tokens, and prefill them in one
+        extend that also samples the next token (with a mask computed after the jump)."""
+        st = self.st
+        for r in [r for r in st.running.values() if r.jump is not None and st.runnable(r)]:
+            assert r.jump is not None
+            rollback, tokens = r.jump
+            new_out = r.output[: len(r.output) - rollback] + tokens
+            new_out = new_out[: r.spec.max_new_tokens]
+            keep = min(r.kv_len, len(r.prompt) + len(r.output) - rollback)
+            if keep < r.cached_len:  # never cut into cached (shared) KV: skip this jump
+                r.jump = None
+                continue
+            slots = st.cache.alloc(len(r.prompt) + len(new_out) - keep)
+            if slots is None:
+                continue  # no room this step: decode stays paused, retry next step
+            r.jump = None
+            st.cache.free_slots(r.kv_slots[keep : r.kv_len])
+            del r.kv_slots[keep:]
+            r.kv_len = keep
+            kept_out = len(r.output) - rollback
+            d = st.delta(r)
+            d.rollback += rollback
+            d.token_ids.extend(new_out[kept_out:])
+            r.output = new_out
+            r.fill = r.prompt + new_out
+            st.grammar_ops.rollback(r.handle, rollback)
+            for t in new_out[kept_out:]:
+                st.grammar_ops.accept(r.handle, t)
+            st.stats.jump_forwards += 1
+            st.stats.jump_forward_tokens += len(new_out) - kept_out
+            plan.msg.truncates.append(model_pb2.Truncate(handle=r.handle, length=keep))
+            if slots:
+                plan.msg.extends.append(self._extend_op(plan, r, slots))
 
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep) -> None:
         st, cache = self.st, self.st.cache
-        decoders = [r for r in st.running.values() if r.phase is Phase.DECODE and st.runnable(r)]
+        decoders = [r for r in st.running.values()
+                    if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None]
         if decoders:
             self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)

@@ -25,6 +25,8 @@ class SchedulerConfig:
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
     new_token_ratio: float = field(0.7, "initial expected fraction of max_new_tokens still to "
                                    "come (decays while no retraction happens)")
+    jump_forward: str = field("on", "compressed-FSM jump-forward for constrained requests",
+                              choices=["on", "off"])
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 

@@ -63,6 +63,7 @@ def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
         matched_stop_token=d.matched_stop_token,
         error_code=d.error_code,
         error_message=d.error_message,
+        rollback=d.rollback,
     )
     if d.cached_tokens >= 0:
         out.cached_tokens = d.cached_tokens

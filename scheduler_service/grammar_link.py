@@ -39,17 +39,21 @@ class GrammarLink:
         self._pending: deque[asyncio.Future[grammar_pb2.MaskStepResult]] = deque()
         self.on_reconnect: Callable[[], None] = lambda: None
 
-    async def compile(self, kind: str, text: str) -> tuple[bool, str]:
-        """(ok, xgrammar's message). UNAVAILABLE surfaces as GrammarUnavailable."""
-        try:
-            reply = await self._stub.Compile(
-                grammar_pb2.CompileRequest(grammar=grammar_spec(kind, text)), timeout=120
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise GrammarUnavailable(
-                f"grammar service: {exc.code().name}: {exc.details()}"
-            ) from exc
-        return reply.ok, reply.error
+    async def compile(self, kind: str, text: str, wait_s: float = 30.0) -> tuple[bool, str]:
+        """(ok, xgrammar's message). If the service is down (restarting), wait up to `wait_s`
+        for the mask session to come back and retry once; then GrammarUnavailable."""
+        req = grammar_pb2.CompileRequest(grammar=grammar_spec(kind, text))
+        for attempt in range(2):
+            try:
+                reply = await self._stub.Compile(req, timeout=60)
+                return reply.ok, reply.error
+            except grpc.aio.AioRpcError as exc:
+                if attempt or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise GrammarUnavailable(
+                        f"grammar service: {exc.code().name}: {exc.details()}") from exc
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.up.wait(), wait_s)
+        raise AssertionError("unreachable")
 
     def step(self, msg: grammar_pb2.MaskStep) -> asyncio.Future[grammar_pb2.MaskStepResult]:
         fut: asyncio.Future[grammar_pb2.MaskStepResult] = asyncio.get_running_loop().create_future()

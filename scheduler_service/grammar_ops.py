@@ -19,6 +19,7 @@ class GrammarOps:
         self.binds: dict[int, tuple[str, str, list[int]]] = {}
         self.accepts: dict[int, list[int]] = {}
         self.releases: list[int] = []
+        self.rollbacks: dict[int, int] = {}
 
     def bind(self, handle: int, kind: str, text: str, replay: Sequence[int] = ()) -> None:
         self.binds[handle] = (kind, text, list(replay))
@@ -26,8 +27,15 @@ class GrammarOps:
     def accept(self, handle: int, token: int) -> None:
         self.accepts.setdefault(handle, []).append(token)
 
+    def rollback(self, handle: int, n: int) -> None:
+        """Undo the last n accepted tokens. Must come after every accept already sent for
+        them, since the service applies rollbacks before this step's accepts."""
+        assert handle not in self.accepts, "rollback after pending accepts is ambiguous"
+        self.rollbacks[handle] = self.rollbacks.get(handle, 0) + n
+
     def release(self, handle: int) -> None:
         self.accepts.pop(handle, None)
+        self.rollbacks.pop(handle, None)
         if self.binds.pop(handle, None) is None:  # bound by an earlier step: tell the service
             self.releases.append(handle)
 
@@ -35,19 +43,24 @@ class GrammarOps:
         self.binds.clear()
         self.accepts.clear()
         self.releases.clear()
+        self.rollbacks.clear()
 
     def __bool__(self) -> bool:
-        return bool(self.binds or self.accepts or self.releases)
+        return bool(self.binds or self.accepts or self.releases or self.rollbacks)
 
-    def build(self, step_id: int, want: Sequence[int]) -> grammar_pb2.MaskStep:
+    def build(self, step_id: int, want: Sequence[int], jump: Sequence[int] = ()
+              ) -> grammar_pb2.MaskStep:
         b = MaskStepBuilder()
         for h in self.releases:
             b.release(h)
         for h, (kind, text, replay) in self.binds.items():
             b.bind(h, kind, text, replay)
+        for h, n in self.rollbacks.items():
+            b.rollback(h, n)
         for h, toks in self.accepts.items():
             b.accept(h, toks)
+        jumps = set(jump)
         for h in want:
-            b.want(h)
+            b.want(h, jump_forward=h in jumps)
         self.clear()
         return b.build(step_id)

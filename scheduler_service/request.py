@@ -60,6 +60,7 @@ class Request:
     aborted: bool = False
     match: MatchResult | None = None  # filled by the policy while waiting
     grammar: tuple[str, str] | None = None  # (json_schema|regex|ebnf, text)
+    jump: tuple[int, list[int]] | None = None  # pending jump-forward: (rollback, new tokens)
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output

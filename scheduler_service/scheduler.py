@@ -26,6 +26,7 @@ from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
 from scheduler_service.state import Delta, SchedState
+from services.packing import unpack_i32
 from services.server import Health
 
 log = structlog.get_logger(__name__)
@@ -202,9 +203,10 @@ class Scheduler:
         if not st.grammar_up:
             strip_constrained(st, plan)
             return
+        jump = want if self.cfg.jump_forward == "on" else []
         t0 = time.perf_counter()
         try:
-            res = await self.grammar.step(st.grammar_ops.build(plan.msg.step_id, want))
+            res = await self.grammar.step(st.grammar_ops.build(plan.msg.step_id, want, jump))
         except GrammarUnavailable:
             st.grammar_up = False
             strip_constrained(st, plan)
@@ -222,7 +224,17 @@ class Scheduler:
                 if r in st.waiting:
                     st.waiting.remove(r)
                 self._fail(r, code, f"grammar: {err.message}")
-        plan.msg.masks.extend(row for row in res.rows if row.handle in st.running)
+        decoding = set(unpack_i32(plan.msg.decode_handles))
+        jumped = set()
+        for row in res.rows:
+            jf = row.jump_forward
+            r = st.running.get(row.handle)
+            if r is not None and jf.tokens and row.handle in decoding:
+                r.jump = (jf.rollback, unpack_i32(jf.tokens))  # applied by the next build
+                jumped.add(row.handle)
+        drop_rows(st, plan, jumped)  # a jumping request sits out this step, never raced
+        plan.msg.masks.extend(
+            row for row in res.rows if row.handle in st.running and row.handle not in jumped)
 
     def _reap_aborted(self) -> None:
         st = self.st

@@ -28,6 +28,7 @@ class Delta:
     prompt_logprobs: list[tuple[int, float]] = field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
+    rollback: int = 0  # output tokens to drop before appending token_ids (jump-forward)
 
 
 @dataclass

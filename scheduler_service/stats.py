@@ -15,6 +15,8 @@ class SchedulerStats:
     steps: int = 0
     step_seconds: float = 0.0  # scheduler CPU time building and applying steps
     mask_wait_seconds: float = 0.0  # time steps waited for grammar masks (mask stall)
+    jump_forward_tokens: int = 0  # tokens appended by jump-forward instead of decoding
+    jump_forwards: int = 0
 
     @property
     def cache_hit_rate(self) -> float:

@@ -33,6 +33,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Peers restart in seconds: keep reconnect backoff short (gRPC's default grows to 120 s,
+    # failing calls fast meanwhile).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 SERVER_OPTIONS = [
     *_SIZE,

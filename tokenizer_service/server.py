@@ -167,9 +167,10 @@ class _Stream:
         self.svc = svc
         self.req = req
         self.prompt_len = len(prompt)
+        self.prompt_tail = prompt[-8:]
         skip = sampling.skip_special_tokens
         self.detok = IncrementalDetokenizer(
-            lambda ids: svc.tok.decode(ids, skip_special_tokens=skip), prompt)
+            lambda ids: svc.tok.decode(ids, skip_special_tokens=skip), self.prompt_tail)
         self.stops = StopMatcher(list(sampling.stop))
         self.interval = max(req.stream_interval, 1) if req.HasField("stream_interval") else 1
         self.ids: list[int] = []
@@ -188,6 +189,8 @@ class _Stream:
                  ) -> tuple[api_pb2.GenerateChunk | None, bool]:
         if d.HasField("cached_tokens"):
             self.cached = d.cached_tokens
+        if d.rollback:
+            self._rollback(d.rollback)
         self.prompt_logprobs.extend(d.prompt_logprobs)
         self.ids.extend(d.token_ids)
         self.logprobs.extend(d.logprobs)
@@ -209,6 +212,18 @@ class _Stream:
             self.stopped_by_string = not done
             done = True
         return self._chunk(done), done
+
+    def _rollback(self, n: int) -> None:
+        """Jump-forward retokenized the tail: drop n tokens. Their text is a prefix of what the
+        replacement tokens spell, so text already streamed stays valid; we re-derive the
+        detokenizer state from the kept ids and let the new tokens extend it."""
+        del self.ids[len(self.ids) - n :]
+        del self.logprobs[len(self.logprobs) - min(n, len(self.logprobs)) :]
+        drop = min(n, len(self.unsent_ids))
+        del self.unsent_ids[len(self.unsent_ids) - drop :]
+        self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt_tail)
+        self.detok.push(self.ids)
+        self.text = self.detok.text
 
     def _chunk(self, done: bool) -> api_pb2.GenerateChunk | None:
         if not self.req.stream:

@@ -57,7 +57,7 @@ class SchedulerHello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class RequestDelta(_message.Message):
-    __slots__ = ("rid", "token_ids", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message")
+    __slots__ = ("rid", "token_ids", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message", "rollback")
     RID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class RequestDelta(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     rid: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_api_pb2.TokenLogprob]
@@ -76,7 +77,8 @@ class RequestDelta(_message.Message):
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_api_pb2.TokenLogprob]
     error_code: int
     error_message: str
-    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_api_pb2.FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    rollback: int
+    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_api_pb2.FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., rollback: _Optional[int] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("hello", "deltas")

@@ -25,16 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel sends SIGTERM when the launcher dies, so a
-    killed launcher (or test run) never leaves services behind. Linux only; a no-op elsewhere."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+PARENT_ENV = "RADIXMESH_PARENT_PID"
 
 
 def free_port() -> int:
@@ -103,7 +94,8 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
         self.log_dir = log_dir
-        self.env = {**os.environ, **(env or {})}
+        # Services watch this pid and stop when the launcher is gone (services.server).
+        self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
         self._stopping = False
         self._logs: list[Any] = []
@@ -118,7 +110,7 @@ class Launcher:
             self._logs.append(f)
             out = f
         self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=out,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                                            start_new_session=True)
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
 
     def start_all(self) -> None:

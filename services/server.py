@@ -9,6 +9,7 @@ NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s`.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
@@ -74,6 +75,18 @@ class Health:
         await self.servicer.enter_graceful_shutdown()
 
 
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A service started by the local launcher stops when the launcher is gone (killed test
+    runs must not leave services behind). In Kubernetes the variable is unset: no-op."""
+    parent = os.environ.get("RADIXMESH_PARENT_PID")
+    if not parent:
+        return
+    while os.getppid() == int(parent):
+        await asyncio.sleep(1.0)
+    log.warning("launcher_gone", parent=parent)
+    stop.set()
+
+
 def channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
@@ -107,9 +120,11 @@ async def run_server(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     bg = asyncio.create_task(background(hb)) if background else None
+    orphan = asyncio.create_task(_stop_when_orphaned(stop))
     if background is None:
         await hb.set_ready(True, "no peers needed")
     await stop.wait()
+    orphan.cancel()
     log.info("draining", grace_s=grace_s)
     await hb.shutdown()
     await server.stop(grace_s)

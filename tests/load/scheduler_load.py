@@ -23,6 +23,7 @@ a wrong token or a broken chain, and a stall (no progress for 20 s) is reported 
     python tests/load/scheduler_load.py                      # load, prints JSON
     python tests/load/scheduler_load.py --profile
     python tests/load/scheduler_load.py check --kv 700 --requests 300
+    python tests/load/scheduler_load.py chunk-stall --stall-s 10   # a known deadlock
 """
 
 from __future__ import annotations
@@ -529,6 +530,8 @@ async def run_check(ns: argparse.Namespace) -> dict:
                 if dog in finished:
                     for t in tasks:
                         t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await done_all
                     report["error"] = repr(dog.exception())
                 else:
                     dog.cancel()
@@ -565,9 +568,49 @@ async def run_check(ns: argparse.Namespace) -> dict:
     return report
 
 
+# -- chunk-stall -------------------------------------------------------------------------------
+async def run_chunk_stall(ns: argparse.Namespace) -> dict:
+    """Known scheduler issue (docs/radix.md): a request mid-way through a chunked prefill is
+    never retracted and retraction keeps one decoder, so when the two outgrow the pool the
+    loop idles with both running. Pool 300, 4-token chunks, ratio decayed by 750 decode steps;
+    a long decode, then a 240-token prompt. ``ok`` means both finished."""
+    log_dir = Path(tempfile.mkdtemp(prefix="scheduler-stall-"))
+    model = FakeModel(300, verify=True)
+    server, mport = await start_fake_model(model)
+    report: dict = {"test": "chunk_stall", "logs": str(log_dir)}
+    try:
+        async with scheduler_process(mport, ["--debug-invariants", "--chunk-tokens", "4"],
+                                     log_dir) as (_proc, port):
+            fd = FrontDoor(f"127.0.0.1:{port}")
+            await fd.open()
+            try:
+                for i in range(3):  # 750 decode steps: the new-token ratio reaches 0.1
+                    await fd.submit(f"warm{i}", [50 + i], 250).done.wait()
+                d = fd.submit("decoder", list(range(100, 120)), 270)
+                while len(d.tokens) < 10:
+                    await asyncio.sleep(0.001)
+                c = fd.submit("chunked", list(range(1000, 1240)), 1)
+                try:
+                    await asyncio.wait_for(asyncio.gather(d.done.wait(), c.done.wait()),
+                                           ns.stall_s)
+                    report["ok"] = d.tokens == expected_output(d.prompt, d.max_new) and \
+                        c.tokens == expected_output(c.prompt, c.max_new)
+                except asyncio.TimeoutError:
+                    s = await fd.stats()
+                    report.update(ok=False, stalled_s=ns.stall_s, decoder_tokens=len(d.tokens),
+                                  chunked_tokens=len(c.tokens), running=s.running_requests,
+                                  kv={"free": s.kv_free, "evictable": s.kv_evictable,
+                                      "locked": s.kv_locked, "owned": s.kv_request_owned})
+            finally:
+                await fd.close()
+    finally:
+        await server.stop(None)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", nargs="?", default="load", choices=["load", "check"])
+    p.add_argument("mode", nargs="?", default="load", choices=["load", "check", "chunk-stall"])
     p.add_argument("--running", type=int, nargs="+", default=[64, 256])
     p.add_argument("--waiting", type=int, default=1000)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -585,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra scheduler flag (repeatable), e.g. --sched-arg=--policy=fcfs")
     p.add_argument("--out", default="", help="also write the JSON here")
     ns = p.parse_args(argv)
-    report = asyncio.run(run_check(ns) if ns.mode == "check" else run_load(ns))
+    runner = {"load": run_load, "check": run_check, "chunk-stall": run_chunk_stall}[ns.mode]
+    report = asyncio.run(runner(ns))
     text = json.dumps(report, indent=2)
     print(text)
     if ns.out:

@@ -13,10 +13,12 @@ Configurations (the DSL's ablation switches, `rm.global_config`):
 
 Every run gets its own prefix (a distinct session line at the top), so each starts with its
 prefix cold in the radix cache; the configurations are interleaved over `--rounds` rounds
-to spread the noise of a shared machine. Reported per configuration: wall time and
-programs/s (median over rounds, plus every round), the cache hit rate the DSL saw
-(`BatchResult`: the programs' requests and the warm-up) and the server's (`GetStats`
-deltas over the run), and whether the answers equal the full configuration's.
+to spread the noise of a shared machine. Reported per configuration (median over rounds,
+plus every round): wall time and programs/s; CPU seconds of the stack's services and of the
+client (steadier than wall time on a shared machine); the cache hit rate the DSL saw
+(`BatchResult`: the programs' requests and the warm-up) and the server's (`GetStats` deltas
+over the run: prompt, cached and generated tokens, scheduler steps); and how many answers
+are correct (a sanity check that every configuration computes the same thing).
 
 Also reported: the lines-of-code comparison of the paper's Figure 2 written with the DSL
 (tests/integration/test_dsl_live.py) and with the plain client library
@@ -77,14 +79,14 @@ QUESTIONS = [
     ("What is the opposite of hot?", "Cold"),
     ("What is the largest planet?", "Jupiter"),
     ("What color is the sky on a clear day?", "Blue"),
-    ("How many legs does a dog have?", "Four"),
+    ("How many legs does a dog have?", "Four|4"),
     ("What is the opposite of day?", "Night"),
     ("What do cows drink?", "Water"),
     ("What is the capital of Russia?", "Moscow"),
     ("What is the capital of China?", "Beijing"),
     ("What is the closest star to Earth?", "Sun"),
     ("What color is snow?", "White"),
-    ("How many hours are there in a day?", "24"),
+    ("How many hours are there in a day?", "24|Twenty-four"),
     ("What is the opposite of big?", "Small"),
     ("Which animal says moo?", "Cow"),
     ("What is the capital of England?", "London"),
@@ -93,14 +95,14 @@ QUESTIONS = [
     ("What is the capital of Greece?", "Athens"),
     ("Which season comes after winter?", "Spring"),
     ("What color are bananas?", "Yellow"),
-    ("How many wheels does a bicycle have?", "Two"),
+    ("How many wheels does a bicycle have?", "Two|2"),
     ("What is the capital of Portugal?", "Lisbon"),
     ("What is the natural satellite of Earth?", "Moon"),
     ("What is the opposite of wet?", "Dry"),
     ("Which bird is a symbol of peace?", "Dove"),
     ("What is the capital of Ireland?", "Dublin"),
     ("What is the capital of Austria?", "Vienna"),
-    ("How many months are there in a year?", "Twelve"),
+    ("How many months are there in a year?", "Twelve|12"),
     ("What metal is liquid at room temperature?", "Mercury"),
 ]
 
@@ -131,6 +133,21 @@ def _server_counts(c: Client) -> dict[str, int]:
             "generated_tokens": st.generated_tokens, "steps": st.steps}
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process's children: the services of
+    a stack this bench started (0 with --endpoint). Less sensitive than wall time to other
+    work on a shared machine."""
+    me, total = os.getpid(), 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process went away, or no /proc
+        if int(fields[1]) == me:  # ppid; utime and stime are the 14th and 15th fields
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_tokens: int,
                threads: int | str) -> dict[str, Any]:
     """One run_batch of `n` programs under configuration `name`, on a fresh prefix."""
@@ -139,10 +156,12 @@ def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_toke
     program = few_shot_program(uuid.uuid4().hex[:12])
     batch = [{"question": q} for q, _ in QUESTIONS[:n]]
     before = _server_counts(api)
+    cpu0, own0 = children_cpu_s(), time.process_time()
     t0 = time.perf_counter()
     states = program.run_batch(batch, backend=backend, num_threads=threads, temperature=0,
                                max_new_tokens=max_tokens)
     wall = time.perf_counter() - t0
+    stack_cpu, client_cpu = children_cpu_s() - cpu0, time.process_time() - own0
     after = _server_counts(api)
     delta = {k: after[k] - before[k] for k in before}
     failed = [i for i, s in enumerate(states) if s.error() is not None]
@@ -150,6 +169,8 @@ def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_toke
     return {
         "wall_s": round(wall, 3),
         "programs_per_s": round(n / wall, 3),
+        "stack_cpu_s": round(stack_cpu, 2),
+        "client_cpu_s": round(client_cpu, 2),
         "dsl_cache_hit_rate": round(states.cache_hit_rate(), 4),
         "dsl_prompt_tokens": states.prompt_tokens(),
         "dsl_cached_tokens": states.cached_tokens(),
@@ -166,25 +187,27 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 4)
 
 
-def summarize(name: str, runs: list[dict[str, Any]], expected: list[str],
-              reference: list[str] | None) -> dict[str, Any]:
-    last = runs[-1]
-    diffs = []  # (round, program, answer, the first full run's answer)
-    if reference is not None:
-        diffs = [[r, i, a, reference[i]] for r, run in enumerate(runs)
-                 for i, a in enumerate(run["answers"]) if a != reference[i]]
+def correct(answer: str | None, expected: str) -> bool:
+    """Case-insensitive; `expected` may list alternatives ("Four|4")."""
+    return answer is not None and answer.lower() in expected.lower().split("|")
+
+
+def summarize(name: str, runs: list[dict[str, Any]], expected: list[str]) -> dict[str, Any]:
     return {
         "config": CONFIGS[name],
         "wall_s_median": _median(runs, "wall_s"),
         "wall_s_min": min(r["wall_s"] for r in runs),
         "programs_per_s_median": _median(runs, "programs_per_s"),
+        "stack_cpu_s_median": _median(runs, "stack_cpu_s"),
+        "client_cpu_s_median": _median(runs, "client_cpu_s"),
         "server_steps_median": statistics.median(r["server"]["steps"] for r in runs),
         "dsl_cache_hit_rate_median": _median(runs, "dsl_cache_hit_rate"),
         "server_cache_hit_rate_median": _median(runs, "server_cache_hit_rate"),
-        "rounds": [{k: v for k, v in r.items() if k != "answers"} for r in runs],
-        "correct_answers": sum(a is not None and a.lower() == e.lower() for a, e in
-                               zip(last["answers"], expected, strict=True)),
-        "answers_differing_from_full": diffs,
+        # Each run has its own session line, so answers may differ a little between runs.
+        "correct_answers_per_round": [
+            sum(correct(a, e) for a, e in zip(r["answers"], expected, strict=True))
+            for r in runs],
+        "rounds": runs,
     }
 
 
@@ -252,9 +275,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             backend.close()
             api.close()
     expected = [a for _, a in QUESTIONS[:n]]
-    reference = runs["full"][0]["answers"] if "full" in runs else None
-    report["configs"] = {name: summarize(name, runs[name], expected, reference)
-                         for name in order}
+    report["configs"] = {name: summarize(name, runs[name], expected) for name in order}
     if "full" in runs:
         base = report["configs"]["full"]["programs_per_s_median"]
         for name in order:

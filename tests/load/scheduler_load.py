@@ -311,6 +311,10 @@ class FrontDoor:
             rid=rid, input_ids=prompt, sampling=s)))
         return t
 
+    def abort(self, rid: str) -> None:
+        self.out.put_nowait(scheduler_pb2.FrontendMessage(
+            abort=scheduler_pb2.AbortRequestInternal(rid=rid)))
+
     async def stats(self) -> api_pb2.Stats:
         return await self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=10)
 
@@ -506,9 +510,15 @@ async def run_check(ns: argparse.Namespace) -> dict:
                 sem = asyncio.Semaphore(ns.concurrency)
                 last_progress = [time.monotonic()]
 
+                abort_rng = random.Random(ns.seed + 1)
+                aborts = {i for i in range(len(work)) if abort_rng.random() < ns.abort_frac}
+
                 async def one(i: int, prompt: list[int], max_new: int) -> None:
                     async with sem:
                         t = fd.submit(f"c{i}", prompt, max_new)
+                        if i in aborts:  # abort while waiting, prefilling or decoding
+                            await asyncio.sleep(abort_rng.random() * 0.05)
+                            fd.abort(f"c{i}")
                         await t.done.wait()
                         last_progress[0] = time.monotonic()
 
@@ -540,6 +550,8 @@ async def run_check(ns: argparse.Namespace) -> dict:
                     if not tr.done.is_set():
                         continue
                     want = expected_output(tr.prompt, tr.max_new)
+                    if tr.finish == api_pb2.FINISH_REASON_ABORT:
+                        want = want[: len(tr.tokens)]  # an aborted request: a prefix of it
                     if tr.error or tr.tokens != want:
                         wrong.append({"rid": rid, "error": tr.error,
                                       "first_bad": next((i for i, (a, b) in enumerate(
@@ -550,6 +562,8 @@ async def run_check(ns: argparse.Namespace) -> dict:
                     "finished": sum(t.done.is_set() for t in fd.reqs.values()),
                     "wrong": len(wrong), "wrong_examples": wrong[:5],
                     "violations": model.violations[:5], "steps": s.steps,
+                    "aborted": sum(t.finish == api_pb2.FINISH_REASON_ABORT
+                                   for t in fd.reqs.values()),
                     "cache_hit_rate": round(s.cache_hit_rate, 4),
                     "evicted_tokens": s.evicted_tokens, "retractions": s.retractions,
                     "end_kv": {"free": s.kv_free, "evictable": s.kv_evictable,
@@ -623,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="lpm", help="check: --policy")
     p.add_argument("--radix", default="tree", help="check: --radix")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--abort-frac", type=float, default=0.1,
+                   help="check: fraction of requests aborted at a random moment")
     p.add_argument("--stall-s", type=float, default=20.0)
     p.add_argument("--sched-arg", action="append", default=[],
                    help="extra scheduler flag (repeatable), e.g. --sched-arg=--policy=fcfs")

@@ -62,6 +62,8 @@ class BatchBuilder:
         self._decodes(plan)  # first: requests with a pending jump are not decoders
         self._jumps(plan)
         self._prefill(plan)
+        # Last: the worker poisons these (NaN-fill debug) before this step writes any slot.
+        plan.msg.freed_slots = pack_i32(st.cache.allocator.drain_freed())
         return plan
 
     # -- jump-forward (compressed FSM) -----------------------------------------------------
@@ -110,7 +112,11 @@ class BatchBuilder:
             self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
         if shortfall > 0:
-            victims = plan_retraction(decoders, shortfall)
+            # A request mid-way through a chunked prefill is a candidate too: otherwise it and
+            # one decoder can fill the pool between them and neither can ever move.
+            candidates = [r for r in st.running.values()
+                          if r.phase is Phase.PREFILL or r in decoders]
+            victims = plan_retraction(candidates, shortfall)
             for r in victims:
                 self._retract(r)
                 plan.retracted.append(r)

@@ -244,7 +244,9 @@ class Scheduler:
         for r in [r for r in self.by_rid.values() if r.aborted]:
             if r in st.waiting:
                 st.waiting.remove(r)
-            st.release(r, insert=False)
+            # Its computed KV is valid (aborts land between steps): keep it as cache. A stop
+            # string ends a request through this path, and the DSL continues right after it.
+            st.release(r, insert=True)
             st.delta(r).finish = "abort"
 
     def _fail(self, r: Request, code: grpc.StatusCode, message: str) -> None:

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, overload
 
 from client.lang.backend import Completion
+from client.lang.errors import BackendError
 from client.lang.interpreter import StreamExecutor
 from client.lang.ir import Expr, RoleBegin, RoleEnd, flatten
 from client.lang.scoring import SelectResult
@@ -98,13 +99,14 @@ class ProgramState:
 
     def error(self) -> BaseException | None:
         """The root cause of this stream's first failure (or the program body's exception),
-        None if there is none; waits for this stream's submitted ops first."""
+        None if there is none; waits for this stream's submitted ops first. The chain stops at
+        a BackendError (the runtime's status and message), never at transport internals."""
         self._executor.sync()
         try:
             self._executor.raise_if_failed()
         except Exception as exc:  # reported, not handled
             root: BaseException = exc
-            while root.__cause__ is not None:
+            while root.__cause__ is not None and not isinstance(root, BackendError):
                 root = root.__cause__
             return root
         return None

@@ -11,7 +11,7 @@ import torch
 from model_service.attention.flashinfer import choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
-from model_service.models.llama import LlamaForCausalLM, rope_inv_freq
+from model_service.models.llama import LlamaForCausalLM
 from model_service.runner import ModelRunner
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
@@ -85,7 +85,6 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         from model_service.models.llama import LlamaArgs
 
         model = random_model(LlamaArgs.from_hf_config(hf_cfg), dtype, device)
-        model.inv_freq = rope_inv_freq(model.args).to(device)  # keep RoPE frequencies fp32
         name = f"random-{cfg.random_weights}"
     else:
         model_dir = resolve_model(cfg.model)
@@ -102,6 +101,8 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
                                        a.head_dim)
     if note:
         log.warning("attention_fallback", reason=note)
+    if model.ops_note:
+        log.warning("fused_kernels_fallback", reason=model.ops_note)
     graphs = None
     if attention.name == "flashinfer":
         from model_service.cuda_graphs import capture_decode_graphs
@@ -110,6 +111,7 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
                                        max_kv_tokens=capacity)
     log.info("engine_ready", model=name, device=str(device), dtype=str(dtype),
              kv_tokens=capacity, layers=a.num_layers, attention=attention.name,
+             fused=model.fused, kernels=model.ops.name if model.ops else "-",
              cuda_graph_buckets=graphs.buckets if graphs else [])
     return Engine(
         runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),

@@ -1,7 +1,14 @@
-"""Build a model from an HF folder (safetensors, HF parameter names) or from random weights."""
+"""Build a model from an HF folder (safetensors, HF parameter names) or from random weights.
+
+Checkpoints load under their HF names into the separate-projection form; on CUDA the model is
+then fused (`LlamaForCausalLM.fuse()`: q|k|v and gate|up concatenated once, at load time), so
+the fast path needs no renamed checkpoint. `RADIXMESH_FUSE=0` keeps the separate form on CUDA
+too (for comparisons); the CPU path is never fused.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import structlog
@@ -17,13 +24,24 @@ class WeightsError(Exception):
     pass
 
 
+ENV_FUSE = "RADIXMESH_FUSE"
+
+
+def want_fused(device: torch.device, fuse: bool | None = None) -> bool:
+    """Fuse on CUDA unless $RADIXMESH_FUSE is 0; an explicit `fuse` wins."""
+    if fuse is not None:
+        return fuse
+    return device.type == "cuda" and os.environ.get(ENV_FUSE, "1").strip() != "0"
+
+
 def load_hf_config(folder: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(folder)
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(folder: Path, dtype: torch.dtype, device: torch.device,
+               fuse: bool | None = None) -> LlamaForCausalLM:
     args = LlamaArgs.from_hf_config(load_hf_config(folder))
     with torch.device("meta"):
         model = LlamaForCausalLM(args)
@@ -46,12 +64,18 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaF
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(args)  # non-persistent buffer: still on meta after loading
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if want_fused(device, fuse):
+        model.fuse()
+    return model
 
 
 def random_model(args: LlamaArgs, dtype: torch.dtype, device: torch.device,
-                 seed: int = 0) -> LlamaForCausalLM:
-    """Seeded normal(0, 0.02) weights, norms 1 (DESIGN.md section 3): same speed as trained."""
+                 seed: int = 0, fuse: bool | None = None) -> LlamaForCausalLM:
+    """Seeded normal(0, 0.02) weights, norms 1 (DESIGN.md section 3): same speed as trained.
+    Weights are drawn in the separate form (HF parameter order), then fused where wanted, so
+    a fused and an unfused model of the same seed hold the same weights. RoPE frequencies stay
+    fp32 (`LlamaForCausalLM._apply`)."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(args).to(dtype)
@@ -61,4 +85,6 @@ def random_model(args: LlamaArgs, dtype: torch.dtype, device: torch.device,
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
+    if want_fused(device, fuse):
+        model.fuse()
     return model.eval()

@@ -95,9 +95,11 @@ def test_cuda_core_decode_matches_tensor_core_decode() -> None:
     _case([(10, 1), (700, 1), (5, 1)], 32, 8, seed=5, tensor_cores=False)
 
 
-def test_decode_graphs_match_eager() -> None:
-    """A tiny Llama: graph replay of a padded decode step equals the eager flashinfer step,
-    and padding rows touch only the scratch slot."""
+@pytest.mark.parametrize("kernels", ["separate", "torch", "triton"])
+def test_decode_graphs_match_eager(kernels: str) -> None:
+    """A tiny Llama (separate layers, or fused with torch / Triton element-wise ops): graph
+    replay of a padded decode step equals the eager flashinfer step, and padding rows touch
+    only the scratch slot."""
     from model_service.cuda_graphs import DecodeCudaGraphs
     from model_service.models.llama import LlamaArgs, LlamaForCausalLM, rope_inv_freq
 
@@ -112,6 +114,9 @@ def test_decode_graphs_match_eager() -> None:
         for name, p in model.named_parameters():
             p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0, 0.02)
     model.inv_freq = rope_inv_freq(args).to(DEV)
+    if kernels != "separate":
+        model.fuse(kernels)
+        assert model.ops.name == kernels, model.ops_note
     cap = 600
     pool = KVPool(2, cap + 1, 1, HD, torch.bfloat16, DEV, nan_fill=True)
     attn = FlashInferAttention(pool, 4, 1, HD)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import structlog
 import torch
 
 from grammar_service.mask_packing import EncodedRow, MaskEncoding, bitmask_to_bool, decode_rows
@@ -26,6 +27,10 @@ from model_service.step_ops import (
     StepOps,
     StepOutput,
 )
+
+log = structlog.get_logger(__name__)
+
+BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see ModelRunner._account)
 
 
 class StepError(Exception):
@@ -61,6 +66,9 @@ class ModelRunner:
         self.decode_graphs = decode_graphs  # replays decode-only steps that fit a bucket
         self.requests: dict[int, RequestState] = {}
         self.masks: dict[int, tuple[int, bytes]] = {}
+        # Burst accounting: [steps, seconds inside step(), seconds between steps]
+        self._burst = [0, 0.0, 0.0]
+        self._last_end: float | None = None
 
     def reset(self) -> None:
         self.requests.clear()
@@ -79,8 +87,33 @@ class ModelRunner:
         rows = self._collect_rows(ops)
         self.masks = ops.masks
         outputs, plps = self._run(rows) if rows else ([], [])
-        ms = (time.perf_counter() - t0) * 1e3
-        return StepOutput(ops.step_id, outputs, plps, ms)
+        t1 = time.perf_counter()
+        self._account(t0, t1)
+        return StepOutput(ops.step_id, outputs, plps, (t1 - t0) * 1e3)
+
+    def _account(self, t0: float, t1: float) -> None:
+        """Time inside step() (which ends after the GPU is done: sampling reads the tokens
+        back) vs time between steps (the worker waits on the scheduler and transport, the GPU
+        idles). Logged once per burst of steps, when a pause over BURST_IDLE_S ends it."""
+        b = self._burst
+        if self._last_end is not None:
+            gap = t0 - self._last_end
+            if gap > BURST_IDLE_S:
+                self.log_burst()
+            else:
+                b[2] += gap
+        b[0] += 1
+        b[1] += t1 - t0
+        self._last_end = t1
+
+    def log_burst(self) -> None:
+        steps, busy, gap = self._burst
+        if steps >= 2:
+            log.info("step_burst", steps=steps, busy_ms=round(busy * 1e3, 2),
+                     between_ms=round(gap * 1e3, 2),
+                     busy_ms_per_step=round(busy * 1e3 / steps, 3),
+                     between_ms_per_step=round(gap * 1e3 / (steps - 1), 3))
+        self._burst = [0, 0.0, 0.0]
 
     def _get(self, handle: int) -> RequestState:
         st = self.requests.get(handle)

@@ -10,7 +10,11 @@ cached prefix, sequence 2's prompt, and sequence 1's first decode), then decode 
 live rows until each has consumed its 32 teacher-forced tokens. The KV pool is NaN-filled and
 sequences get scattered slots, so a read of an unwritten slot or a wrong index shows up.
 Variants: reference attention, flashinfer eager, flashinfer with decode CUDA graphs (3 rows run
-in the 4-row graph with a padding row, then 2 rows in the 2-row graph).
+in the 4-row graph with a padding row, then 2 rows in the 2-row graph), all on the fused model
+the service runs on CUDA (q|k|v and gate|up concatenated, fused RMSNorm, in-place RoPE), and
+flashinfer eager on the separate-projection model (`flashinfer unfused`) for comparison. The
+fused model uses the Triton element-wise kernels where they pass their self-check
+(`model.ops`); `flashinfer torch-ops` runs it with the torch versions instead.
 """
 
 from __future__ import annotations
@@ -117,7 +121,8 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
-VARIANTS = ("reference", "flashinfer", "flashinfer+graphs")
+VARIANTS = ("reference", "flashinfer", "flashinfer+graphs", "flashinfer torch-ops",
+            "flashinfer unfused")
 
 
 def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4",
@@ -131,7 +136,7 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     args = LlamaArgs.from_hf_config(hf_cfg)
     doc["model"] = f"{spec} ({args.num_layers} layers), random normal(0, 0.02), norms 1"
     log("building fp32 weights")
-    ours32 = random_model(args, torch.float32, torch.device(device), seed=0)
+    ours32 = random_model(args, torch.float32, torch.device(device), seed=0, fuse=False)
     state = {k: v for k, v in ours32.state_dict().items()}
     g = torch.Generator().manual_seed(1234)
     seqs = [torch.randint(0, args.vocab_size, (p + TEACHER,), generator=g).tolist()
@@ -163,6 +168,11 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     _empty_cache(device)
 
     ours16 = ours_from_state(args, state, torch.bfloat16, device)
+    doc["fused_kernels"] = ours16.ops.name
+    doc["fused_kernels_note"] = ours16.ops_note
+    log(f"fused model element-wise kernels: {ours16.ops.name} {ours16.ops_note}")
+    unfused16 = (ours_from_state(args, state, torch.bfloat16, device, fuse=False)
+                 if "flashinfer unfused" in variants else None)
     del state
     _empty_cache(device)
     capacity = 1024
@@ -191,7 +201,16 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     for kind in variants:
         log(f"ours: {kind}")
         try:
-            parts, info = run_ours(ours16, kind, seqs, capacity, perm, device)
+            if kind == "flashinfer unfused":
+                parts, info = run_ours(unfused16, "flashinfer", seqs, capacity, perm, device)
+            elif kind == "flashinfer torch-ops":
+                ours16.fuse("torch")
+                try:
+                    parts, info = run_ours(ours16, "flashinfer", seqs, capacity, perm, device)
+                finally:
+                    ours16.fuse("auto")
+            else:
+                parts, info = run_ours(ours16, kind, seqs, capacity, perm, device)
         except Exception as exc:  # report and go on with the other variants
             import traceback
 
@@ -214,6 +233,8 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
             "positions": int(allv.shape[0]), "pass": passed, **info})
     if "reference" in outs and "flashinfer" in outs:
         doc["flashinfer_vs_reference_rel"] = rel(outs["flashinfer"], outs["reference"])
+    if "flashinfer" in outs and "flashinfer unfused" in outs:
+        doc["fused_vs_unfused_rel"] = rel(outs["flashinfer"], outs["flashinfer unfused"])
     if "flashinfer" in outs and "flashinfer+graphs" in outs:
         doc["graphs_vs_eager_rel"] = rel(outs["flashinfer+graphs"], outs["flashinfer"])
     doc["pass"] = ok

@@ -120,8 +120,9 @@ def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda",
 
 
 def ours_from_state(args: Any, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                    device: str = "cuda") -> Any:
-    """Our LlamaForCausalLM holding `state` cast to `dtype`, RoPE frequencies in fp32."""
+                    device: str = "cuda", fuse: bool = True) -> Any:
+    """Our LlamaForCausalLM holding `state` (HF names) cast to `dtype`, fused as the model
+    service fuses it on CUDA unless `fuse` is False; RoPE frequencies in fp32."""
     from model_service.models.llama import LlamaForCausalLM, rope_inv_freq
 
     with torch.device("meta"):
@@ -131,4 +132,6 @@ def ours_from_state(args: Any, state: dict[str, torch.Tensor], dtype: torch.dtyp
     if missing or unexpected:
         raise RuntimeError(f"state mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.inv_freq = rope_inv_freq(args).to(device)
+    if fuse:
+        model.fuse()
     return model.eval()

@@ -4,7 +4,9 @@
 
 Throughput rows (with `tok_s`) form one table, numerics rows (with `rel_err`) another; each row
 names the document's part, device and date, so runs from several machines or days can sit in
-one table. Rows from later through-the-stack runs (`path: grpc-stack`) merge the same way.
+one table. Rows with latency figures (`itl_ms_p50`: part `stack`, in-process and through the
+gRPC stack) also form a latency table with the stack's overhead against the in-process run, and
+`profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step.
 """
 
 from __future__ import annotations
@@ -56,8 +58,53 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _idle(r: dict[str, Any]) -> str:
+    busy, wall = r.get("worker_busy_ms_per_step"), r.get("wall_ms_per_step")
+    if not busy or not wall:
+        return "-"
+    return _fmt(1 - busy / wall, 3)
+
+
+def _profile(d: dict[str, Any]) -> list[str]:
+    prof = d.get("profile") or {}
+    forms = prof.get("forms") or []
+    if not forms:
+        return []
+    date, dev = str(d.get("date", ""))[:10], str(d.get("device", "")).split(" (")[0]
+    lines = [f"## Batch-1 decode step, kernel by kernel ({dev}, {date})", ""]
+    cats = sorted({c for f in forms for c in f.get("categories_ms", {})})
+    lines += _table(["form", "GPU fwd ms", "step ms", "kernels/step", "kernel sum ms",
+                     *[f"{c} ms" for c in cats], "weight floor ms", "floor / GPU fwd"],
+                    [[f["form"], _fmt(f["graph_replay_gpu_ms"], 3),
+                      _fmt(f["decode_step_ms_median"], 3), _fmt(f["kernels_per_step"], 0),
+                      _fmt(f["kernel_sum_ms"], 3),
+                      *[_fmt(f.get("categories_ms", {}).get(c, 0.0), 3) for c in cats],
+                      _fmt(f["weight_floor_ms"], 3),
+                      _fmt(f["roofline_fraction_gpu_forward"], 3)] for f in forms])
+    lines.append("")
+    gem = [[f["form"], g["proj"], "x".join(str(x) for x in g["shape"]), _fmt(g["MB"], 1),
+            _fmt(g["calls_per_step"], 0), _fmt(g["ms_per_call"] * 1e3, 1),
+            _fmt(g["floor_ms"] * 1e3, 1), _fmt(g["fraction_of_floor"], 2), _fmt(g["GBps"], 0)]
+           for f in forms for g in f.get("gemv", [])]
+    if gem:
+        lines += _table(["form", "projection", "weight", "MB", "calls/step", "us/call",
+                         "floor us", "floor / time", "GB/s"], gem)
+        lines.append("")
+    for f in forms:
+        ks = f.get("kernels", [])[:15]
+        if not ks:
+            continue
+        lines += [f"Top kernels, {f['form']} ({f.get('kernel_source', '')}):", ""]
+        lines += _table(["kernel", "category", "calls/step", "us/step"],
+                        [[k["kernel"][:90].replace("|", "/"), k["category"],
+                          _fmt(k["calls_per_step"], 0), _fmt(k["us_per_step"], 1)]
+                         for k in ks])
+        lines.append("")
+    return lines
+
+
 def render(docs: list[dict[str, Any]]) -> str:
-    perf, nums, other = [], [], []
+    perf, nums, other, lat = [], [], [], []
     for d in docs:
         date = str(d.get("date", ""))[:10]
         dev = str(d.get("device", "")).split(" (")[0]
@@ -70,6 +117,16 @@ def render(docs: list[dict[str, Any]]) -> str:
                              _fmt(r.get("graph_replay_gpu_ms"), 2),
                              _fmt(r.get("prefill_ms"), 1), _fmt(r.get("roofline_fraction"), 2),
                              _fmt(d.get("copy_bandwidth_GBps"), 0), dev, date])
+                if "itl_ms_p50" in r:
+                    lat.append([d["part"], r.get("path", ""), str(r.get("workload", "")),
+                                _fmt(r.get("batch")),
+                                f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+                                _fmt(r.get("tok_s")), _fmt(r.get("ttft_ms_p50"), 1),
+                                _fmt(r.get("ttft_ms_p99"), 1), _fmt(r.get("itl_ms_p50"), 2),
+                                _fmt(r.get("itl_ms_p99"), 2),
+                                _fmt(r.get("overhead_vs_in_process"), 3),
+                                _fmt(r.get("worker_busy_ms_per_step"), 2),
+                                _fmt(r.get("wall_ms_per_step"), 2), _idle(r), dev, date])
             elif "rel_err" in r:
                 nums.append([d["part"], r.get("system", ""), r.get("variant", ""),
                              _fmt(r.get("rel_err")), _fmt(r.get("rel_err_prefill")),
@@ -90,6 +147,20 @@ def render(docs: list[dict[str, Any]]) -> str:
         lines += ["", "roofline: (weight bytes / copy bandwidth measured in the same run) / "
                   "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
                   "events (the rest of a step is host work).", ""]
+    if lat:
+        lines += ["## Latency: in-process vs through the gRPC stack", ""]
+        lines += _table(["part", "path", "workload", "batch", "in/out", "tok/s", "TTFT p50 ms",
+                         "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "overhead", "busy ms/step",
+                         "wall ms/step", "GPU idle", "device", "date"], lat)
+        lines += ["", "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
+                  "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
+                  "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
+                  "1 - busy / wall (the worker waits on scheduler and transport between "
+                  "steps). In-process TTFT is the step that admits every request; its ITL "
+                  "samples are decode steps.", ""]
+    for d in docs:
+        if d.get("part") == "profile":
+            lines += _profile(d)
     if nums:
         lines += ["## Numerics (teacher-forced logits vs HF fp32)", ""]
         lines += _table(["part", "system", "variant", "rel err", "prefill", "decode",

@@ -88,11 +88,16 @@ def graph_replay_gpu_ms(graphs: Any, bs: int, reps: int = 20) -> float | None:
     return statistics.median(times)
 
 
-def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: int
-              ) -> dict[str, Any]:
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: int,
+              seed: int = 0) -> dict[str, Any]:
     from model_service.step_ops import AdmitOp, Sampling, StepOps
 
-    ps = prompts(batch, input_len, 128256)
+    ps = prompts(batch, input_len, 128256, seed)
     stride = input_len + output_len
     handles = list(range(1, batch + 1))
     admits = [AdmitOp(h, Sampling(temperature=0.0), 0, [], ps[i],
@@ -101,7 +106,7 @@ def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: i
     tokens: list[list[int]] = [[] for _ in handles]
     step_s: list[float] = []
     sid = step0
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     out = runner.step(StepOps(sid, admits=admits))
     step_s.append(time.perf_counter() - t0)
@@ -115,13 +120,14 @@ def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: i
         step_s.append(time.perf_counter() - ts)
         for r in out.rows:
             tokens[r.handle - 1].append(r.token)
-    torch.cuda.synchronize()
+    _sync()
     total = time.perf_counter() - t0
     runner.step(StepOps(sid + 1, releases=handles))
     dec = [s * 1e3 for s in step_s[1:]]
     return {"total_s": total, "prefill_ms": step_s[0] * 1e3,
             "decode_step_ms_median": statistics.median(dec) if dec else float("nan"),
-            "decode_step_ms_p90": percentile(dec, 0.9), "decode_step_ms_min": min(dec or [0]),
+            "decode_step_ms_p90": percentile(dec, 0.9), "decode_step_ms_p99": percentile(dec, 0.99),
+            "decode_step_ms_min": min(dec or [0]),
             "tok_s": batch * output_len / total, "tokens": tokens,
             "steps": len(step_s)}
 
@@ -149,7 +155,8 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
     res: dict[str, Any] = {
         "copy_bandwidth_GBps": bw, "launch_us": lus, "build_s": build_s,
         "weight_bytes": weight_bytes, "kv_tokens": runner.pool.capacity,
-        "attention": eng.attention_backend,
+        "attention": eng.attention_backend, "fused": model.fused,
+        "kernels": model.ops.name if model.ops else "-", "kernels_note": model.ops_note,
         "cuda_graph_buckets": graphs.buckets if graphs else [],
         "cuda_graph_capture_s": graphs.capture_s if graphs else None, "rows": []}
     log(f"built in {build_s:.1f}s, attention={eng.attention_backend}, "

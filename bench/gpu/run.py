@@ -4,6 +4,9 @@
     python bench/gpu/run.py --part test    --out DIR   # pytest tests/gpu
     python bench/gpu/run.py --part decode1 --out DIR   # batch 1, 128 in / 128 out, ours vs HF
     python bench/gpu/run.py --part batch64 --out DIR   # batch 64, 128 in / 256 out, ours vs HF
+    python bench/gpu/run.py --part profile --out DIR   # batch-1 decode step: kernels, GEMVs,
+                                                       # separate vs fused layers
+    python bench/gpu/run.py --part stack   --out DIR   # 4 services over gRPC vs in-process
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -34,6 +37,8 @@ PARTS = {
     "test": {},
     "decode1": {"batch": 1, "input_len": 128, "output_len": 128},
     "batch64": {"batch": 64, "input_len": 128, "output_len": 256},
+    "profile": {},
+    "stack": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -88,6 +93,27 @@ def part_perf(name: str, out: Path, systems: list[str]) -> bool:
     return ok
 
 
+def part_profile(out: Path) -> bool:
+    doc = new_doc("profile")
+    with tempfile.TemporaryDirectory() as td:
+        res = run_worker("profile", 1, 128, 64, Path(td), WORKER_TIMEOUT_S)
+    if "error" in res:
+        doc["errors"].append(res["error"])
+        write_json(doc, out / "profile.json")
+        return False
+    doc["copy_bandwidth_GBps"] = res["copy_bandwidth_GBps"]
+    doc["profile"] = res
+    for f in res["forms"]:
+        doc["rows"].append({
+            "system": "radixmesh", "variant": f"flashinfer+cuda-graphs, {f['form']} layers",
+            "path": "in-process ModelRunner", "model": "llama-3.1-8b random bf16", "batch": 1,
+            "input_len": 128, "output_len": 64,
+            **{k: v for k, v in f.items() if k not in ("kernels", "gemv", "form")},
+            "roofline_fraction": f["roofline_fraction_step"]})
+    write_json(doc, out / "profile.json")
+    return True
+
+
 def part_check(out: Path) -> bool:
     from bench.gpu.check import run_check
 
@@ -130,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=[*PARTS, "all"])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/gpu")))
     ap.add_argument("--systems", default="ours,hf", help="throughput parts: ours,hf")
-    ap.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["ours", "hf", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -142,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--worker needs --json")
         from bench.gpu import perf
 
-        fn = perf.worker_ours if args.worker == "ours" else perf.worker_hf
-        res = fn(args.batch, args.input_len, args.output_len)
+        if args.worker == "profile":
+            from bench.gpu.kernel_profile import worker_profile
+
+            res = worker_profile()
+        else:
+            fn = perf.worker_ours if args.worker == "ours" else perf.worker_hf
+            res = fn(args.batch, args.input_len, args.output_len)
         args.json.write_text(json.dumps(res, default=str))
         return 0
     if not args.part:
@@ -158,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             ok &= part_check(args.out)
         elif p == "test":
             ok &= part_test(args.out)
+        elif p == "profile":
+            ok &= part_profile(args.out)
+        elif p == "stack":
+            from bench.gpu.stack import part_stack
+
+            ok &= part_stack(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from bench.stack import local_stack, progress, run_concurrent, summarize
 
-FILLER = ("The history of science is the study of the development of science and scientific "
-          "knowledge, including both the natural and social sciences. ")
+FILLER = (
+    "The history of science is the study of the development of science and scientific "
+    "knowledge, including both the natural and social sciences. "
+)
 
 
 def make_prompts(tok, lengths: list[int]) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -37,8 +39,13 @@ def hf_batch1(model, prompts: list[list[int]], outs: list[int]) -> dict[str, flo
             wall += time.perf_counter() - t0
             toks += n
     ttfts.sort()
-    return {"requests": len(prompts), "output_tokens": toks, "wall_s": round(wall, 3),
-            "output_tok_s": round(toks / wall, 2), "ttft_ms_p50": round(ttfts[len(ttfts) // 2], 1)}
+    return {
+        "requests": len(prompts),
+        "output_tokens": toks,
+        "wall_s": round(wall, 3),
+        "output_tok_s": round(toks / wall, 2),
+        "ttft_ms_p50": round(ttfts[len(ttfts) // 2], 1),
+    }
 
 
 def hf_static_batch(model, tok, prompts: list[list[int]], outs: list[int]) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -51,17 +58,29 @@ def hf_static_batch(model, tok, prompts: list[list[int]], outs: list[int]) -> di
     n = max(outs)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
-                       pad_token_id=pad)
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=pad
+        )
         ttft = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=pad)
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         wall = time.perf_counter() - t0
     useful = sum(outs)  # a static batch runs to the longest request; count what was asked
-    return {"requests": len(prompts), "output_tokens": useful, "wall_s": round(wall, 3),
-            "output_tok_s": round(useful / wall, 2), "ttft_ms_p50": round(ttft, 1),
-            "padded_steps": n}
+    return {
+        "requests": len(prompts),
+        "output_tokens": useful,
+        "wall_s": round(wall, 3),
+        "output_tok_s": round(useful / wall, 2),
+        "ttft_ms_p50": round(ttft, 1),
+        "padded_steps": n,
+    }
 
 
 def run(ns: argparse.Namespace) -> dict:
@@ -78,14 +97,21 @@ def run(ns: argparse.Namespace) -> dict:
     b1_prompts, mix_prompts = make_prompts(tok, b1_in), make_prompts(tok, mix_in)
 
     def reqs(prompts: list[list[int]], outs: list[int]) -> list[dict]:
-        return [{"input_ids": p, "max_new_tokens": n, "temperature": 0, "ignore_eos": True}
-                for p, n in zip(prompts, outs, strict=True)]
+        return [
+            {"input_ids": p, "max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+            for p, n in zip(prompts, outs, strict=True)
+        ]
 
-    report: dict = {"bench": "cpu_serving", "model": str(folder.name),
-                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "machine": {"cpus": __import__("os").cpu_count(),
-                                "python": platform.python_version(),
-                                "torch": torch.__version__}}
+    report: dict = {
+        "bench": "cpu_serving",
+        "model": str(folder.name),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": __import__("os").cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+    }
     with local_stack(ns.model, scheduler_args=["--radix", "off"], endpoint=ns.endpoint) as ep:
         run_concurrent(ep, reqs(b1_prompts[:1], [4]), 1)  # warm-up
         progress("ours: batch 1")
@@ -103,13 +129,16 @@ def run(ns: argparse.Namespace) -> dict:
     model.generate(torch.tensor([b1_prompts[0]]), max_new_tokens=2, do_sample=False)  # warm-up
     report["hf_batch1"] = hf_batch1(model, b1_prompts, b1_out)
     report["hf_mixed16_static"] = hf_static_batch(model, tok, mix_prompts, mix_out)
-    report["ratio_batch1"] = round(report["ours_batch1"]["output_tok_s"]
-                                   / report["hf_batch1"]["output_tok_s"], 3)
-    report["ratio_mixed16"] = round(report["ours_mixed16"]["output_tok_s"]
-                                    / report["hf_mixed16_static"]["output_tok_s"], 3)
-    report["workload"] = {"batch1": {"prompt": ns.b1_prompt, "output": ns.b1_output,
-                                     "requests": ns.b1_requests},
-                          "mixed16": {"prompt_lens": mix_in, "output_lens": mix_out}}
+    report["ratio_batch1"] = round(
+        report["ours_batch1"]["output_tok_s"] / report["hf_batch1"]["output_tok_s"], 3
+    )
+    report["ratio_mixed16"] = round(
+        report["ours_mixed16"]["output_tok_s"] / report["hf_mixed16_static"]["output_tok_s"], 3
+    )
+    report["workload"] = {
+        "batch1": {"prompt": ns.b1_prompt, "output": ns.b1_output, "requests": ns.b1_requests},
+        "mixed16": {"prompt_lens": mix_in, "output_lens": mix_out},
+    }
     return report
 
 

@@ -129,8 +129,12 @@ def few_shot_program(session: str) -> rm.SglFunction:
 
 def _server_counts(c: Client) -> dict[str, int]:
     st = c.stats()
-    return {"prompt_tokens": st.prompt_tokens, "cached_prompt_tokens": st.cached_prompt_tokens,
-            "generated_tokens": st.generated_tokens, "steps": st.steps}
+    return {
+        "prompt_tokens": st.prompt_tokens,
+        "cached_prompt_tokens": st.cached_prompt_tokens,
+        "generated_tokens": st.generated_tokens,
+        "steps": st.steps,
+    }
 
 
 def children_cpu_s() -> float:
@@ -148,8 +152,9 @@ def children_cpu_s() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_tokens: int,
-               threads: int | str) -> dict[str, Any]:
+def run_config(
+    backend: rm.GrpcBackend, api: Client, name: str, n: int, max_tokens: int, threads: int | str
+) -> dict[str, Any]:
     """One run_batch of `n` programs under configuration `name`, on a fresh prefix."""
     for key, value in CONFIGS[name].items():
         setattr(rm.global_config, key, value)
@@ -158,8 +163,9 @@ def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_toke
     before = _server_counts(api)
     cpu0, own0 = children_cpu_s(), time.process_time()
     t0 = time.perf_counter()
-    states = program.run_batch(batch, backend=backend, num_threads=threads, temperature=0,
-                               max_new_tokens=max_tokens)
+    states = program.run_batch(
+        batch, backend=backend, num_threads=threads, temperature=0, max_new_tokens=max_tokens
+    )
     wall = time.perf_counter() - t0
     stack_cpu, client_cpu = children_cpu_s() - cpu0, time.process_time() - own0
     after = _server_counts(api)
@@ -176,7 +182,8 @@ def run_config(backend: rm.GrpcBackend, api: Client, name: str, n: int, max_toke
         "dsl_cached_tokens": states.cached_tokens(),
         "prefix_warm_tokens": states.prefix_warm.prompt_tokens if states.prefix_warm else 0,
         "server_cache_hit_rate": round(delta["cached_prompt_tokens"] / delta["prompt_tokens"], 4)
-        if delta["prompt_tokens"] else 0.0,
+        if delta["prompt_tokens"]
+        else 0.0,
         "server": delta,
         "failed_programs": failed,
         "answers": answers,
@@ -205,8 +212,8 @@ def summarize(name: str, runs: list[dict[str, Any]], expected: list[str]) -> dic
         "server_cache_hit_rate_median": _median(runs, "server_cache_hit_rate"),
         # Each run has its own session line, so answers may differ a little between runs.
         "correct_answers_per_round": [
-            sum(correct(a, e) for a, e in zip(r["answers"], expected, strict=True))
-            for r in runs],
+            sum(correct(a, e) for a, e in zip(r["answers"], expected, strict=True)) for r in runs
+        ],
         "rounds": runs,
     }
 
@@ -218,11 +225,14 @@ def body_loc(path: Path, function: str) -> int:
     """Non-blank, non-comment lines of a top-level function's body (docstring excluded)."""
     source = path.read_text()
     tree = ast.parse(source)
-    node = next(n for n in tree.body
-                if isinstance(n, ast.FunctionDef) and n.name == function)
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
     body = node.body
-    if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         body = body[1:]
     lines = source.splitlines()[body[0].lineno - 1 : node.end_lineno]
     return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
@@ -235,9 +245,12 @@ def loc_comparison(root: Path) -> dict[str, Any] | None:
         return None  # not run from a source checkout
     n_dsl = body_loc(dsl, "multi_dimensional_judge")
     n_plain = body_loc(plain, "multi_dimensional_judge")
-    return {"dsl": {"file": str(dsl.relative_to(root)), "lines": n_dsl},
-            "plain": {"file": str(plain.relative_to(root)), "lines": n_plain},
-            "ratio": round(n_plain / n_dsl, 2), "paper_ratio": 2.1}
+    return {
+        "dsl": {"file": str(dsl.relative_to(root)), "lines": n_dsl},
+        "plain": {"file": str(plain.relative_to(root)), "lines": n_plain},
+        "ratio": round(n_plain / n_dsl, 2),
+        "paper_ratio": 2.1,
+    }
 
 
 # ---- driver -----------------------------------------------------------------------------------
@@ -250,16 +263,24 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "bench": "dsl_ablation",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "workload": {"programs": n, "max_tokens": ns.max_tokens, "rounds": ns.rounds,
-                     "threads": ns.threads, "shots": len(SHOTS)},
+        "workload": {
+            "programs": n,
+            "max_tokens": ns.max_tokens,
+            "rounds": ns.rounds,
+            "threads": ns.threads,
+            "shots": len(SHOTS),
+        },
     }
     saved = (rm.global_config.enable_fork_hint, rm.global_config.enable_parallelism)
     with local_stack(ns.model, endpoint=ns.endpoint) as ep:
         backend = rm.RuntimeEndpoint(ep, timeout=600)
         api = Client(ep, timeout=600)
         try:
-            prefix = few_shot_program(uuid.uuid4().hex[:12]).trace().constant_prefix(
-                lambda: RoleRenderer(backend.model_info()))
+            prefix = (
+                few_shot_program(uuid.uuid4().hex[:12])
+                .trace()
+                .constant_prefix(lambda: RoleRenderer(backend.model_info()))
+            )
             report["workload"]["prefix_tokens"] = len(backend.tokenize(prefix))
             report["model"] = backend.model_info().model_name
             progress("warm-up")
@@ -268,8 +289,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             for r in range(ns.rounds):
                 for name in order:
                     progress(f"round {r + 1}/{ns.rounds}: {name}")
-                    runs[name].append(run_config(backend, api, name, n, ns.max_tokens,
-                                                 ns.threads))
+                    runs[name].append(run_config(backend, api, name, n, ns.max_tokens, ns.threads))
         finally:
             rm.global_config.enable_fork_hint, rm.global_config.enable_parallelism = saved
             backend.close()

@@ -41,16 +41,31 @@ from services.launcher import Launcher, StackPorts, check_ready, stack_specs
 
 # -- text -------------------------------------------------------------------------------------
 GEOGRAPHY_SHOTS = [
-    ("Which river flows through the city of Cairo?", "The Nile",
-     "Cairo lies on the banks of the Nile, close to where the river fans out into its delta."),
-    ("What is the highest mountain in Africa?", "Kilimanjaro",
-     "Mount Kilimanjaro in Tanzania rises to about 5,895 metres above sea level."),
-    ("Which ocean lies between Africa and Australia?", "The Indian Ocean",
-     "The Indian Ocean is bounded by Africa to the west and Australia to the east."),
-    ("What is the capital city of Canada?", "Ottawa",
-     "Ottawa, in the province of Ontario, was chosen as the capital in 1857."),
-    ("Which desert covers most of northern Africa?", "The Sahara",
-     "The Sahara is the largest hot desert in the world, spanning eleven countries."),
+    (
+        "Which river flows through the city of Cairo?",
+        "The Nile",
+        "Cairo lies on the banks of the Nile, close to where the river fans out into its delta.",
+    ),
+    (
+        "What is the highest mountain in Africa?",
+        "Kilimanjaro",
+        "Mount Kilimanjaro in Tanzania rises to about 5,895 metres above sea level.",
+    ),
+    (
+        "Which ocean lies between Africa and Australia?",
+        "The Indian Ocean",
+        "The Indian Ocean is bounded by Africa to the west and Australia to the east.",
+    ),
+    (
+        "What is the capital city of Canada?",
+        "Ottawa",
+        "Ottawa, in the province of Ontario, was chosen as the capital in 1857.",
+    ),
+    (
+        "Which desert covers most of northern Africa?",
+        "The Sahara",
+        "The Sahara is the largest hot desert in the world, spanning eleven countries.",
+    ),
 ]
 GEOGRAPHY_QUESTIONS = [
     "Which country has the longest coastline in the world?",
@@ -75,16 +90,31 @@ GEOGRAPHY_QUESTIONS = [
     "Which canal connects the Mediterranean Sea to the Red Sea?",
 ]
 CHEMISTRY_SHOTS = [
-    ("What is the chemical symbol for sodium?", "Na",
-     "The symbol comes from natrium, the Latin name of the element."),
-    ("Which gas makes up most of the air we breathe?", "Nitrogen",
-     "Dry air is about 78 percent nitrogen and 21 percent oxygen by volume."),
-    ("What is the pH of pure water at room temperature?", "7",
-     "Pure water is neutral: its hydrogen and hydroxide ion concentrations are equal."),
-    ("Which element has the atomic number 6?", "Carbon",
-     "Every carbon atom has six protons in its nucleus."),
-    ("What do we call a reaction that releases heat?", "Exothermic",
-     "Burning wood is a familiar exothermic reaction: it gives off heat and light."),
+    (
+        "What is the chemical symbol for sodium?",
+        "Na",
+        "The symbol comes from natrium, the Latin name of the element.",
+    ),
+    (
+        "Which gas makes up most of the air we breathe?",
+        "Nitrogen",
+        "Dry air is about 78 percent nitrogen and 21 percent oxygen by volume.",
+    ),
+    (
+        "What is the pH of pure water at room temperature?",
+        "7",
+        "Pure water is neutral: its hydrogen and hydroxide ion concentrations are equal.",
+    ),
+    (
+        "Which element has the atomic number 6?",
+        "Carbon",
+        "Every carbon atom has six protons in its nucleus.",
+    ),
+    (
+        "What do we call a reaction that releases heat?",
+        "Exothermic",
+        "Burning wood is a familiar exothermic reaction: it gives off heat and light.",
+    ),
 ]
 CHEMISTRY_QUESTIONS = [
     "What is the chemical formula of table salt?",
@@ -108,8 +138,10 @@ CHEMISTRY_QUESTIONS = [
     "What is the boiling point of water in degrees Fahrenheit at sea level?",
     "Which element is the main component of diamonds?",
 ]
-CHAT_SYSTEM = ("You are a patient cooking assistant. Answer in one or two short sentences, "
-               "suggest practical substitutions, and mention food safety when it matters.")
+CHAT_SYSTEM = (
+    "You are a patient cooking assistant. Answer in one or two short sentences, "
+    "suggest practical substitutions, and mention food safety when it matters."
+)
 CHAT_OPENERS = [
     "I want to bake bread at home for the first time. What flour should I buy?",
     "How do I cook rice so that it does not stick to the pot?",
@@ -185,8 +217,10 @@ NO_REUSE_SENTENCES = [
 
 
 def few_shot_prefix(subject: str, shots: Sequence[tuple[str, str, str]]) -> str:
-    parts = [f"The following are questions about {subject}, each with a short answer and an "
-             "explanation.\n\n"]
+    parts = [
+        f"The following are questions about {subject}, each with a short answer and an "
+        "explanation.\n\n"
+    ]
     for q, a, why in shots:
         parts.append(f"Question: {q}\nAnswer: {a}. {why}\n\n")
     return "".join(parts)
@@ -213,7 +247,7 @@ class Workload:
     def planned(self) -> tuple[list[list[int]], list[list[int]]]:
         """(prompts, prompts + outputs) with stand-in outputs (ids < 0, distinct per request):
         the workload's shape before any output exists, for sizing the KV pool."""
-        fake = iter(range(-1, -10**9, -1))
+        fake = iter(range(-1, -(10**9), -1))
         if not self.is_chat:
             full = [p + [next(fake) for _ in range(self.max_new)] for p in self.prompts]
             return list(self.prompts), full
@@ -293,8 +327,9 @@ def unique_tokens(seqs: Sequence[Sequence[int]]) -> int:
     return total
 
 
-def optimal_hit_rate(prompts: Sequence[Sequence[int]], computed: Sequence[Sequence[int]]
-                     ) -> dict[str, float]:
+def optimal_hit_rate(
+    prompts: Sequence[Sequence[int]], computed: Sequence[Sequence[int]]
+) -> dict[str, float]:
     """Offline optimum with an unbounded cache, visiting the radix tree depth first (Thm 3.1).
 
     ``computed[i]`` is what request ``i`` (prompt ``prompts[i]``) leaves in the KV cache: its
@@ -316,8 +351,12 @@ def optimal_hit_rate(prompts: Sequence[Sequence[int]], computed: Sequence[Sequen
                 cached += min(len(seq) - 1, lcp(seq, prev))
         prev = seq
     edges = unique_tokens(list(prompts) + list(computed)) if computed else unique_tokens(prompts)
-    return {"optimal_hit_rate": cached / total if total else 0.0,
-            "optimal_cached_tokens": cached, "prompt_tokens": total, "radix_tree_tokens": edges}
+    return {
+        "optimal_hit_rate": cached / total if total else 0.0,
+        "optimal_cached_tokens": cached,
+        "prompt_tokens": total,
+        "radix_tree_tokens": edges,
+    }
 
 
 # -- the stack -------------------------------------------------------------------------------------
@@ -326,9 +365,10 @@ class BenchStack:
 
     def __init__(self, kv_tokens: int, log_dir: Path, model: str = "default") -> None:
         self.ports = StackPorts.free()
-        self.launcher = Launcher(stack_specs(self.ports, model,
-                                             model_args=["--kv-tokens", str(kv_tokens)]),
-                                 log_dir=log_dir)
+        self.launcher = Launcher(
+            stack_specs(self.ports, model, model_args=["--kv-tokens", str(kv_tokens)]),
+            log_dir=log_dir,
+        )
         self.base_args = list(self.launcher.specs["scheduler"].args)
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"
         self.started = False
@@ -364,8 +404,9 @@ def _gen(c: Client, ids: list[int], max_new: int) -> GenerateResult:
     return c.generate(input_ids=ids, max_new_tokens=max_new, temperature=0, ignore_eos=True)
 
 
-def run_workload(endpoint: str, w: Workload, concurrency: int
-                 ) -> tuple[list[list[int]], list[list[int]], int, float]:
+def run_workload(
+    endpoint: str, w: Workload, concurrency: int
+) -> tuple[list[list[int]], list[list[int]], int, float]:
     """Submit every request (chat: every session) at once. Returns (prompts, what each left in
     the KV cache, output tokens, wall seconds)."""
     prompts: list[list[int]] = []
@@ -381,8 +422,10 @@ def run_workload(endpoint: str, w: Workload, concurrency: int
                 computed.append(p + r.output_ids[:-1])
                 out_tokens += r.completion_tokens
         else:
-            def session(first: list[int], followups: list[list[int]]
-                        ) -> list[tuple[list[int], list[int]]]:
+
+            def session(
+                first: list[int], followups: list[list[int]]
+            ) -> list[tuple[list[int], list[int]]]:
                 done, p = [], list(first)
                 for k in range(len(followups) + 1):
                     r = _gen(c, p, w.max_new)
@@ -402,13 +445,13 @@ def run_workload(endpoint: str, w: Workload, concurrency: int
     return prompts, computed, out_tokens, wall
 
 
-CONFIGS = [("tree", "lpm"), ("off", "lpm"), ("table", "lpm"), ("tree", "fcfs"),
-           ("tree", "random")]
+CONFIGS = [("tree", "lpm"), ("off", "lpm"), ("table", "lpm"), ("tree", "fcfs"), ("tree", "random")]
 QUICK_CONFIGS = [("tree", "lpm"), ("off", "lpm"), ("tree", "fcfs")]
 
 
-def run_config(stack: BenchStack, w: Workload, radix: str, policy: str, concurrency: int,
-               extra: Sequence[str]) -> dict:
+def run_config(
+    stack: BenchStack, w: Workload, radix: str, policy: str, concurrency: int, extra: Sequence[str]
+) -> dict:
     stack.use_scheduler(["--radix", radix, "--policy", policy, *extra])
     with Client(stack.endpoint) as c:
         _gen(c, [1, 2, 3, 4], 1)  # warm-up through the new scheduler (excluded by deltas)
@@ -422,14 +465,22 @@ def run_config(stack: BenchStack, w: Workload, radix: str, policy: str, concurre
     radix_s = s1.radix_seconds - s0.radix_seconds
     hit = dc / dp if dp else 0.0
     return {
-        "radix": radix, "policy": policy, "requests": len(prompts), "wall_s": round(wall, 2),
-        "output_tokens": out_tokens, "output_tok_s": round(out_tokens / wall, 2),
-        "prompt_tokens": dp, "cached_prompt_tokens": dc, "hit_rate": round(hit, 4),
+        "radix": radix,
+        "policy": policy,
+        "requests": len(prompts),
+        "wall_s": round(wall, 2),
+        "output_tokens": out_tokens,
+        "output_tok_s": round(out_tokens / wall, 2),
+        "prompt_tokens": dp,
+        "cached_prompt_tokens": dc,
+        "hit_rate": round(hit, 4),
         "optimal_hit_rate": round(opt["optimal_hit_rate"], 4),
         "achieved_over_optimal": round(hit / opt["optimal_hit_rate"], 4)
-        if opt["optimal_hit_rate"] else None,
+        if opt["optimal_hit_rate"]
+        else None,
         "evicted_tokens": s1.evicted_tokens - s0.evicted_tokens,
-        "retractions": s1.retractions - s0.retractions, "steps": steps,
+        "retractions": s1.retractions - s0.retractions,
+        "steps": steps,
         "radix_ms_per_step": round(1e3 * radix_s / steps, 4) if steps else 0.0,
         "radix_fraction_of_wall": round(radix_s / wall, 6),
     }
@@ -451,12 +502,18 @@ def run(ns: argparse.Namespace) -> dict:
         workloads = [w for w in workloads if w.name in ns.only]
     configs = QUICK_CONFIGS if ns.quick else CONFIGS
     report: dict = {
-        "bench": "radix_workloads", "model": folder.name,
+        "bench": "radix_workloads",
+        "model": folder.name,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "settings": {"max_new_tokens": ns.max_new, "kv_fraction": ns.kv_fraction,
-                     "concurrency": ns.concurrency, "quick": ns.quick},
-        "workloads": {}}
+        "settings": {
+            "max_new_tokens": ns.max_new,
+            "kv_fraction": ns.kv_fraction,
+            "concurrency": ns.concurrency,
+            "quick": ns.quick,
+        },
+        "workloads": {},
+    }
     t_all = time.perf_counter()
     for w in workloads:
         prompts, full = w.planned()
@@ -465,19 +522,27 @@ def run(ns: argparse.Namespace) -> dict:
         kv = max(int(unique * ns.kv_fraction), longest + 16)
         plan = optimal_hit_rate(prompts, [f[:-1] for f in full])
         entry: dict = {
-            "requests": len(prompts), "prompt_tokens": plan["prompt_tokens"],
-            "unique_tokens": unique, "kv_tokens": kv, "kv_fraction": round(kv / unique, 3),
-            "optimal_hit_rate_planned": round(plan["optimal_hit_rate"], 4), "runs": []}
-        progress(f"{w.name}: {len(prompts)} requests, {plan['prompt_tokens']} prompt tokens, "
-                 f"{unique} unique, KV {kv} tokens, optimal {plan['optimal_hit_rate']:.3f}")
-        stack = BenchStack(kv, Path(tempfile.mkdtemp(prefix=f"radix-bench-{w.name}-")),
-                           ns.model)
+            "requests": len(prompts),
+            "prompt_tokens": plan["prompt_tokens"],
+            "unique_tokens": unique,
+            "kv_tokens": kv,
+            "kv_fraction": round(kv / unique, 3),
+            "optimal_hit_rate_planned": round(plan["optimal_hit_rate"], 4),
+            "runs": [],
+        }
+        progress(
+            f"{w.name}: {len(prompts)} requests, {plan['prompt_tokens']} prompt tokens, "
+            f"{unique} unique, KV {kv} tokens, optimal {plan['optimal_hit_rate']:.3f}"
+        )
+        stack = BenchStack(kv, Path(tempfile.mkdtemp(prefix=f"radix-bench-{w.name}-")), ns.model)
         try:
             for radix, policy in configs:
                 progress(f"  {w.name}: --radix {radix} --policy {policy}")
                 r = run_config(stack, w, radix, policy, ns.concurrency, ns.sched_arg)
-                progress(f"    hit {r['hit_rate']:.3f} (optimal {r['optimal_hit_rate']:.3f}), "
-                         f"{r['output_tok_s']} tok/s, {r['wall_s']} s")
+                progress(
+                    f"    hit {r['hit_rate']:.3f} (optimal {r['optimal_hit_rate']:.3f}), "
+                    f"{r['output_tok_s']} tok/s, {r['wall_s']} s"
+                )
                 entry["runs"].append(r)
         finally:
             stack.stop()
@@ -491,12 +556,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--model", default="default")
     p.add_argument("--quick", action="store_true", help="smaller workloads, 3 configurations")
     p.add_argument("--max-new", type=int, default=8, help="output tokens per request")
-    p.add_argument("--kv-fraction", type=float, default=0.4,
-                   help="KV capacity as a fraction of the workload's unique tokens")
+    p.add_argument(
+        "--kv-fraction",
+        type=float,
+        default=0.4,
+        help="KV capacity as a fraction of the workload's unique tokens",
+    )
     p.add_argument("--concurrency", type=int, default=64, help="most requests in flight")
     p.add_argument("--only", nargs="*", default=[], help="workload names to run")
-    p.add_argument("--sched-arg", action="append", default=[],
-                   help="extra scheduler flag for every run (repeatable)")
+    p.add_argument(
+        "--sched-arg",
+        action="append",
+        default=[],
+        help="extra scheduler flag for every run (repeatable)",
+    )
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:

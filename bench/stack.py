@@ -22,16 +22,22 @@ def progress(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def local_stack(model: str = "default", model_args: Sequence[str] = (),
-                scheduler_args: Sequence[str] = (), endpoint: str = "") -> Iterator[str]:
+def local_stack(
+    model: str = "default",
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    endpoint: str = "",
+) -> Iterator[str]:
     """Yields an API endpoint: `endpoint` if given, else a fresh stack on free ports."""
     if endpoint:
         yield endpoint
         return
     ports = StackPorts.free()
     logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-"))
-    launcher = Launcher(stack_specs(ports, model, model_args=list(model_args),
-                                    scheduler_args=list(scheduler_args)), log_dir=logs)
+    launcher = Launcher(
+        stack_specs(ports, model, model_args=list(model_args), scheduler_args=list(scheduler_args)),
+        log_dir=logs,
+    )
     progress(f"starting stack (logs in {logs}) {' '.join(scheduler_args)}")
     launcher.start_all()
     try:
@@ -61,8 +67,9 @@ def timed_stream(c: Client, **kw: object) -> Timed:
     return Timed(final, first or 0.0, time.perf_counter() - t0)
 
 
-def run_concurrent(endpoint: str, requests: Sequence[dict], concurrency: int
-                   ) -> tuple[list[Timed], float]:
+def run_concurrent(
+    endpoint: str, requests: Sequence[dict], concurrency: int
+) -> tuple[list[Timed], float]:
     with Client(endpoint) as c, ThreadPoolExecutor(concurrency) as pool:
         t0 = time.perf_counter()
         out = list(pool.map(lambda kw: timed_stream(c, **kw), requests))
@@ -80,6 +87,11 @@ def pct(values: Sequence[float], q: float) -> float:
 def summarize(timed: Sequence[Timed], wall_s: float) -> dict[str, float]:
     toks = sum(t.result.completion_tokens for t in timed)
     ttfts = [t.ttft_s * 1e3 for t in timed]
-    return {"requests": len(timed), "output_tokens": toks, "wall_s": round(wall_s, 3),
-            "output_tok_s": round(toks / wall_s, 2), "ttft_ms_p50": round(pct(ttfts, 50), 1),
-            "ttft_ms_p99": round(pct(ttfts, 99), 1)}
+    return {
+        "requests": len(timed),
+        "output_tokens": toks,
+        "wall_s": round(wall_s, 3),
+        "output_tok_s": round(toks / wall_s, 2),
+        "ttft_ms_p50": round(pct(ttfts, 50), 1),
+        "ttft_ms_p99": round(pct(ttfts, 99), 1),
+    }

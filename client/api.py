@@ -20,10 +20,15 @@ import grpc
 from client.pb import api_pb2, api_pb2_grpc
 
 DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
-_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
-            ("grpc.max_receive_message_length", 64 << 20)]
-_FINISH = {api_pb2.FINISH_REASON_STOP: "stop", api_pb2.FINISH_REASON_LENGTH: "length",
-           api_pb2.FINISH_REASON_ABORT: "abort"}
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+_FINISH = {
+    api_pb2.FINISH_REASON_STOP: "stop",
+    api_pb2.FINISH_REASON_LENGTH: "length",
+    api_pb2.FINISH_REASON_ABORT: "abort",
+}
 
 
 class RadixMeshError(Exception):
@@ -62,29 +67,51 @@ class Chunk:
 
 
 def _lps(items: Any) -> list[TokenLogprob]:
-    return [TokenLogprob(x.token_id, x.logprob, [(t.token_id, t.logprob) for t in x.top])
-            for x in items]
+    return [
+        TokenLogprob(x.token_id, x.logprob, [(t.token_id, t.logprob) for t in x.top]) for x in items
+    ]
 
 
 def result_from_proto(rid: str, c: api_pb2.GenerateComplete) -> GenerateResult:
     return GenerateResult(
-        request_id=rid, text=c.text, output_ids=list(c.output_ids),
-        finish_reason=_FINISH.get(c.finish_reason, "unknown"), matched_stop=c.matched_stop,
-        prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
-        cached_tokens=c.cached_tokens, output_logprobs=_lps(c.output_logprobs),
-        prompt_logprobs=_lps(c.prompt_logprobs), prompt_logprobs_from=c.prompt_logprobs_from)
+        request_id=rid,
+        text=c.text,
+        output_ids=list(c.output_ids),
+        finish_reason=_FINISH.get(c.finish_reason, "unknown"),
+        matched_stop=c.matched_stop,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        cached_tokens=c.cached_tokens,
+        output_logprobs=_lps(c.output_logprobs),
+        prompt_logprobs=_lps(c.prompt_logprobs),
+        prompt_logprobs_from=c.prompt_logprobs_from,
+    )
 
 
 def build_request(
-    prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
-    messages: Sequence[dict[str, str]] | None = None, request_id: str = "",
-    max_new_tokens: int | None = None, min_new_tokens: int | None = None,
-    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-    min_p: float | None = None, seed: int | None = None, stop: Sequence[str] = (),
-    stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-    skip_special_tokens: bool = False, json_schema: str | None = None,
-    regex: str | None = None, ebnf: str | None = None, return_logprob: bool = False,
-    top_logprobs: int = 0, prompt_logprobs_from: int | None = None, stream: bool = False,
+    prompt: str | None = None,
+    *,
+    input_ids: Sequence[int] | None = None,
+    messages: Sequence[dict[str, str]] | None = None,
+    request_id: str = "",
+    max_new_tokens: int | None = None,
+    min_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    skip_special_tokens: bool = False,
+    json_schema: str | None = None,
+    regex: str | None = None,
+    ebnf: str | None = None,
+    return_logprob: bool = False,
+    top_logprobs: int = 0,
+    prompt_logprobs_from: int | None = None,
+    stream: bool = False,
     stream_interval: int | None = None,
 ) -> api_pb2.GenerateRequest:
     """Exactly one of prompt (raw text), input_ids or messages (chat) must be given."""
@@ -98,13 +125,22 @@ def build_request(
         req.input_ids.ids.extend(input_ids)
     else:
         assert messages is not None
-        req.chat.messages.extend(api_pb2.ChatMessage(role=m["role"], content=m["content"])
-                                 for m in messages)
+        req.chat.messages.extend(
+            api_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages
+        )
     s = req.sampling
-    for name, value in (("max_new_tokens", max_new_tokens), ("min_new_tokens", min_new_tokens),
-                        ("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
-                        ("min_p", min_p), ("seed", seed), ("json_schema", json_schema),
-                        ("regex", regex), ("ebnf", ebnf)):
+    for name, value in (
+        ("max_new_tokens", max_new_tokens),
+        ("min_new_tokens", min_new_tokens),
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("top_k", top_k),
+        ("min_p", min_p),
+        ("seed", seed),
+        ("json_schema", json_schema),
+        ("regex", regex),
+        ("ebnf", ebnf),
+    ):
         if value is not None:
             setattr(s, name, value)
     s.stop.extend(stop)
@@ -164,8 +200,12 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def tokenize(self, text: str = "", messages: Sequence[dict[str, str]] | None = None,
-                 add_special_tokens: bool = False) -> list[int]:
+    def tokenize(
+        self,
+        text: str = "",
+        messages: Sequence[dict[str, str]] | None = None,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
         req = api_pb2.TokenizeRequest(add_special_tokens=add_special_tokens)
         if messages is not None:
             req.chat.messages.extend(api_pb2.ChatMessage(**m) for m in messages)
@@ -178,8 +218,10 @@ class Client:
 
     def detokenize(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         try:
-            return self.stub.Detokenize(api_pb2.DetokenizeRequest(
-                ids=ids, skip_special_tokens=skip_special_tokens), timeout=self.timeout).text
+            return self.stub.Detokenize(
+                api_pb2.DetokenizeRequest(ids=ids, skip_special_tokens=skip_special_tokens),
+                timeout=self.timeout,
+            ).text
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
@@ -226,8 +268,9 @@ class AsyncClient:
                 return item
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
-    async def stream(self, prompt: str | None = None, _stream: bool = True, **kw: Any
-                     ) -> AsyncIterator[Chunk | GenerateResult]:
+    async def stream(
+        self, prompt: str | None = None, _stream: bool = True, **kw: Any
+    ) -> AsyncIterator[Chunk | GenerateResult]:
         req = build_request(prompt, stream=_stream, **kw)
         try:
             async for msg in self.stub.Generate(req, timeout=self.timeout):
@@ -240,16 +283,17 @@ class AsyncClient:
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:
-            resp = await self.stub.Tokenize(api_pb2.TokenizeRequest(
-                text=text, add_special_tokens=add_special_tokens), timeout=self.timeout)
+            resp = await self.stub.Tokenize(
+                api_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens),
+                timeout=self.timeout,
+            )
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return list(resp.ids)
 
     async def model_info(self) -> api_pb2.ModelInfo:
         try:
-            return await self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(),
-                                                timeout=self.timeout)
+            return await self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
 

@@ -18,8 +18,9 @@ class ModelServiceConfig:
     tokenizer: str = field("", "tokenizer folder for --random-weights")
     device: str = field("auto", "cpu, cuda, cuda:N or auto")
     dtype: str = field("auto", "float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on GPU)")
-    attention: str = field("auto", "reference, flashinfer or auto",
-                           choices=["auto", "reference", "flashinfer"])
+    attention: str = field(
+        "auto", "reference, flashinfer or auto", choices=["auto", "reference", "flashinfer"]
+    )
     kv_tokens: int = field(0, "KV pool size in tokens (0: from the memory budget)")
     kv_memory_gb: float = field(0.5, "KV memory budget on CPU, GiB")
     kv_memory_fraction: float = field(0.85, "fraction of free GPU memory for the KV pool")

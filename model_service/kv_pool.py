@@ -9,14 +9,23 @@ from __future__ import annotations
 import torch
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype) -> int:
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 class KVPool:
-    def __init__(self, num_layers: int, capacity: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, nan_fill: bool = False) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        nan_fill: bool = False,
+    ) -> None:
         if capacity < 1:
             raise ValueError("KV capacity must be at least one token")
         self.capacity = capacity

@@ -56,8 +56,9 @@ class SamplingBatch:
         return bool((self.temperature <= 0).all())
 
 
-def sample(logits: torch.Tensor, params: SamplingBatch, top_logprobs: int = 0
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def sample(
+    logits: torch.Tensor, params: SamplingBatch, top_logprobs: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """logits [R, V] fp32 -> (tokens [R], logprob of each token [R], top ids, top logprobs)."""
     logprobs = torch.log_softmax(logits, dim=-1)
     greedy_tok = logits.argmax(dim=-1)

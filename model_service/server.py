@@ -33,21 +33,33 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
     def info(self) -> model_pb2.WorkerInfo:
         e = self.engine
         return model_pb2.WorkerInfo(
-            model_name=e.model_name, kv_capacity=e.runner.pool.capacity, vocab_size=e.vocab_size,
-            context_length=e.context_length, eos_token_ids=e.eos_token_ids, device=str(e.device),
-            dtype=str(e.dtype).removeprefix("torch."), attention_backend=e.attention_backend,
-            nan_fill=e.nan_fill)
+            model_name=e.model_name,
+            kv_capacity=e.runner.pool.capacity,
+            vocab_size=e.vocab_size,
+            context_length=e.context_length,
+            eos_token_ids=e.eos_token_ids,
+            device=str(e.device),
+            dtype=str(e.dtype).removeprefix("torch."),
+            attention_backend=e.attention_backend,
+            nan_fill=e.nan_fill,
+        )
 
-    async def GetWorkerInfo(self, request: model_pb2.WorkerInfoRequest,
-                            context: grpc.aio.ServicerContext) -> model_pb2.WorkerInfo:
+    async def GetWorkerInfo(
+        self, request: model_pb2.WorkerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> model_pb2.WorkerInfo:
         return self.info()
 
-    async def Steps(self, request_iterator: AsyncIterator[model_pb2.StepRequest],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[model_pb2.StepReply]:
+    async def Steps(
+        self,
+        request_iterator: AsyncIterator[model_pb2.StepRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[model_pb2.StepReply]:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "open":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the first message of a step stream must be `open`")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the first message of a step stream must be `open`",
+            )
             return
         sid = first.open.session_id
         self.session_gen += 1
@@ -81,10 +93,18 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                     out = await loop.run_in_executor(self.executor, self.engine.runner.step, ops)
                 except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
                     kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
-                    log.error(kind, session=sid, step=step.step_id, error=repr(exc),
-                              exc_info=not isinstance(exc, StepError))
-                    yield model_pb2.StepReply(result=model_pb2.StepResult(
-                        step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"))
+                    log.error(
+                        kind,
+                        session=sid,
+                        step=step.step_id,
+                        error=repr(exc),
+                        exc_info=not isinstance(exc, StepError),
+                    )
+                    yield model_pb2.StepReply(
+                        result=model_pb2.StepResult(
+                            step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
+                        )
+                    )
                     continue
                 yield model_pb2.StepReply(result=encode_output(out))
         finally:

@@ -11,20 +11,32 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
     ops = StepOps(step_id=msg.step_id)
     for a in msg.admits:
         s = a.sampling
-        ops.admits.append(AdmitOp(
-            handle=a.handle,
-            sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p, s.seed,
-                              s.return_logprob, s.top_logprobs, s.prompt_logprobs_from,
-                              s.min_new_tokens, tuple(unpack_i32(s.stop_ids))),
-            output_offset=a.output_offset,
-            prefix_slots=unpack_i32(a.prefix_slots),
-            input_ids=unpack_i32(a.input_ids),
-            slots=unpack_i32(a.slots),
-            sample=a.sample,
-        ))
+        ops.admits.append(
+            AdmitOp(
+                handle=a.handle,
+                sampling=Sampling(
+                    s.temperature,
+                    s.top_p,
+                    s.top_k,
+                    s.min_p,
+                    s.seed,
+                    s.return_logprob,
+                    s.top_logprobs,
+                    s.prompt_logprobs_from,
+                    s.min_new_tokens,
+                    tuple(unpack_i32(s.stop_ids)),
+                ),
+                output_offset=a.output_offset,
+                prefix_slots=unpack_i32(a.prefix_slots),
+                input_ids=unpack_i32(a.input_ids),
+                slots=unpack_i32(a.slots),
+                sample=a.sample,
+            )
+        )
     for e in msg.extends:
-        ops.extends.append(ExtendOp(e.handle, unpack_i32(e.input_ids), unpack_i32(e.slots),
-                                    e.sample))
+        ops.extends.append(
+            ExtendOp(e.handle, unpack_i32(e.input_ids), unpack_i32(e.slots), e.sample)
+        )
     ops.decode_handles = unpack_i32(msg.decode_handles)
     ops.decode_slots = unpack_i32(msg.decode_slots)
     ops.truncates = [(t.handle, t.length) for t in msg.truncates]
@@ -46,7 +58,8 @@ def encode_output(out: StepOutput) -> model_pb2.StepResult:
     for r in out.rows:
         if r.top_ids is not None and r.top_logprobs is not None:
             extras[r.handle] = model_pb2.RowExtras(
-                handle=r.handle, top_ids=pack_i32(r.top_ids), top_logprobs=pack_f32(r.top_logprobs))
+                handle=r.handle, top_ids=pack_i32(r.top_ids), top_logprobs=pack_f32(r.top_logprobs)
+            )
     for p in out.prompt_logprobs:
         ex = extras.setdefault(p.handle, model_pb2.RowExtras(handle=p.handle))
         ex.prompt_logprobs = pack_f32(p.values)

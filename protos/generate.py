@@ -25,13 +25,22 @@ def generate() -> dict[str, str]:
     files = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))
     include = str(Path(protoc.__file__).parent / "_proto")
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={tmp}",
-                f"--pyi_out={tmp}", f"--grpc_python_out={tmp}", *files]
+        args = [
+            "protoc",
+            f"-I{PROTO_DIR}",
+            f"-I{include}",
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            *files,
+        ]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed")
         out: dict[str, str] = {}
         for path in sorted(Path(tmp).rglob("*.py*")):
-            text = re.sub(r"\bfrom radixmesh\.v1 import\b", "from client.pb import", path.read_text())
+            text = re.sub(
+                r"\bfrom radixmesh\.v1 import\b", "from client.pb import", path.read_text()
+            )
             out[path.name] = HEADER + text
     out["__init__.py"] = HEADER
     return out
@@ -43,8 +52,11 @@ def main() -> int:
     ns = parser.parse_args()
     fresh = generate()
     if ns.check:
-        stale = [n for n, t in fresh.items() if not (OUT_DIR / n).exists()
-                 or (OUT_DIR / n).read_text() != t]
+        stale = [
+            n
+            for n, t in fresh.items()
+            if not (OUT_DIR / n).exists() or (OUT_DIR / n).read_text() != t
+        ]
         extra = [p.name for p in OUT_DIR.glob("*.py*") if p.name not in fresh]
         if stale or extra:
             print(f"stubs out of date: {sorted(stale + extra)}; run python protos/generate.py")

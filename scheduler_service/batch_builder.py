@@ -38,10 +38,18 @@ class PlannedStep:
 def _sampling(req: Request) -> model_pb2.RequestSampling:
     s = req.spec
     return model_pb2.RequestSampling(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed,
-        has_seed=True, return_logprob=s.return_logprob, top_logprobs=s.top_logprobs,
-        prompt_logprobs_from=s.prompt_logprobs_from, min_new_tokens=s.min_new_tokens,
-        stop_ids=pack_i32(sorted(set(s.stop_token_ids) | (set() if s.ignore_eos else req.eos_ids))))
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        seed=s.seed,
+        has_seed=True,
+        return_logprob=s.return_logprob,
+        top_logprobs=s.top_logprobs,
+        prompt_logprobs_from=s.prompt_logprobs_from,
+        min_new_tokens=s.min_new_tokens,
+        stop_ids=pack_i32(sorted(set(s.stop_token_ids) | (set() if s.ignore_eos else req.eos_ids))),
+    )
 
 
 class BatchBuilder:
@@ -106,16 +114,20 @@ class BatchBuilder:
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep) -> None:
         st, cache = self.st, self.st.cache
-        decoders = [r for r in st.running.values()
-                    if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None]
+        decoders = [
+            r
+            for r in st.running.values()
+            if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None
+        ]
         if decoders:
             self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
         if shortfall > 0:
             # A request mid-way through a chunked prefill is a candidate too: otherwise it and
             # one decoder can fill the pool between them and neither can ever move.
-            candidates = [r for r in st.running.values()
-                          if r.phase is Phase.PREFILL or r in decoders]
+            candidates = [
+                r for r in st.running.values() if r.phase is Phase.PREFILL or r in decoders
+            ]
             victims = plan_retraction(candidates, shortfall)
             for r in victims:
                 self._retract(r)
@@ -157,9 +169,15 @@ class BatchBuilder:
             candidates, _deferred = self.policy.schedule(waiting, st.cache)
         ratio = self.ratio.value
         pp = admit_prefills(
-            candidates, st.cache, chunk_budget=cfg.chunk_tokens, max_running=cfg.max_running,
-            num_running=len(running), reserved_tokens=decode_reservation(running, ratio),
-            new_token_ratio=ratio, chunked_remaining=remaining)
+            candidates,
+            st.cache,
+            chunk_budget=cfg.chunk_tokens,
+            max_running=cfg.max_running,
+            num_running=len(running),
+            reserved_tokens=decode_reservation(running, ratio),
+            new_token_ratio=ratio,
+            chunked_remaining=remaining,
+        )
         if chunked is not None and pp.continuation_slots:
             plan.msg.extends.append(self._extend_op(plan, chunked, pp.continuation_slots))
         for a in pp.admitted:
@@ -179,11 +197,11 @@ class BatchBuilder:
             r.phase = Phase.DECODE
             if not sample:
                 plan.prefill_only.append(r)
-        return model_pb2.Extend(handle=r.handle, input_ids=pack_i32(ids), slots=pack_i32(slots),
-                                sample=sample)
+        return model_pb2.Extend(
+            handle=r.handle, input_ids=pack_i32(ids), slots=pack_i32(slots), sample=sample
+        )
 
-    def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]
-               ) -> None:
+    def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]) -> None:
         """`match.node` is already locked by the adder; `slots` hold the first chunk."""
         st = self.st
         prefix = match.slots
@@ -202,7 +220,14 @@ class BatchBuilder:
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
         ext = self._extend_op(plan, r, slots)
-        plan.msg.admits.append(model_pb2.Admit(
-            handle=r.handle, sampling=_sampling(r), output_offset=len(r.output),
-            prefix_slots=pack_i32(prefix), input_ids=ext.input_ids, slots=ext.slots,
-            sample=ext.sample))
+        plan.msg.admits.append(
+            model_pb2.Admit(
+                handle=r.handle,
+                sampling=_sampling(r),
+                output_offset=len(r.output),
+                prefix_slots=pack_i32(prefix),
+                input_ids=ext.input_ids,
+                slots=ext.slots,
+                sample=ext.sample,
+            )
+        )

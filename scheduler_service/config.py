@@ -15,18 +15,26 @@ class SchedulerConfig:
     port: int = field(50052, "port to listen on")
     model_address: str = field("127.0.0.1:50053", "model service address")
     grammar_address: str = field("127.0.0.1:50054", "grammar service address")
-    radix: str = field("tree", "prefix cache: tree, table (flat exact-prefix) or off",
-                       choices=["tree", "table", "off"])
-    policy: str = field("lpm", "waiting-queue order",
-                        choices=["lpm", "dfs-weight", "fcfs", "lof", "random"])
+    radix: str = field(
+        "tree",
+        "prefix cache: tree, table (flat exact-prefix) or off",
+        choices=["tree", "table", "off"],
+    )
+    policy: str = field(
+        "lpm", "waiting-queue order", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
+    )
     lpm_fallback_queue_len: int = field(128, "above this many waiting, LPM becomes FCFS")
     chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
     max_running: int = field(256, "most requests decoding at once")
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
-    new_token_ratio: float = field(0.7, "initial expected fraction of max_new_tokens still to "
-                                   "come (decays while no retraction happens)")
-    jump_forward: str = field("on", "compressed-FSM jump-forward for constrained requests",
-                              choices=["on", "off"])
+    new_token_ratio: float = field(
+        0.7,
+        "initial expected fraction of max_new_tokens still to "
+        "come (decays while no retraction happens)",
+    )
+    jump_forward: str = field(
+        "on", "compressed-FSM jump-forward for constrained requests", choices=["on", "off"]
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 

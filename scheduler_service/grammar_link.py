@@ -50,7 +50,8 @@ class GrammarLink:
             except grpc.aio.AioRpcError as exc:
                 if attempt or exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise GrammarUnavailable(
-                        f"grammar service: {exc.code().name}: {exc.details()}") from exc
+                        f"grammar service: {exc.code().name}: {exc.details()}"
+                    ) from exc
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.up.wait(), wait_s)
         raise AssertionError("unreachable")

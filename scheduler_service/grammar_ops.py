@@ -48,8 +48,9 @@ class GrammarOps:
     def __bool__(self) -> bool:
         return bool(self.binds or self.accepts or self.releases or self.rollbacks)
 
-    def build(self, step_id: int, want: Sequence[int], jump: Sequence[int] = ()
-              ) -> grammar_pb2.MaskStep:
+    def build(
+        self, step_id: int, want: Sequence[int], jump: Sequence[int] = ()
+    ) -> grammar_pb2.MaskStep:
         b = MaskStepBuilder()
         for h in self.releases:
             b.release(h)

@@ -57,14 +57,14 @@ class ModelLink:
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
             call.cancel()
             await self._chan.close()
-            raise ModelUnavailable(f"cannot open a step session at {self.address}: {exc}"
-                                   ) from exc
+            raise ModelUnavailable(f"cannot open a step session at {self.address}: {exc}") from exc
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "opened":
             raise ModelUnavailable("model service closed the session at once")
         self.info = first.opened.info
         self._reader = asyncio.create_task(self._read(call))
-        log.info("model_session", session=sid, capacity=self.info.kv_capacity,
-                 model=self.info.model_name)
+        log.info(
+            "model_session", session=sid, capacity=self.info.kv_capacity, model=self.info.model_name
+        )
         return self.info
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:

@@ -28,14 +28,12 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
         if r is not None and ex.prompt_logprobs:
             vals = unpack_f32(ex.prompt_logprobs)
             start = ex.prompt_logprobs_start
-            st.delta(r).prompt_logprobs.extend(
-                (r.fill[start + i], v) for i, v in enumerate(vals))
+            st.delta(r).prompt_logprobs.extend((r.fill[start + i], v) for i, v in enumerate(vals))
     for r in plan.prefilled:
         if r.handle >= 0 and r.node is not None:
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
             # sharing (and later chunks) hit it next round.
-            cached = st.cache.cache_unfinished(r.fill[: r.kv_len], r.kv_slots[: r.kv_len],
-                                               r.node)
+            cached = st.cache.cache_unfinished(r.fill[: r.kv_len], r.kv_slots[: r.kv_len], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
     for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
@@ -48,8 +46,9 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             finish(st, r, "length")
 
 
-def _on_token(st: SchedState, r: Request, tok: int, lp: float,
-              ex: model_pb2.RowExtras | None) -> None:
+def _on_token(
+    st: SchedState, r: Request, tok: int, lp: float, ex: model_pb2.RowExtras | None
+) -> None:
     spec = r.spec
     st.stats.generated_tokens += 1
     if (tok in r.eos_ids and not spec.ignore_eos) or tok in spec.stop_token_ids:

@@ -234,7 +234,8 @@ class Scheduler:
                 jumped.add(row.handle)
         drop_rows(st, plan, jumped)  # a jumping request sits out this step, never raced
         plan.msg.masks.extend(
-            row for row in res.rows if row.handle in st.running and row.handle not in jumped)
+            row for row in res.rows if row.handle in st.running and row.handle not in jumped
+        )
 
     def _reap_aborted(self) -> None:
         st = self.st

@@ -25,17 +25,20 @@ def _serve(ns: argparse.Namespace) -> int:
     ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3)
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
-    launcher = Launcher(stack_specs(ports, ns.model, model_args=model_args,
-                                    scheduler_args=sched_args),
-                        log_dir=Path(ns.log_dir) if ns.log_dir else None)
+    launcher = Launcher(
+        stack_specs(ports, ns.model, model_args=model_args, scheduler_args=sched_args),
+        log_dir=Path(ns.log_dir) if ns.log_dir else None,
+    )
 
     async def main() -> None:
         launcher.start_all()
         print(f"radixmesh: starting services (model {ns.model}) ...", flush=True)
         await launcher.wait_ready(timeout=ns.startup_timeout)
-        print(f"radixmesh: ready. API at localhost:{ports.tokenizer} "
-              f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})",
-              flush=True)
+        print(
+            f"radixmesh: ready. API at localhost:{ports.tokenizer} "
+            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})",
+            flush=True,
+        )
         if not ns.no_smoke:
             await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
         print("radixmesh: serving; Ctrl-C to stop.", flush=True)
@@ -57,8 +60,9 @@ def _smoke(endpoint: str) -> None:
     from client.api import Client
 
     with Client(endpoint) as c:
-        res = c.generate(messages=[{"role": "user", "content": SMOKE_PROMPT}],
-                         max_new_tokens=24, temperature=0)
+        res = c.generate(
+            messages=[{"role": "user", "content": SMOKE_PROMPT}], max_new_tokens=24, temperature=0
+        )
     print(f"radixmesh: smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}", flush=True)
 
 
@@ -90,11 +94,19 @@ def _generate(ns: argparse.Namespace) -> int:
         return 1
     assert result is not None
     if ns.json:
-        print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                          "matched_stop": result.matched_stop,
-                          "prompt_tokens": result.prompt_tokens,
-                          "completion_tokens": result.completion_tokens,
-                          "cached_tokens": result.cached_tokens}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "matched_stop": result.matched_stop,
+                    "prompt_tokens": result.prompt_tokens,
+                    "completion_tokens": result.completion_tokens,
+                    "cached_tokens": result.cached_tokens,
+                },
+                indent=2,
+            )
+        )
     else:
         print()
     return 0
@@ -108,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="default", help="HF folder or 'default' (SmolLM2-135M)")
     s.add_argument("--port", type=int, default=50051, help="API port; services use the next 3")
     s.add_argument("--radix", default="tree", choices=["tree", "table", "off"])
-    s.add_argument("--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof",
-                                                       "random"])
+    s.add_argument(
+        "--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
+    )
     s.add_argument("--kv-tokens", type=int, default=0, help="KV pool size (0: memory budget)")
     s.add_argument("--log-dir", default="", help="write each service's log here")
     s.add_argument("--log-level", default="info")

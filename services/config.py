@@ -41,8 +41,11 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f.metadata.get("help", "")
         env = ENV_PREFIX + f.name.upper()
         default = os.environ.get(env)
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None,
-                                  "help": f"{help_text} (env {env})".strip()}
+        kwargs: dict[str, Any] = {
+            "dest": f.name,
+            "default": None,
+            "help": f"{help_text} (env {env})".strip(),
+        }
         if f.metadata.get("choices"):
             kwargs["choices"] = f.metadata["choices"]
         if tp is bool:

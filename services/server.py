@@ -66,8 +66,11 @@ class Health:
         if ready != self.ready:
             log.info("readiness", ready=ready, reason=reason)
         self.ready = ready
-        status = health_pb2.HealthCheckResponse.SERVING if ready else (
-            health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
         await self.servicer.set(READINESS, status)
 
     async def shutdown(self) -> None:
@@ -107,8 +110,13 @@ async def run_server(
     names = list(register(server, hb))
     health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME], server)
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"{name}: cannot listen on {host}:{port} (port in use?)")

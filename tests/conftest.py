@@ -37,17 +37,22 @@ class Stack:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))
 
 
-def start_stack(tmp: Path, model_args: list[str] | None = None,
-                scheduler_args: list[str] | None = None) -> Iterator[Stack]:
+def start_stack(
+    tmp: Path, model_args: list[str] | None = None, scheduler_args: list[str] | None = None
+) -> Iterator[Stack]:
     ports = StackPorts.free()
     launcher = Launcher(
-        stack_specs(ports, "default", model_args=model_args or [],
-                    scheduler_args=scheduler_args or []),
-        log_dir=tmp, max_backoff=0.5)
+        stack_specs(
+            ports, "default", model_args=model_args or [], scheduler_args=scheduler_args or []
+        ),
+        log_dir=tmp,
+        max_backoff=0.5,
+    )
     launcher.start_all()
     loop = asyncio.new_event_loop()
-    supervisor = threading.Thread(target=loop.run_until_complete, args=(launcher.supervise(),),
-                                  daemon=True)
+    supervisor = threading.Thread(
+        target=loop.run_until_complete, args=(launcher.supervise(),), daemon=True
+    )
     try:
         asyncio.run(launcher.wait_ready(timeout=300))
         supervisor.start()
@@ -60,12 +65,16 @@ def start_stack(tmp: Path, model_args: list[str] | None = None,
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """The default CPU stack, with the KV invariant checked after every step."""
-    yield from start_stack(tmp_path_factory.mktemp("stack"), ["--kv-tokens", "16384"],
-                           ["--debug-invariants"])
+    yield from start_stack(
+        tmp_path_factory.mktemp("stack"), ["--kv-tokens", "16384"], ["--debug-invariants"]
+    )
 
 
 @pytest.fixture(scope="session")
 def nan_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """Freed KV slots are poisoned with NaN: any read after free corrupts outputs."""
-    yield from start_stack(tmp_path_factory.mktemp("nanstack"),
-                           ["--kv-tokens", "16384", "--nan-fill"], ["--debug-invariants"])
+    yield from start_stack(
+        tmp_path_factory.mktemp("nanstack"),
+        ["--kv-tokens", "16384", "--nan-fill"],
+        ["--debug-invariants"],
+    )

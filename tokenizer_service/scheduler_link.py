@@ -32,8 +32,9 @@ class SchedulerLink:
         self.hello: scheduler_pb2.SchedulerHello | None = None
         self.connected = asyncio.Event()
 
-    def submit(self, msg: scheduler_pb2.SubmitRequest
-               ) -> asyncio.Queue[scheduler_pb2.RequestDelta | Exception]:
+    def submit(
+        self, msg: scheduler_pb2.SubmitRequest
+    ) -> asyncio.Queue[scheduler_pb2.RequestDelta | Exception]:
         if not self.connected.is_set():
             raise SchedulerLost("the scheduler is not connected")
         q: asyncio.Queue[scheduler_pb2.RequestDelta | Exception] = asyncio.Queue()
@@ -43,15 +44,17 @@ class SchedulerLink:
 
     def abort(self, rid: str) -> None:
         if self.queues.pop(rid, None) is not None and self.connected.is_set():
-            self.out.put_nowait(scheduler_pb2.FrontendMessage(
-                abort=scheduler_pb2.AbortRequestInternal(rid=rid)))
+            self.out.put_nowait(
+                scheduler_pb2.FrontendMessage(abort=scheduler_pb2.AbortRequestInternal(rid=rid))
+            )
 
     def request_abort(self, rid: str) -> bool:
         """Client-initiated abort: the request's own stream still receives its final delta."""
         if rid not in self.queues or not self.connected.is_set():
             return False
-        self.out.put_nowait(scheduler_pb2.FrontendMessage(
-            abort=scheduler_pb2.AbortRequestInternal(rid=rid)))
+        self.out.put_nowait(
+            scheduler_pb2.FrontendMessage(abort=scheduler_pb2.AbortRequestInternal(rid=rid))
+        )
         return True
 
     def done(self, rid: str) -> None:
@@ -78,7 +81,8 @@ class SchedulerLink:
 
             async def requests():  # type: ignore[no-untyped-def]
                 yield scheduler_pb2.FrontendMessage(
-                    hello=scheduler_pb2.FrontendHello(session_id=self.session_id))
+                    hello=scheduler_pb2.FrontendHello(session_id=self.session_id)
+                )
                 while True:
                     yield await self.out.get()
 

@@ -56,21 +56,31 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
-    async def Generate(self, request: api_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext
-                       ) -> AsyncIterator[api_pb2.GenerateResponse]:
+    async def Generate(
+        self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
         try:
             ids = self._prompt_ids(request)
             sampling = normalize_sampling(
-                request.sampling, request.logprobs, len(ids), self.context_length,
-                self.tok.vocab_size, self.cfg.default_max_new_tokens, self.cfg.max_top_logprobs)
+                request.sampling,
+                request.logprobs,
+                len(ids),
+                self.context_length,
+                self.tok.vocab_size,
+                self.cfg.default_max_new_tokens,
+                self.cfg.max_top_logprobs,
+            )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
         submit = scheduler_pb2.SubmitRequest(
-            rid=rid, input_ids=ids, sampling=sampling, logprobs=request.logprobs,
-            eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids)
+            rid=rid,
+            input_ids=ids,
+            sampling=sampling,
+            logprobs=request.logprobs,
+            eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
+        )
         try:
             queue = self.link.submit(submit)
         except SchedulerLost as exc:
@@ -87,8 +97,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                     return
                 if item.error_code:
                     finished = True
-                    await context.abort(grpc.StatusCode(_code(item.error_code)),
-                                        item.error_message)
+                    await context.abort(grpc.StatusCode(_code(item.error_code)), item.error_message)
                     return
                 chunk, done = stream.on_delta(item)
                 if chunk is not None:
@@ -104,45 +113,57 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 self.link.abort(rid)
             self.link.done(rid)
 
-    async def Tokenize(self, request: api_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> api_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.TokenizeResponse:
         try:
             if request.WhichOneof("input") == "chat":
                 return api_pb2.TokenizeResponse(ids=self._chat_ids(request.chat))
             return api_pb2.TokenizeResponse(
-                ids=self.tok.encode(request.text, request.add_special_tokens))
+                ids=self.tok.encode(request.text, request.add_special_tokens)
+            )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
 
-    async def Detokenize(self, request: api_pb2.DetokenizeRequest,
-                         context: grpc.aio.ServicerContext) -> api_pb2.DetokenizeResponse:
+    async def Detokenize(
+        self, request: api_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.DetokenizeResponse:
         try:
             check_input_ids(list(request.ids), self.tok.vocab_size)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return api_pb2.DetokenizeResponse(
-            text=self.tok.decode(request.ids, request.skip_special_tokens))
+            text=self.tok.decode(request.ids, request.skip_special_tokens)
+        )
 
-    async def Abort(self, request: api_pb2.AbortRequest,
-                    context: grpc.aio.ServicerContext) -> api_pb2.AbortResponse:
+    async def Abort(
+        self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.AbortResponse:
         return api_pb2.AbortResponse(found=self.link.request_abort(request.request_id))
 
-    async def GetModelInfo(self, request: api_pb2.GetModelInfoRequest,
-                           context: grpc.aio.ServicerContext) -> api_pb2.ModelInfo:
+    async def GetModelInfo(
+        self, request: api_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ModelInfo:
         t = self.tok
         info = api_pb2.ModelInfo(
-            model_name=t.model_name, context_length=self.context_length,
-            vocab_size=t.vocab_size, eos_token_ids=t.eos_ids, bos_token_id=t.bos_id,
+            model_name=t.model_name,
+            context_length=self.context_length,
+            vocab_size=t.vocab_size,
+            eos_token_ids=t.eos_ids,
+            bos_token_id=t.bos_id,
             default_system_prompt=t.roles.default_system_prompt,
-            generation_prefix=t.roles.generation_prefix, chat_template=t.chat_template)
+            generation_prefix=t.roles.generation_prefix,
+            chat_template=t.chat_template,
+        )
         for role, (prefix, suffix) in t.roles.roles.items():
             info.roles[role].prefix = prefix
             info.roles[role].suffix = suffix
         return info
 
-    async def GetStats(self, request: api_pb2.GetStatsRequest,
-                       context: grpc.aio.ServicerContext) -> api_pb2.Stats:
+    async def GetStats(
+        self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Stats:
         try:
             stats = await self.sched_stub.GetStats(api_pb2.GetStatsRequest(), timeout=5)
         except grpc.aio.AioRpcError as exc:
@@ -162,15 +183,22 @@ def _code(value: int) -> int:
 class _Stream:
     """Per-request text assembly: detokenize, watch stop strings, coalesce chunks."""
 
-    def __init__(self, svc: RadixMeshServicer, rid: str, prompt: list[int],
-                 req: api_pb2.GenerateRequest, sampling: api_pb2.SamplingParams) -> None:
+    def __init__(
+        self,
+        svc: RadixMeshServicer,
+        rid: str,
+        prompt: list[int],
+        req: api_pb2.GenerateRequest,
+        sampling: api_pb2.SamplingParams,
+    ) -> None:
         self.svc = svc
         self.req = req
         self.prompt_len = len(prompt)
         self.prompt_tail = prompt[-8:]
         skip = sampling.skip_special_tokens
         self.detok = IncrementalDetokenizer(
-            lambda ids: svc.tok.decode(ids, skip_special_tokens=skip), self.prompt_tail)
+            lambda ids: svc.tok.decode(ids, skip_special_tokens=skip), self.prompt_tail
+        )
         self.stops = StopMatcher(list(sampling.stop))
         self.interval = max(req.stream_interval, 1) if req.HasField("stream_interval") else 1
         self.ids: list[int] = []
@@ -185,8 +213,7 @@ class _Stream:
         self.matched_stop = ""
         self.stopped_by_string = False
 
-    def on_delta(self, d: scheduler_pb2.RequestDelta
-                 ) -> tuple[api_pb2.GenerateChunk | None, bool]:
+    def on_delta(self, d: scheduler_pb2.RequestDelta) -> tuple[api_pb2.GenerateChunk | None, bool]:
         if d.HasField("cached_tokens"):
             self.cached = d.cached_tokens
         if d.rollback:
@@ -233,8 +260,9 @@ class _Stream:
         safe = len(self.text) if done else self.stops.safe_length(self.text)
         if safe <= self.emitted and not self.unsent_ids:
             return None
-        chunk = api_pb2.GenerateChunk(text=self.text[self.emitted : safe],
-                                      token_ids=self.unsent_ids, logprobs=self.unsent_lps)
+        chunk = api_pb2.GenerateChunk(
+            text=self.text[self.emitted : safe], token_ids=self.unsent_ids, logprobs=self.unsent_lps
+        )
         self.emitted = max(self.emitted, safe)
         self.unsent_ids, self.unsent_lps = [], []
         return chunk
@@ -242,12 +270,17 @@ class _Stream:
     def complete(self) -> api_pb2.GenerateComplete:
         lp = self.req.logprobs
         return api_pb2.GenerateComplete(
-            text=self.text, output_ids=self.ids, finish_reason=self.finish,
-            matched_stop=self.matched_stop, prompt_tokens=self.prompt_len,
-            completion_tokens=len(self.ids), cached_tokens=self.cached,
-            output_logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            text=self.text,
+            output_ids=self.ids,
+            finish_reason=self.finish,
+            matched_stop=self.matched_stop,
+            prompt_tokens=self.prompt_len,
+            completion_tokens=len(self.ids),
+            cached_tokens=self.cached,
+            output_logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
             # position 0 has no logprob (nothing precedes it), so scores start at max(p, 1)
-            prompt_logprobs_from=max(lp.prompt_logprobs_from, 1) if lp.HasField(
-                "prompt_logprobs_from") else 0)
-
-
+            prompt_logprobs_from=max(lp.prompt_logprobs_from, 1)
+            if lp.HasField("prompt_logprobs_from")
+            else 0,
+        )

@@ -32,8 +32,11 @@ class Tokenization:
         self.bos_id = self.tok.bos_token_id if self.tok.bos_token_id is not None else -1
         self.chat_template = self.tok.chat_template or ""
         self.roles = self._role_info() if self.chat_template else RoleInfo()
-        cfg = json.loads((folder / "config.json").read_text()) if (
-            folder / "config.json").exists() else {}
+        cfg = (
+            json.loads((folder / "config.json").read_text())
+            if (folder / "config.json").exists()
+            else {}
+        )
         self.model_name = cfg.get("_name_or_path") or folder.name
 
     def _eos_ids(self, folder: Path) -> list[int]:
@@ -56,18 +59,23 @@ class Tokenization:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
-                   ) -> list[int]:
+    def apply_chat(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send text or input_ids")
-        text = str(self.tok.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt))
+        text = str(
+            self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
         # the template already carries any BOS it wants
         return self.encode(text, add_special_tokens=False)
 
     def _render(self, messages: list[dict[str, str]], gen: bool = False) -> str:
-        return str(self.tok.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=gen))
+        return str(
+            self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+        )
 
     def _role_info(self) -> RoleInfo:
         info = RoleInfo()

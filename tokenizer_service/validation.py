@@ -17,22 +17,32 @@ def check(cond: bool, message: str) -> None:
         raise InvalidRequest(message)
 
 
-def normalize_sampling(s: api_pb2.SamplingParams, lp: api_pb2.LogprobOptions,
-                       prompt_len: int, context_length: int, vocab_size: int,
-                       default_max_new: int, max_top_logprobs: int) -> api_pb2.SamplingParams:
+def normalize_sampling(
+    s: api_pb2.SamplingParams,
+    lp: api_pb2.LogprobOptions,
+    prompt_len: int,
+    context_length: int,
+    vocab_size: int,
+    default_max_new: int,
+    max_top_logprobs: int,
+) -> api_pb2.SamplingParams:
     """Validate and fill defaults; returns a copy the scheduler can trust."""
     out = api_pb2.SamplingParams()
     out.CopyFrom(s)
     check(prompt_len > 0, "the prompt is empty: send non-empty text, chat messages or input_ids")
-    check(prompt_len < context_length,
-          f"the prompt has {prompt_len} tokens but the context window is {context_length}: "
-          "shorten it")
+    check(
+        prompt_len < context_length,
+        f"the prompt has {prompt_len} tokens but the context window is {context_length}: "
+        "shorten it",
+    )
     room = context_length - prompt_len
     if s.HasField("max_new_tokens"):
         check(s.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {s.max_new_tokens}")
-        check(s.max_new_tokens <= room,
-              f"max_new_tokens={s.max_new_tokens} goes beyond the context window: the prompt has "
-              f"{prompt_len} tokens and the window {context_length}, so at most {room}")
+        check(
+            s.max_new_tokens <= room,
+            f"max_new_tokens={s.max_new_tokens} goes beyond the context window: the prompt has "
+            f"{prompt_len} tokens and the window {context_length}, so at most {room}",
+        )
     else:
         out.max_new_tokens = min(default_max_new, room)
     if s.HasField("temperature"):
@@ -47,24 +57,33 @@ def normalize_sampling(s: api_pb2.SamplingParams, lp: api_pb2.LogprobOptions,
         check(0 <= s.min_p <= 1, f"min_p must be in [0, 1], got {s.min_p}")
     if s.HasField("min_new_tokens"):
         check(s.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {s.min_new_tokens}")
-        check(s.min_new_tokens <= out.max_new_tokens,
-              f"min_new_tokens={s.min_new_tokens} exceeds max_new_tokens={out.max_new_tokens}")
+        check(
+            s.min_new_tokens <= out.max_new_tokens,
+            f"min_new_tokens={s.min_new_tokens} exceeds max_new_tokens={out.max_new_tokens}",
+        )
     for t in s.stop_token_ids:
         check(0 <= t < vocab_size, f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
     if not s.HasField("seed"):
         # A fixed seed per request keeps sampling reproducible across retraction/resubmission.
         out.seed = random.getrandbits(63)
     check(lp.top_logprobs >= 0, "top_logprobs must be >= 0")
-    check(lp.top_logprobs <= max_top_logprobs,
-          f"top_logprobs={lp.top_logprobs} exceeds the limit {max_top_logprobs}")
+    check(
+        lp.top_logprobs <= max_top_logprobs,
+        f"top_logprobs={lp.top_logprobs} exceeds the limit {max_top_logprobs}",
+    )
     if lp.HasField("prompt_logprobs_from"):
         p = lp.prompt_logprobs_from
-        check(0 <= p < prompt_len,
-              f"prompt_logprobs_from={p} must be within the prompt [0, {prompt_len})")
+        check(
+            0 <= p < prompt_len,
+            f"prompt_logprobs_from={p} must be within the prompt [0, {prompt_len})",
+        )
     return out
 
 
 def check_input_ids(ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
-    check(not bad, f"input_ids contain {len(bad)} ids outside the vocabulary [0, {vocab_size}), "
-          f"e.g. {bad[:3]}")
+    check(
+        not bad,
+        f"input_ids contain {len(bad)} ids outside the vocabulary [0, {vocab_size}), "
+        f"e.g. {bad[:3]}",
+    )

@@ -65,8 +65,10 @@ def multi_dimensional_judge(c: Client, essay: str) -> Judgment | None:
         return None
 
     def judge(dim: str) -> str:
-        question = ("Evaluate the essay's " + dim + " in one sentence. "
-                    "End your judgment with the word 'END'")
+        question = (
+            "Evaluate the essay's " + dim + " in one sentence. "
+            "End your judgment with the word 'END'"
+        )
         branch = prompt + turn("user", question) + roles["assistant"].prefix + "Judgment:"
         return gen(branch, "END", 32)
 

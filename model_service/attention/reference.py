@@ -47,16 +47,22 @@ class ReferenceAttention:
         if len(self.decode_idx) > 1:
             lens = [self.rows[i].kv_slots.numel() for i in self.decode_idx]
             width = max(lens)
-            padded = torch.stack([
-                F.pad(self.rows[i].kv_slots, (0, width - n), value=int(self.rows[i].kv_slots[0]))
-                for i, n in zip(self.decode_idx, lens, strict=True)])
+            padded = torch.stack(
+                [
+                    F.pad(
+                        self.rows[i].kv_slots, (0, width - n), value=int(self.rows[i].kv_slots[0])
+                    )
+                    for i, n in zip(self.decode_idx, lens, strict=True)
+                ]
+            )
             self.dec_slots = padded.to(dev)
             ar = torch.arange(width, device=dev)
             self.dec_mask = ar[None, :] < torch.tensor(lens, device=dev)[:, None]  # [B, W]
             self.dec_q_rows = torch.tensor([starts[i] for i in self.decode_idx], device=dev)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         self.pool.write(layer, self.out_slots, k, v)
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         out = torch.empty_like(q)
@@ -66,8 +72,9 @@ class ReferenceAttention:
             kd = kc[self.dec_slots].transpose(1, 2)  # [B, KVH, W, D]
             vd = vc[self.dec_slots].transpose(1, 2)
             mask = self.dec_mask[:, None, None, :]
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=self.scale,
-                                                enable_gqa=True)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
             out.index_copy_(0, self.dec_q_rows, od.squeeze(2))
         for i, r in enumerate(self.rows):
             if batched and r.q_len == 1:
@@ -79,9 +86,12 @@ class ReferenceAttention:
             kv_len = r.kv_slots.numel()
             prefix = kv_len - r.q_len
             # query j (absolute prefix + j) sees keys 0..prefix + j
-            mask = (torch.arange(kv_len, device=q.device)[None, :]
-                    <= prefix + torch.arange(r.q_len, device=q.device)[:, None])
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale,
-                                                enable_gqa=True)
+            mask = (
+                torch.arange(kv_len, device=q.device)[None, :]
+                <= prefix + torch.arange(r.q_len, device=q.device)[:, None]
+            )
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
             out[s : s + r.q_len] = oi.transpose(0, 1)
         return out

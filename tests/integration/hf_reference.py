@@ -26,10 +26,16 @@ class HFReference:
 
     @torch.inference_mode()
     def greedy(self, ids: Sequence[int], n: int) -> Reference:
-        out = self.model.generate(torch.tensor([list(ids)]), max_new_tokens=n, do_sample=False,
-                                  output_logits=True, return_dict_in_generate=True,
-                                  eos_token_id=None, pad_token_id=0)
-        toks = out.sequences[0, len(ids):].tolist()
+        out = self.model.generate(
+            torch.tensor([list(ids)]),
+            max_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        toks = out.sequences[0, len(ids) :].tolist()
         logits = [lg[0].float() for lg in out.logits]
         margins = [float(t.topk(2).values[0] - t.topk(2).values[1]) for t in logits]
         return Reference(toks, margins, logits)
@@ -41,8 +47,12 @@ class HFReference:
         return [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))]
 
 
-def agree(ours: Sequence[int], ref: Reference, ours_logprobs: Sequence[float] | None = None,
-          eos: Sequence[int] = ()) -> tuple[bool, str]:
+def agree(
+    ours: Sequence[int],
+    ref: Reference,
+    ours_logprobs: Sequence[float] | None = None,
+    eos: Sequence[int] = (),
+) -> tuple[bool, str]:
     """DESIGN.md section 3: sequences agree up to their first difference; a difference is
     accepted only where the reference's top-2 margin is below 10x the largest logit difference
     seen at earlier positions (floor 1e-3 in fp32). With `ours_logprobs` the earlier difference
@@ -57,8 +67,9 @@ def agree(ours: Sequence[int], ref: Reference, ours_logprobs: Sequence[float] | 
             tol = 10 * max(worst, 1e-3)
             if ref.margins[i] < tol:
                 return True, f"accepted tie at {i} (margin {ref.margins[i]:.2e})"
-            return False, (f"differ at {i}: ours {ours[i]} vs ref {ref.tokens[i]}, "
-                           f"margin {ref.margins[i]:.3f}")
+            return False, (
+                f"differ at {i}: ours {ours[i]} vs ref {ref.tokens[i]}, margin {ref.margins[i]:.3f}"
+            )
         if ours_logprobs is not None:
             ref_lp = float(torch.log_softmax(ref.logits[i], -1)[ref.tokens[i]])
             worst = max(worst, abs(ours_logprobs[i] - ref_lp))

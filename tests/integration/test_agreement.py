@@ -43,9 +43,17 @@ def any_stack(request: pytest.FixtureRequest) -> Stack:
 
 def test_greedy_agrees_with_hf(any_stack: Stack, references: dict) -> None:
     with Client(any_stack.endpoint) as c, ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futs = {p: pool.submit(c.generate, input_ids=references[p][0], max_new_tokens=N,
-                               temperature=0, ignore_eos=True, return_logprob=True)
-                for p in PROMPTS}
+        futs = {
+            p: pool.submit(
+                c.generate,
+                input_ids=references[p][0],
+                max_new_tokens=N,
+                temperature=0,
+                ignore_eos=True,
+                return_logprob=True,
+            )
+            for p in PROMPTS
+        }
         for p, fut in futs.items():
             res = fut.result()
             ref = references[p][1]
@@ -67,7 +75,10 @@ def test_prompt_logprobs_match_hf(any_stack: Stack, hf: HFReference, references:
 
 def test_chat_capital_of_france(stack: Stack) -> None:
     with Client(stack.endpoint) as c:
-        res = c.generate(messages=[{"role": "user", "content": "What is the capital of France?"}],
-                         max_new_tokens=24, temperature=0)
+        res = c.generate(
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_new_tokens=24,
+            temperature=0,
+        )
     assert "Paris" in res.text
     assert res.finish_reason in ("stop", "length")

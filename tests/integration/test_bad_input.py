@@ -32,8 +32,13 @@ BAD = [
 def test_bad_requests_rejected_while_others_run(stack: Stack) -> None:
     with Client(stack.endpoint) as c:
         result: list[GenerateResult] = []
-        t = threading.Thread(target=lambda: result.append(c.generate(
-            "Count from one to ten:", max_new_tokens=24, temperature=0, ignore_eos=True)))
+        t = threading.Thread(
+            target=lambda: result.append(
+                c.generate(
+                    "Count from one to ten:", max_new_tokens=24, temperature=0, ignore_eos=True
+                )
+            )
+        )
         t.start()
         for kw, needle in BAD:
             with pytest.raises(RadixMeshError) as err:
@@ -48,8 +53,7 @@ def test_max_new_tokens_zero_only_prefills(stack: Stack) -> None:
     with Client(stack.endpoint) as c:
         res = c.generate("A prefix to cache for later.", max_new_tokens=0)
         assert res.completion_tokens == 0 and res.finish_reason == "length"
-        again = c.generate("A prefix to cache for later. And more", max_new_tokens=1,
-                           temperature=0)
+        again = c.generate("A prefix to cache for later. And more", max_new_tokens=1, temperature=0)
         assert again.cached_tokens > 0
 
 
@@ -58,16 +62,24 @@ def _wait_idle(c: Client, timeout: float = 10.0) -> object:
     deadline = time.monotonic() + timeout
     while True:
         s = c.stats()
-        if (s.running_requests == 0 and s.kv_request_owned == 0 and s.queue_length == 0
-                and s.kv_locked == 0) or time.monotonic() > deadline:
+        if (
+            s.running_requests == 0
+            and s.kv_request_owned == 0
+            and s.queue_length == 0
+            and s.kv_locked == 0
+        ) or time.monotonic() > deadline:
             return s
         time.sleep(0.05)
 
 
 def test_disconnect_mid_stream_frees_slots(stack: Stack) -> None:
     with Client(stack.endpoint) as c:
-        it = c.stream("Tell me a very long story about dragons.", max_new_tokens=400,
-                      ignore_eos=True, temperature=0)
+        it = c.stream(
+            "Tell me a very long story about dragons.",
+            max_new_tokens=400,
+            ignore_eos=True,
+            temperature=0,
+        )
         first = next(it)
         assert not isinstance(first, GenerateResult)
         busy = c.stats()
@@ -90,8 +102,9 @@ def test_deadline_frees_slots(stack: Stack) -> None:
 
 def test_abort_rpc(stack: Stack) -> None:
     with Client(stack.endpoint) as c:
-        it = c.stream("Describe the sea.", max_new_tokens=400, ignore_eos=True,
-                      request_id="abort-me")
+        it = c.stream(
+            "Describe the sea.", max_new_tokens=400, ignore_eos=True, request_id="abort-me"
+        )
         next(it)
         assert c.abort("abort-me")
         final = [x for x in it if isinstance(x, GenerateResult)][0]
@@ -100,7 +113,11 @@ def test_abort_rpc(stack: Stack) -> None:
 
 
 def test_nonexistent_model_path_fails_cleanly() -> None:
-    proc = subprocess.run([sys.executable, "-m", "model_service", "--model", "/no/such/model"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_service", "--model", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr

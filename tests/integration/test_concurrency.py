@@ -12,18 +12,38 @@ from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ["the ocean", "a robot", "mountains", "coffee", "winter", "a library", "jazz",
-          "volcanoes", "bicycles", "the moon", "bread", "rivers", "chess", "owls", "trains",
-          "gardens"]
+TOPICS = [
+    "the ocean",
+    "a robot",
+    "mountains",
+    "coffee",
+    "winter",
+    "a library",
+    "jazz",
+    "volcanoes",
+    "bicycles",
+    "the moon",
+    "bread",
+    "rivers",
+    "chess",
+    "owls",
+    "trains",
+    "gardens",
+]
 
 
 def _requests() -> list[dict]:
     out = []
     for i, topic in enumerate(TOPICS):
         prompt = f"Write a short note about {topic}." + " Please be specific." * (i % 4)
-        out.append({"messages": [{"role": "user", "content": prompt}],
-                    "max_new_tokens": 4 + (i * 7) % 29, "temperature": 0,
-                    "return_logprob": True})
+        out.append(
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_new_tokens": 4 + (i * 7) % 29,
+                "temperature": 0,
+                "return_logprob": True,
+            }
+        )
     return out
 
 
@@ -32,8 +52,13 @@ def _same(a: GenerateResult, b: GenerateResult) -> None:
     that is only allowed where the two runs' chosen-token logprobs already diverge."""
     for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids, strict=False)):
         if x != y:
-            worst = max((abs(p.logprob - q.logprob) for p, q in zip(
-                a.output_logprobs[:i], b.output_logprobs[:i], strict=True)), default=0.0)
+            worst = max(
+                (
+                    abs(p.logprob - q.logprob)
+                    for p, q in zip(a.output_logprobs[:i], b.output_logprobs[:i], strict=True)
+                ),
+                default=0.0,
+            )
             pytest.fail(f"diverged at {i} ({x} vs {y}); earlier logprob diff {worst:.2e}")
     assert len(a.output_ids) == len(b.output_ids)
     assert a.finish_reason == b.finish_reason
@@ -62,8 +87,14 @@ def test_sixteen_concurrent_streams_match_solo(stack: Stack) -> None:
 
 
 def test_seeded_sample_same_alone_and_batched(stack: Stack) -> None:
-    kw = {"prompt": "My favourite animal is", "max_new_tokens": 16, "temperature": 0.9,
-          "top_p": 0.95, "seed": 1234, "ignore_eos": True}
+    kw = {
+        "prompt": "My favourite animal is",
+        "max_new_tokens": 16,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     with Client(stack.endpoint) as c:
         alone = c.generate(**kw)
         others = [dict(kw, seed=s, prompt=f"Story {s}:") for s in range(6)]

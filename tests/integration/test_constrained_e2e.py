@@ -22,7 +22,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +54,8 @@ MAX_CUT = 0.10
 def gstack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path,
            checker_build: Future[Checker]) -> Iterator[Stack]:
     """The stack's readiness does not cover the scheduler's grammar link: wait for it too."""
-    gen = start_stack(tmp_path_factory.mktemp("constrained"), ["--kv-tokens", "16384"],
-                      ["--debug-invariants"])
+    gen: Generator[Stack, None, None] = start_stack(  # type: ignore[assignment]
+        tmp_path_factory.mktemp("constrained"), ["--kv-tokens", "16384"], ["--debug-invariants"])
     stack = next(gen)
     try:
         with Client(stack.endpoint, timeout=TIMEOUT) as c:

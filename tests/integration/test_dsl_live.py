@@ -65,19 +65,27 @@ def multi_dimensional_judge(s: rm.ProgramState, essay: str) -> None:
         return
     forks = s.fork(len(DIMENSIONS))
     for f, dim in zip(forks, DIMENSIONS, strict=True):
-        f += rm.user("Evaluate the essay's " + dim + " in one sentence. "
-                     "End your judgment with the word 'END'")
+        f += rm.user(
+            "Evaluate the essay's " + dim + " in one sentence. "
+            "End your judgment with the word 'END'"
+        )
         f += rm.assistant("Judgment:" + rm.gen("judgment", max_tokens=32, stop="END"))
     forks.join("gather")
     judgment = "\n".join(s["judgment"])
     s += rm.user("Provide the judgment, summary, and a letter grade")
-    s += rm.assistant(judgment + "\nIn summary," + rm.gen("summary", max_tokens=32, stop=".")
-                      + ". The grade of it is" + rm.select("grade", GRADES))
+    s += rm.assistant(
+        judgment
+        + "\nIn summary,"
+        + rm.gen("summary", max_tokens=32, stop=".")
+        + ". The grade of it is"
+        + rm.select("grade", GRADES)
+    )
 
 
 def test_figure2_essay_judge(backend: rm.GrpcBackend, api: Client) -> None:
-    state = multi_dimensional_judge.run(essay=figure2_plain.ESSAY, backend=backend,
-                                        temperature=0).wait()
+    state = multi_dimensional_judge.run(
+        essay=figure2_plain.ESSAY, backend=backend, temperature=0
+    ).wait()
     assert state["related"] == "yes"
     judgments = state["judgment"]
     assert isinstance(judgments, list) and len(judgments) == len(DIMENSIONS)
@@ -105,7 +113,11 @@ def test_figure2_essay_judge(backend: rm.GrpcBackend, api: Client) -> None:
     plain = figure2_plain.multi_dimensional_judge(api, figure2_plain.ESSAY)
     assert plain is not None
     assert (plain.related, plain.judgments, plain.summary, plain.grade) == (
-        state["related"], judgments, state["summary"], state["grade"])
+        state["related"],
+        judgments,
+        state["summary"],
+        state["grade"],
+    )
     assert plain.text == text
 
 
@@ -141,8 +153,7 @@ def test_few_shot_qa_batch(backend: rm.GrpcBackend) -> None:
         "What is the opposite of hot?": "Cold",
         "What is the largest planet?": "Jupiter",
     }
-    states = few_shot_qa.run_batch([{"question": q} for q in cases], backend=backend,
-                                   temperature=0)
+    states = few_shot_qa.run_batch([{"question": q} for q in cases], backend=backend, temperature=0)
     assert [s["answer"].strip() for s in states] == list(cases.values())
     # The traced constant prefix (instructions + shots) was warmed once before the batch, so
     # every program reuses at least all of it but the boundary token.
@@ -163,20 +174,21 @@ def tree_of_thought(s: rm.ProgramState, question: str) -> None:
     ideas = s.fork(3)
     for i, idea in enumerate(ideas):
         # Seeded sampling so that the three ideas differ but the test is deterministic.
-        idea += rm.assistant(rm.gen("idea", max_tokens=16, stop="\n", temperature=0.8,
-                                    seed=i + 1))
+        idea += rm.assistant(rm.gen("idea", max_tokens=16, stop="\n", temperature=0.8, seed=i + 1))
         idea += rm.user("Give one concrete step to carry out this idea.")
         steps = idea.fork(3)
         for j, step in enumerate(steps):
-            step += rm.assistant(rm.gen("step", max_tokens=16, stop="\n", temperature=0.8,
-                                        seed=10 * i + j))
+            step += rm.assistant(
+                rm.gen("step", max_tokens=16, stop="\n", temperature=0.8, seed=10 * i + j)
+            )
         steps.join("gather")
     ideas.join("gather")
 
 
 def test_tree_of_thought(backend: rm.GrpcBackend) -> None:
-    state = tree_of_thought.run(question="How can a small town reduce traffic jams?",
-                                backend=backend).wait()
+    state = tree_of_thought.run(
+        question="How can a small town reduce traffic jams?", backend=backend
+    ).wait()
     ideas, steps = state["idea"], state["step"]
     assert len(ideas) == 3 and all(i.strip() for i in ideas), ideas
     assert len(set(ideas)) > 1  # different seeds, different branches
@@ -228,8 +240,9 @@ def test_skeleton_of_thought(sot_interpreted: rm.ProgramState) -> None:
     assert all(r.cached_tokens > 0 for r in gens[3:])  # the branches share the skeleton
 
 
-def test_graph_executor_matches_interpreter(backend: rm.GrpcBackend,
-                                            sot_interpreted: rm.ProgramState) -> None:
+def test_graph_executor_matches_interpreter(
+    backend: rm.GrpcBackend, sot_interpreted: rm.ProgramState
+) -> None:
     graph = skeleton_of_thought.trace()
     assert graph.arguments == ("question",)
     assert graph.num_streams == 4
@@ -241,8 +254,7 @@ def test_graph_executor_matches_interpreter(backend: rm.GrpcBackend,
     # Each branch reads its point from the root stream: an inter-stream edge per branch.
     edges = graph.dependencies()
     for i in range(3):
-        assert any(src == gens[f"point_{i}"] and graph.nodes[dst].stream != 0
-                   for src, dst in edges)
+        assert any(src == gens[f"point_{i}"] and graph.nodes[dst].stream != 0 for src, dst in edges)
     compiled = graph.run(question=SOT_QUESTION, backend=backend, temperature=0).wait()
     assert compiled.text() == sot_interpreted.text()
     for i in range(3):
@@ -261,8 +273,7 @@ def chat(s: rm.ProgramState, turns: list[str]) -> None:
 
 
 def test_four_turn_chat_matches_chat_template(backend: rm.GrpcBackend, api: Client) -> None:
-    turns = ["Hi! What is 2+2?", "What is the capital of France?", "Name a color.",
-             "Thanks, bye!"]
+    turns = ["Hi! What is 2+2?", "What is the capital of France?", "Name a color.", "Thanks, bye!"]
     state = chat.run(turns=turns, backend=backend, temperature=0)
     messages = state.messages()
     assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * 4
@@ -284,8 +295,9 @@ def test_four_turn_chat_matches_chat_template(backend: rm.GrpcBackend, api: Clie
     assert isinstance(last, rm.Completion) and last.prompt_tokens == len(template_ids)
     assert last.cached_tokens > 0  # each turn extends the previous turn's prompt
     # ... and the whole conversation renders like the template too.
-    assert api.tokenize(text + info.generation_prefix, add_special_tokens=True) == \
-        api.tokenize(messages=messages)
+    assert api.tokenize(text + info.generation_prefix, add_special_tokens=True) == api.tokenize(
+        messages=messages
+    )
 
 
 @rm.function
@@ -294,13 +306,13 @@ def chat_without_system(s: rm.ProgramState) -> None:
     s += rm.user("Tell me a joke.")
 
 
-def test_chat_default_system_prompt_matches_template(backend: rm.GrpcBackend,
-                                                     api: Client) -> None:
+def test_chat_default_system_prompt_matches_template(backend: rm.GrpcBackend, api: Client) -> None:
     state = chat_without_system.run(backend=backend)
     info = backend.model_info()
     assert state.text().startswith(info.roles["system"].prefix + info.default_system_prompt)
-    assert api.tokenize(state.text() + info.generation_prefix, add_special_tokens=True) == \
-        api.tokenize(messages=state.messages())
+    assert api.tokenize(
+        state.text() + info.generation_prefix, add_special_tokens=True
+    ) == api.tokenize(messages=state.messages())
 
 
 # ---- select ---------------------------------------------------------------------------------
@@ -320,15 +332,13 @@ def complete(s: rm.ProgramState, prompt: str, choices: list[str]) -> None:
 
 
 def test_select_known_answers(backend: rm.GrpcBackend) -> None:
-    states = complete.run_batch([{"prompt": p, "choices": c} for p, c, _ in KNOWN],
-                                backend=backend)
+    states = complete.run_batch([{"prompt": p, "choices": c} for p, c, _ in KNOWN], backend=backend)
     assert [s["answer"] for s in states] == [answer for _, _, answer in KNOWN]
     for s, (prompt, _, answer) in zip(states, KNOWN, strict=True):
         assert s.text() == prompt + answer
 
 
-def _select_scores(backend: rm.GrpcBackend, *, hint: bool, parallel: bool
-                   ) -> list[rm.SelectResult]:
+def _select_scores(backend: rm.GrpcBackend, *, hint: bool, parallel: bool) -> list[rm.SelectResult]:
     rm.global_config.enable_fork_hint = hint
     rm.global_config.enable_parallelism = parallel
     results = []
@@ -444,8 +454,9 @@ def extract_person(s: rm.ProgramState, text: str) -> None:
 
 
 def test_regex_constrained_extraction(backend: rm.GrpcBackend) -> None:
-    state = extract_person.run(text="Alice is 31 years old and lives in Paris.",
-                               backend=backend, temperature=0)
+    state = extract_person.run(
+        text="Alice is 31 years old and lives in Paris.", backend=backend, temperature=0
+    )
     out = state["json"]
     assert re.fullmatch(PERSON, out), out
     assert json.loads(out) == {"name": "Alice", "age": 31}

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def fragile(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
-    yield from start_stack(tmp_path_factory.mktemp("fragile"), ["--kv-tokens", "8192"],
-                           ["--debug-invariants"])
+    yield from start_stack(
+        tmp_path_factory.mktemp("fragile"), ["--kv-tokens", "8192"], ["--debug-invariants"]
+    )
 
 
 def _ready(addr: str, service: str = "readiness") -> bool:
@@ -41,8 +42,10 @@ def _until(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 def _long_requests(c: Client, n: int = 3) -> list:
     pool = ThreadPoolExecutor(n)
-    futs = [pool.submit(c.generate, f"Story number {i}:", max_new_tokens=500, ignore_eos=True)
-            for i in range(n)]
+    futs = [
+        pool.submit(c.generate, f"Story number {i}:", max_new_tokens=500, ignore_eos=True)
+        for i in range(n)
+    ]
     assert _until(lambda: c.stats().running_requests >= n, 30)
     return futs
 

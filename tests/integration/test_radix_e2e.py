@@ -45,10 +45,14 @@ pytestmark = pytest.mark.integration
 TREE_KV, OFF_KV, TIGHT_KV = 4096, 1024, 600
 STACKS = {
     "tree": (["--kv-tokens", str(TREE_KV)], ["--radix", "tree", "--debug-invariants"]),
-    "off": (["--kv-tokens", str(OFF_KV)],
-            ["--radix", "off", "--max-queue", "2", "--max-running", "1"]),
-    "tight": (["--kv-tokens", str(TIGHT_KV)],
-              ["--radix", "tree", "--debug-invariants", "--new-token-ratio", "0.1"]),
+    "off": (
+        ["--kv-tokens", str(OFF_KV)],
+        ["--radix", "off", "--max-queue", "2", "--max-running", "1"],
+    ),
+    "tight": (
+        ["--kv-tokens", str(TIGHT_KV)],
+        ["--radix", "tree", "--debug-invariants", "--new-token-ratio", "0.1"],
+    ),
 }
 TIMEOUT = 120.0  # per request: a hang fails the test instead of the whole run
 
@@ -81,8 +85,10 @@ class _HeldStack(threading.Thread):
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[dict[str, Stack]]:
-    held = {name: _HeldStack(tmp_path_factory.mktemp(f"radix-{name}"), m, s)
-            for name, (m, s) in STACKS.items()}
+    held = {
+        name: _HeldStack(tmp_path_factory.mktemp(f"radix-{name}"), m, s)
+        for name, (m, s) in STACKS.items()
+    }
     for h in held.values():
         h.start()
     try:
@@ -134,8 +140,9 @@ def ledger() -> Ledger:
 
 
 def greedy(c: Client, ids: list[int], n: int) -> GenerateResult:
-    r = c.generate(input_ids=ids, max_new_tokens=n, temperature=0, ignore_eos=True,
-                   return_logprob=True)
+    r = c.generate(
+        input_ids=ids, max_new_tokens=n, temperature=0, ignore_eos=True, return_logprob=True
+    )
     assert r.completion_tokens == n and r.finish_reason == "length"
     return r
 
@@ -146,10 +153,17 @@ def agree(a: GenerateResult, b: GenerateResult, what: str = "") -> None:
     assert len(a.output_ids) == len(b.output_ids), what
     for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids, strict=True)):
         if x != y:
-            worst = max((abs(p.logprob - q.logprob) for p, q in zip(
-                a.output_logprobs[:i], b.output_logprobs[:i], strict=True)), default=0.0)
-            assert worst > 1e-4, (f"{what}: tokens differ at {i} ({x} vs {y}) although earlier "
-                                  f"logprobs agree within {worst:.1e}")
+            worst = max(
+                (
+                    abs(p.logprob - q.logprob)
+                    for p, q in zip(a.output_logprobs[:i], b.output_logprobs[:i], strict=True)
+                ),
+                default=0.0,
+            )
+            assert worst > 1e-4, (
+                f"{what}: tokens differ at {i} ({x} vs {y}) although earlier "
+                f"logprobs agree within {worst:.1e}"
+            )
             return
 
 
@@ -158,11 +172,14 @@ def tokenize(c: Client, text: str) -> list[int]:
 
 
 # -- 1. caching does not change outputs ---------------------------------------------------------
-def test_cache_hits_give_the_same_tokens_as_no_cache(stacks: dict[str, Stack],
-                                                    ledger: Ledger) -> None:
+def test_cache_hits_give_the_same_tokens_as_no_cache(
+    stacks: dict[str, Stack], ledger: Ledger
+) -> None:
     n = 10
-    with Client(stacks["tree"].endpoint, timeout=TIMEOUT) as c, \
-            Client(stacks["off"].endpoint, timeout=TIMEOUT) as off:
+    with (
+        Client(stacks["tree"].endpoint, timeout=TIMEOUT) as c,
+        Client(stacks["off"].endpoint, timeout=TIMEOUT) as off,
+    ):
         prefix = tokenize(c, few_shot_prefix("world geography", GEOGRAPHY_SHOTS))
         qs = [tokenize(c, f"Question: {q}\nAnswer:") for q in GEOGRAPHY_QUESTIONS[:6]]
         prompts = [prefix + q for q in qs]
@@ -197,12 +214,12 @@ def test_cache_hits_give_the_same_tokens_as_no_cache(stacks: dict[str, Stack],
 
 
 # -- 2. the hit rate, counted independently -----------------------------------------------------
-def test_few_shot_hit_rate_matches_an_independent_count(stacks: dict[str, Stack],
-                                                        ledger: Ledger) -> None:
+def test_few_shot_hit_rate_matches_an_independent_count(
+    stacks: dict[str, Stack], ledger: Ledger
+) -> None:
     with Client(stacks["tree"].endpoint, timeout=TIMEOUT) as c:
         prefix = tokenize(c, few_shot_prefix("basic chemistry", CHEMISTRY_SHOTS))
-        prompts = [prefix + tokenize(c, f"Question: {q}\nAnswer:")
-                   for q in CHEMISTRY_QUESTIONS[:6]]
+        prompts = [prefix + tokenize(c, f"Question: {q}\nAnswer:") for q in CHEMISTRY_QUESTIONS[:6]]
         prompts.append(prompts[2])  # a repeat: capped at len - 1
         prompts.append(prefix[:40])  # a strict prefix of cached text: capped at len - 1
         before = c.stats()
@@ -223,8 +240,9 @@ def test_few_shot_hit_rate_matches_an_independent_count(stacks: dict[str, Stack]
     # Since start: every request this stack ever served went through the ledger.
     assert after.prompt_tokens == ledger.prompt_tokens
     assert after.cached_prompt_tokens == ledger.cached_tokens
-    assert after.cache_hit_rate == pytest.approx(ledger.cached_tokens / ledger.prompt_tokens,
-                                                 rel=1e-12)
+    assert after.cache_hit_rate == pytest.approx(
+        ledger.cached_tokens / ledger.prompt_tokens, rel=1e-12
+    )
 
 
 # -- 3. admission errors -------------------------------------------------------------------------
@@ -260,8 +278,7 @@ def test_full_queue_answers_resource_exhausted(stacks: dict[str, Stack]) -> None
 
         def one(ids: list[int]) -> GenerateResult | RadixMeshError:
             try:
-                return c.generate(input_ids=ids, max_new_tokens=8, temperature=0,
-                                  ignore_eos=True)
+                return c.generate(input_ids=ids, max_new_tokens=8, temperature=0, ignore_eos=True)
             except RadixMeshError as exc:
                 return exc
 
@@ -284,9 +301,10 @@ def _pressure_workload(c: Client) -> list[tuple[list[int], int]]:
     8-16 output tokens. Shared heads keep each request's own KV small, so admission packs many
     requests into the pool, and their decodes then outgrow it."""
     roots = [tokenize(c, f"Problem: {p}\n") for p in TOT_PROBLEMS]
-    mids = [tokenize(c, f"{a}\n") for a in TOT_APPROACHES] + \
-        [tokenize(c, "Let us think about the units first, and write each one down.\n"),
-         tokenize(c, "Draw a small table of the numbers before computing anything.\n")]
+    mids = [tokenize(c, f"{a}\n") for a in TOT_APPROACHES] + [
+        tokenize(c, "Let us think about the units first, and write each one down.\n"),
+        tokenize(c, "Draw a small table of the numbers before computing anything.\n"),
+    ]
     out = []
     for i in range(24):
         head = roots[i % 3] + mids[(i // 3) % 6] + roots[(i + 1) % 3]
@@ -300,8 +318,10 @@ def _pressure_workload(c: Client) -> list[tuple[list[int], int]]:
 
 def test_eviction_and_retraction_under_pressure(stacks: dict[str, Stack]) -> None:
     tight = stacks["tight"]
-    with Client(tight.endpoint, timeout=TIMEOUT) as c, \
-            Client(stacks["off"].endpoint, timeout=TIMEOUT) as off:
+    with (
+        Client(tight.endpoint, timeout=TIMEOUT) as c,
+        Client(stacks["off"].endpoint, timeout=TIMEOUT) as off,
+    ):
         work = _pressure_workload(c)
         assert min(len(p) for p, _ in work) >= 40 and max(len(p) for p, _ in work) <= 150
         before = c.stats()
@@ -312,10 +332,13 @@ def test_eviction_and_retraction_under_pressure(stacks: dict[str, Stack]) -> Non
             s = c.stats()
             solo = solo_f.result()
     hit = (s.cached_prompt_tokens - before.cached_prompt_tokens) / (
-        s.prompt_tokens - before.prompt_tokens)
-    print(f"\npressure: evicted {s.evicted_tokens - before.evicted_tokens} tokens, "
-          f"{s.retractions - before.retractions} retractions, hit rate {hit:.3f}, "
-          f"{s.steps - before.steps} steps")
+        s.prompt_tokens - before.prompt_tokens
+    )
+    print(
+        f"\npressure: evicted {s.evicted_tokens - before.evicted_tokens} tokens, "
+        f"{s.retractions - before.retractions} retractions, hit rate {hit:.3f}, "
+        f"{s.steps - before.steps} steps"
+    )
     for i, (a, b) in enumerate(zip(got, solo, strict=True)):
         agree(a, b, f"request {i} under pressure vs solo on a roomy stack")
     assert s.evicted_tokens - before.evicted_tokens > 0

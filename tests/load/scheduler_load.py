@@ -96,8 +96,7 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
     """Answers steps at once. ``verify``: keep a hash per KV slot and check the scheduler's use
     of slots (see the module docstring); otherwise no per-request state at all."""
 
-    def __init__(self, capacity: int, context_length: int = 1 << 20, verify: bool = False
-                 ) -> None:
+    def __init__(self, capacity: int, context_length: int = 1 << 20, verify: bool = False) -> None:
         self.capacity = capacity
         self.context_length = context_length
         self.verify = verify
@@ -108,16 +107,26 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
 
     def info(self) -> model_pb2.WorkerInfo:
         return model_pb2.WorkerInfo(
-            model_name="fake", kv_capacity=self.capacity, vocab_size=VOCAB,
-            context_length=self.context_length, eos_token_ids=[EOS], device="none",
-            dtype="none", attention_backend="none")
+            model_name="fake",
+            kv_capacity=self.capacity,
+            vocab_size=VOCAB,
+            context_length=self.context_length,
+            eos_token_ids=[EOS],
+            device="none",
+            dtype="none",
+            attention_backend="none",
+        )
 
-    async def GetWorkerInfo(self, request: model_pb2.WorkerInfoRequest,
-                            context: grpc.aio.ServicerContext) -> model_pb2.WorkerInfo:
+    async def GetWorkerInfo(
+        self, request: model_pb2.WorkerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> model_pb2.WorkerInfo:
         return self.info()
 
-    async def Steps(self, request_iterator: AsyncIterator[model_pb2.StepRequest],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[model_pb2.StepReply]:
+    async def Steps(
+        self,
+        request_iterator: AsyncIterator[model_pb2.StepRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[model_pb2.StepReply]:
         it = aiter(request_iterator)
         first = await anext(it, None)
         if first is None or first.WhichOneof("kind") != "open":
@@ -125,8 +134,9 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
             return
         self.seqs.clear()
         self.pool.clear()
-        yield model_pb2.StepReply(opened=model_pb2.SessionOpened(
-            session_id=first.open.session_id, info=self.info()))
+        yield model_pb2.StepReply(
+            opened=model_pb2.SessionOpened(session_id=first.open.session_id, info=self.info())
+        )
         async for msg in it:
             if msg.WhichOneof("kind") == "step":
                 self.steps += 1
@@ -144,8 +154,9 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
         head += [e.handle for e in step.extends if e.sample]
         handles = pack_i32(head) + step.decode_handles if head else step.decode_handles
         n = len(handles) // 4
-        return model_pb2.StepResult(step_id=step.step_id, handles=handles,
-                                    tokens=_TOKEN * n, logprobs=_ZERO * n)
+        return model_pb2.StepResult(
+            step_id=step.step_id, handles=handles, tokens=_TOKEN * n, logprobs=_ZERO * n
+        )
 
     # -- verifying path --------------------------------------------------------------------
     def _write(self, seq: _Seq, tokens: list[int], slots: list[int]) -> None:
@@ -165,8 +176,10 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
         pool = self.pool
         for i, (s, h) in enumerate(zip(seq.slots, seq.hashes, strict=True)):
             if pool.get(s, (None,))[0] != h:
-                raise StepViolation(f"handle {handle}: KV of position {i} (slot {s}) was "
-                                    "overwritten while the request uses it")
+                raise StepViolation(
+                    f"handle {handle}: KV of position {i} (slot {s}) was "
+                    "overwritten while the request uses it"
+                )
         if len(set(seq.slots)) != len(seq.slots):
             raise StepViolation(f"handle {handle}: a slot appears twice in one sequence")
 
@@ -192,8 +205,10 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
             for i, s in enumerate(prefix):
                 entry = self.pool.get(s)
                 if entry is None or entry[1] != parent:
-                    raise StepViolation(f"admit {a.handle}: prefix slot {s} (position {i}) does "
-                                        "not continue the chain: stale or foreign KV reused")
+                    raise StepViolation(
+                        f"admit {a.handle}: prefix slot {s} (position {i}) does "
+                        "not continue the chain: stale or foreign KV reused"
+                    )
                 seq.slots.append(s)
                 seq.hashes.append(entry[0])
                 parent = entry[0]
@@ -232,8 +247,12 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
             raise StepViolation("two writes to one slot in one step")
         for h, seq in touched:
             self._check_whole(h, seq)
-        return model_pb2.StepResult(step_id=step.step_id, handles=pack_i32(rows),
-                                    tokens=pack_i32(toks), logprobs=_ZERO * len(rows))
+        return model_pb2.StepResult(
+            step_id=step.step_id,
+            handles=pack_i32(rows),
+            tokens=pack_i32(toks),
+            logprobs=_ZERO * len(rows),
+        )
 
 
 _TOKEN = pack_i32([1234])
@@ -241,8 +260,12 @@ _ZERO = b"\x00\x00\x00\x00"
 
 
 async def start_fake_model(model: FakeModel) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
+    )
     model_pb2_grpc.add_ModelWorkerServicer_to_server(model, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -265,8 +288,9 @@ class FrontDoor:
     """One Scheduler.Session stream: submit requests, collect their deltas."""
 
     def __init__(self, address: str) -> None:
-        self.chan = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 64 << 20)])
+        self.chan = grpc.aio.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.chan)
         self.out: asyncio.Queue[scheduler_pb2.FrontendMessage | None] = asyncio.Queue()
         self.reqs: dict[str, Tracked] = {}
@@ -276,8 +300,9 @@ class FrontDoor:
 
     async def open(self) -> None:
         async def outgoing() -> AsyncIterator[scheduler_pb2.FrontendMessage]:
-            yield scheduler_pb2.FrontendMessage(hello=scheduler_pb2.FrontendHello(
-                session_id="load"))
+            yield scheduler_pb2.FrontendMessage(
+                hello=scheduler_pb2.FrontendHello(session_id="load")
+            )
             while (m := await self.out.get()) is not None:
                 yield m
 
@@ -307,13 +332,17 @@ class FrontDoor:
     def submit(self, rid: str, prompt: list[int], max_new: int) -> Tracked:
         t = self.reqs[rid] = Tracked(prompt, max_new)
         s = api_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new, ignore_eos=True)
-        self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=scheduler_pb2.SubmitRequest(
-            rid=rid, input_ids=prompt, sampling=s)))
+        self.out.put_nowait(
+            scheduler_pb2.FrontendMessage(
+                submit=scheduler_pb2.SubmitRequest(rid=rid, input_ids=prompt, sampling=s)
+            )
+        )
         return t
 
     def abort(self, rid: str) -> None:
-        self.out.put_nowait(scheduler_pb2.FrontendMessage(
-            abort=scheduler_pb2.AbortRequestInternal(rid=rid)))
+        self.out.put_nowait(
+            scheduler_pb2.FrontendMessage(abort=scheduler_pb2.AbortRequestInternal(rid=rid))
+        )
 
     async def stats(self) -> api_pb2.Stats:
         return await self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=10)
@@ -337,11 +366,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.asynccontextmanager
-async def scheduler_process(model_port: int, args: list[str], log_dir: Path
-                            ) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
+async def scheduler_process(
+    model_port: int, args: list[str], log_dir: Path
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "scheduler_service", "--port", str(port),
-           f"--model-address=127.0.0.1:{model_port}", "--log-level", "warning", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scheduler_service",
+        "--port",
+        str(port),
+        f"--model-address=127.0.0.1:{model_port}",
+        "--log-level",
+        "warning",
+        *args,
+    ]
     log = (log_dir / f"scheduler-{port}.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     try:
@@ -385,9 +424,25 @@ def py_spy_top(pid: int, seconds: float, out_dir: Path, n: int = 10) -> list[dic
     if exe is None:
         return "py-spy not installed (pip install py-spy)"
     raw = out_dir / f"pyspy-{pid}.txt"
-    r = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200",
-                        "-f", "raw", "-o", str(raw), "--nonblocking"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--nonblocking",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 or not raw.exists():
         return f"py-spy failed: {r.stderr.strip()[-300:]}"
     self_t: Counter[str] = Counter()
@@ -404,20 +459,31 @@ def py_spy_top(pid: int, seconds: float, out_dir: Path, n: int = 10) -> list[dic
         self_t[frames[-1]] += c
         for f in set(frames):
             total_t[f] += c
-    return [{"function": f, "self_pct": round(100 * c / samples, 1),
-             "total_pct": round(100 * total_t[f] / samples, 1)}
-            for f, c in self_t.most_common(n)]
+    return [
+        {
+            "function": f,
+            "self_pct": round(100 * c / samples, 1),
+            "total_pct": round(100 * total_t[f] / samples, 1),
+        }
+        for f, c in self_t.most_common(n)
+    ]
 
 
-async def load_one(running: int, waiting: int, prompt_len: int, seconds: float,
-                   profile: bool, log_dir: Path, extra_args: list[str]) -> dict:
+async def load_one(
+    running: int,
+    waiting: int,
+    prompt_len: int,
+    seconds: float,
+    profile: bool,
+    log_dir: Path,
+    extra_args: list[str],
+) -> dict:
     cap = 1 << 21
     model = FakeModel(cap)
     server, mport = await start_fake_model(model)
     max_new = 100_000
     rng = random.Random(running)
-    args = ["--max-running", str(running), "--max-queue", str(running + waiting + 16),
-            *extra_args]
+    args = ["--max-running", str(running), "--max-queue", str(running + waiting + 16), *extra_args]
     try:
         async with scheduler_process(mport, args, log_dir) as (proc, port):
             fd = FrontDoor(f"127.0.0.1:{port}")
@@ -426,21 +492,34 @@ async def load_one(running: int, waiting: int, prompt_len: int, seconds: float,
                 for i in range(running + waiting):
                     prompt = [rng.randrange(100, 40000) for _ in range(prompt_len)]
                     fd.submit(f"r{i}", prompt, max_new)
-                await wait_for(lambda s: s.running_requests == running
-                                   and s.queue_length == waiting, fd, 120,
-                                   "batch never filled")
+                await wait_for(
+                    lambda s: s.running_requests == running and s.queue_length == waiting,
+                    fd,
+                    120,
+                    "batch never filled",
+                )
                 await asyncio.sleep(1.0)  # past the admission transient
-                s0, c0, m0, t0 = await fd.stats(), cpu_seconds(proc.pid), \
-                    time.process_time(), time.perf_counter()
+                s0, c0, m0, t0 = (
+                    await fd.stats(),
+                    cpu_seconds(proc.pid),
+                    time.process_time(),
+                    time.perf_counter(),
+                )
                 tok0 = fd.tokens
                 await asyncio.sleep(seconds)
-                s1, c1, m1, t1 = await fd.stats(), cpu_seconds(proc.pid), \
-                    time.process_time(), time.perf_counter()
+                s1, c1, m1, t1 = (
+                    await fd.stats(),
+                    cpu_seconds(proc.pid),
+                    time.process_time(),
+                    time.perf_counter(),
+                )
                 steps = s1.steps - s0.steps
                 wall = t1 - t0
                 out: dict[str, object] = {
-                    "running": s1.running_requests, "waiting": s1.queue_length,
-                    "window_s": round(wall, 2), "steps": steps,
+                    "running": s1.running_requests,
+                    "waiting": s1.queue_length,
+                    "window_s": round(wall, 2),
+                    "steps": steps,
                     "steps_per_s": round(steps / wall, 1),
                     "scheduler_cpu_ms_per_step": round(1e3 * (c1 - c0) / max(steps, 1), 3),
                     "scheduler_cpu_util": round((c1 - c0) / wall, 3),
@@ -448,14 +527,16 @@ async def load_one(running: int, waiting: int, prompt_len: int, seconds: float,
                     "fake_peers_cpu_ms_per_step": round(1e3 * (m1 - m0) / max(steps, 1), 3),
                     "tokens_per_s": round((fd.tokens - tok0) / wall),
                     "radix_ms_per_step": round(
-                        1e3 * (s1.radix_seconds - s0.radix_seconds) / max(steps, 1), 4),
+                        1e3 * (s1.radix_seconds - s0.radix_seconds) / max(steps, 1), 4
+                    ),
                     "retractions": s1.retractions,
                     "goal_met_under_1ms": (c1 - c0) / max(steps, 1) < 1e-3,
                 }
                 if profile:
                     progress(f"py-spy on the scheduler ({running} running)")
                     top: list[dict] | str = await asyncio.to_thread(
-                        py_spy_top, proc.pid, min(seconds, 8), log_dir)
+                        py_spy_top, proc.pid, min(seconds, 8), log_dir
+                    )
                     out["py_spy_top10_self"] = top
                 return out
             finally:
@@ -466,13 +547,19 @@ async def load_one(running: int, waiting: int, prompt_len: int, seconds: float,
 
 async def run_load(ns: argparse.Namespace) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="scheduler-load-"))
-    report: dict = {"test": "scheduler_load", "cpus": os.cpu_count(),
-                    "prompt_tokens": ns.prompt_len, "waiting": ns.waiting, "logs": str(log_dir),
-                    "note": "one process (this one) plays both fake peers; CPU is shared"}
+    report: dict = {
+        "test": "scheduler_load",
+        "cpus": os.cpu_count(),
+        "prompt_tokens": ns.prompt_len,
+        "waiting": ns.waiting,
+        "logs": str(log_dir),
+        "note": "one process (this one) plays both fake peers; CPU is shared",
+    }
     for running in ns.running:
         progress(f"{running} running + {ns.waiting} waiting, {ns.seconds:.0f} s window")
         report[f"running_{running}"] = await load_one(
-            running, ns.waiting, ns.prompt_len, ns.seconds, ns.profile, log_dir, ns.sched_arg)
+            running, ns.waiting, ns.prompt_len, ns.seconds, ns.profile, log_dir, ns.sched_arg
+        )
     return report
 
 
@@ -497,10 +584,24 @@ async def run_check(ns: argparse.Namespace) -> dict:
     model = FakeModel(ns.kv, verify=True)
     server, mport = await start_fake_model(model)
     work = check_workload(ns.requests, ns.seed)
-    args = ["--debug-invariants", "--chunk-tokens", str(ns.chunk), "--policy", ns.policy,
-            "--radix", ns.radix, *ns.sched_arg]
-    report: dict = {"test": "scheduler_check", "kv": ns.kv, "requests": ns.requests,
-                    "concurrency": ns.concurrency, "scheduler_args": args, "logs": str(log_dir)}
+    args = [
+        "--debug-invariants",
+        "--chunk-tokens",
+        str(ns.chunk),
+        "--policy",
+        ns.policy,
+        "--radix",
+        ns.radix,
+        *ns.sched_arg,
+    ]
+    report: dict = {
+        "test": "scheduler_check",
+        "kv": ns.kv,
+        "requests": ns.requests,
+        "concurrency": ns.concurrency,
+        "scheduler_args": args,
+        "logs": str(log_dir),
+    }
     t0 = time.perf_counter()
     try:
         async with scheduler_process(mport, args, log_dir) as (proc, port):
@@ -529,14 +630,17 @@ async def run_check(ns: argparse.Namespace) -> dict:
                             raise RuntimeError(f"scheduler died (code {proc.returncode})")
                         if time.monotonic() - last_progress[0] > ns.stall_s:
                             s = await fd.stats()
-                            raise TimeoutError(f"no request finished for {ns.stall_s} s: "
-                                               f"deadlock? stats: {str(s).replace(chr(10), ' ')}")
+                            raise TimeoutError(
+                                f"no request finished for {ns.stall_s} s: "
+                                f"deadlock? stats: {str(s).replace(chr(10), ' ')}"
+                            )
 
                 tasks = [asyncio.create_task(one(i, p, m)) for i, (p, m) in enumerate(work)]
                 dog = asyncio.create_task(watchdog())
                 done_all = asyncio.ensure_future(asyncio.gather(*tasks))
                 finished, _ = await asyncio.wait(
-                    [dog, done_all], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
+                    [dog, done_all], return_when=asyncio.FIRST_COMPLETED
+                )  # type: ignore[type-var]
                 if dog in finished:
                     for t in tasks:
                         t.cancel()
@@ -553,28 +657,56 @@ async def run_check(ns: argparse.Namespace) -> dict:
                     if tr.finish == api_pb2.FINISH_REASON_ABORT:
                         want = want[: len(tr.tokens)]  # an aborted request: a prefix of it
                     if tr.error or tr.tokens != want:
-                        wrong.append({"rid": rid, "error": tr.error,
-                                      "first_bad": next((i for i, (a, b) in enumerate(
-                                          zip(tr.tokens, want, strict=False)) if a != b),
-                                          min(len(tr.tokens), len(want)))})
+                        wrong.append(
+                            {
+                                "rid": rid,
+                                "error": tr.error,
+                                "first_bad": next(
+                                    (
+                                        i
+                                        for i, (a, b) in enumerate(
+                                            zip(tr.tokens, want, strict=False)
+                                        )
+                                        if a != b
+                                    ),
+                                    min(len(tr.tokens), len(want)),
+                                ),
+                            }
+                        )
                 s = await fd.stats()
-                report.update({
-                    "finished": sum(t.done.is_set() for t in fd.reqs.values()),
-                    "wrong": len(wrong), "wrong_examples": wrong[:5],
-                    "violations": model.violations[:5], "steps": s.steps,
-                    "aborted": sum(t.finish == api_pb2.FINISH_REASON_ABORT
-                                   for t in fd.reqs.values()),
-                    "cache_hit_rate": round(s.cache_hit_rate, 4),
-                    "evicted_tokens": s.evicted_tokens, "retractions": s.retractions,
-                    "end_kv": {"free": s.kv_free, "evictable": s.kv_evictable,
-                               "locked": s.kv_locked, "request_owned": s.kv_request_owned,
-                               "capacity": s.kv_capacity},
-                    "scheduler_alive": proc.poll() is None,
-                    "wall_s": round(time.perf_counter() - t0, 1)})
-                report["ok"] = (not wrong and not model.violations and "error" not in report
-                                and report["finished"] == ns.requests
-                                and s.kv_request_owned == 0 and s.kv_locked == 0
-                                and s.kv_free + s.kv_evictable == s.kv_capacity)
+                report.update(
+                    {
+                        "finished": sum(t.done.is_set() for t in fd.reqs.values()),
+                        "wrong": len(wrong),
+                        "wrong_examples": wrong[:5],
+                        "violations": model.violations[:5],
+                        "steps": s.steps,
+                        "aborted": sum(
+                            t.finish == api_pb2.FINISH_REASON_ABORT for t in fd.reqs.values()
+                        ),
+                        "cache_hit_rate": round(s.cache_hit_rate, 4),
+                        "evicted_tokens": s.evicted_tokens,
+                        "retractions": s.retractions,
+                        "end_kv": {
+                            "free": s.kv_free,
+                            "evictable": s.kv_evictable,
+                            "locked": s.kv_locked,
+                            "request_owned": s.kv_request_owned,
+                            "capacity": s.kv_capacity,
+                        },
+                        "scheduler_alive": proc.poll() is None,
+                        "wall_s": round(time.perf_counter() - t0, 1),
+                    }
+                )
+                report["ok"] = (
+                    not wrong
+                    and not model.violations
+                    and "error" not in report
+                    and report["finished"] == ns.requests
+                    and s.kv_request_owned == 0
+                    and s.kv_locked == 0
+                    and s.kv_free + s.kv_evictable == s.kv_capacity
+                )
             finally:
                 await fd.close()
     finally:
@@ -593,8 +725,9 @@ async def run_chunk_stall(ns: argparse.Namespace) -> dict:
     server, mport = await start_fake_model(model)
     report: dict = {"test": "chunk_stall", "logs": str(log_dir)}
     try:
-        async with scheduler_process(mport, ["--debug-invariants", "--chunk-tokens", "4"],
-                                     log_dir) as (_proc, port):
+        async with scheduler_process(
+            mport, ["--debug-invariants", "--chunk-tokens", "4"], log_dir
+        ) as (_proc, port):
             fd = FrontDoor(f"127.0.0.1:{port}")
             await fd.open()
             try:
@@ -605,16 +738,25 @@ async def run_chunk_stall(ns: argparse.Namespace) -> dict:
                     await asyncio.sleep(0.001)
                 c = fd.submit("chunked", list(range(1000, 1240)), 1)
                 try:
-                    await asyncio.wait_for(asyncio.gather(d.done.wait(), c.done.wait()),
-                                           ns.stall_s)
-                    report["ok"] = d.tokens == expected_output(d.prompt, d.max_new) and \
-                        c.tokens == expected_output(c.prompt, c.max_new)
+                    await asyncio.wait_for(asyncio.gather(d.done.wait(), c.done.wait()), ns.stall_s)
+                    report["ok"] = d.tokens == expected_output(
+                        d.prompt, d.max_new
+                    ) and c.tokens == expected_output(c.prompt, c.max_new)
                 except asyncio.TimeoutError:
                     s = await fd.stats()
-                    report.update(ok=False, stalled_s=ns.stall_s, decoder_tokens=len(d.tokens),
-                                  chunked_tokens=len(c.tokens), running=s.running_requests,
-                                  kv={"free": s.kv_free, "evictable": s.kv_evictable,
-                                      "locked": s.kv_locked, "owned": s.kv_request_owned})
+                    report.update(
+                        ok=False,
+                        stalled_s=ns.stall_s,
+                        decoder_tokens=len(d.tokens),
+                        chunked_tokens=len(c.tokens),
+                        running=s.running_requests,
+                        kv={
+                            "free": s.kv_free,
+                            "evictable": s.kv_evictable,
+                            "locked": s.kv_locked,
+                            "owned": s.kv_request_owned,
+                        },
+                    )
             finally:
                 await fd.close()
     finally:
@@ -637,11 +779,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="lpm", help="check: --policy")
     p.add_argument("--radix", default="tree", help="check: --radix")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--abort-frac", type=float, default=0.1,
-                   help="check: fraction of requests aborted at a random moment")
+    p.add_argument(
+        "--abort-frac",
+        type=float,
+        default=0.1,
+        help="check: fraction of requests aborted at a random moment",
+    )
     p.add_argument("--stall-s", type=float, default=20.0)
-    p.add_argument("--sched-arg", action="append", default=[],
-                   help="extra scheduler flag (repeatable), e.g. --sched-arg=--policy=fcfs")
+    p.add_argument(
+        "--sched-arg",
+        action="append",
+        default=[],
+        help="extra scheduler flag (repeatable), e.g. --sched-arg=--policy=fcfs",
+    )
     p.add_argument("--out", default="", help="also write the JSON here")
     ns = p.parse_args(argv)
     runner = {"load": run_load, "check": run_check, "chunk-stall": run_chunk_stall}[ns.mode]

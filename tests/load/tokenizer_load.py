@@ -30,13 +30,18 @@ TOKENS = [504, 3575, 282, 4649, 314, 7042, 30, 198] * 4  # 32 tokens of real tex
 class StubScheduler(scheduler_pb2_grpc.SchedulerServicer):
     """Answers each submit with TOKENS in chunks of 4 tokens, then finishes."""
 
-    async def Session(self, request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
-                      context: grpc.aio.ServicerContext
-                      ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
         out: asyncio.Queue[scheduler_pb2.SchedulerMessage] = asyncio.Queue()
         first = await anext(aiter(request_iterator))
-        yield scheduler_pb2.SchedulerMessage(hello=scheduler_pb2.SchedulerHello(
-            session_id=first.hello.session_id, kv_capacity=1 << 20, context_length=8192))
+        yield scheduler_pb2.SchedulerMessage(
+            hello=scheduler_pb2.SchedulerHello(
+                session_id=first.hello.session_id, kv_capacity=1 << 20, context_length=8192
+            )
+        )
 
         async def read() -> None:
             async for msg in request_iterator:
@@ -46,8 +51,11 @@ class StubScheduler(scheduler_pb2_grpc.SchedulerServicer):
                 for i in range(0, len(TOKENS), 4):
                     last = i + 4 >= len(TOKENS)
                     d = scheduler_pb2.RequestDelta(
-                        rid=rid, token_ids=TOKENS[i : i + 4], matched_stop_token=-1,
-                        finish_reason=api_pb2.FINISH_REASON_LENGTH if last else 0)
+                        rid=rid,
+                        token_ids=TOKENS[i : i + 4],
+                        matched_stop_token=-1,
+                        finish_reason=api_pb2.FINISH_REASON_LENGTH if last else 0,
+                    )
                     out.put_nowait(scheduler_pb2.SchedulerMessage(deltas=[d]))
 
         task = asyncio.create_task(read())
@@ -61,8 +69,9 @@ class StubScheduler(scheduler_pb2_grpc.SchedulerServicer):
         return api_pb2.Stats()
 
 
-async def _drive(stub: api_pb2_grpc.RadixMeshStub, kind: str, seconds: float,
-                 concurrency: int) -> dict[str, float]:
+async def _drive(
+    stub: api_pb2_grpc.RadixMeshStub, kind: str, seconds: float, concurrency: int
+) -> dict[str, float]:
     lat: list[float] = []
     tokens = 0
     stop_at = time.monotonic() + seconds
@@ -85,8 +94,12 @@ async def _drive(stub: api_pb2_grpc.RadixMeshStub, kind: str, seconds: float,
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    out = {"requests": len(lat), "requests_per_s": round(len(lat) / wall, 1),
-           "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}
+    out = {
+        "requests": len(lat),
+        "requests_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(pct(lat, 50), 2),
+        "p99_ms": round(pct(lat, 99), 2),
+    }
     if kind == "stream":
         out["tokens_per_s"] = round(tokens / wall, 1)
     return out
@@ -98,9 +111,19 @@ async def main_async(ns: argparse.Namespace) -> dict:
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(StubScheduler(), server)
     server.add_insecure_port(f"127.0.0.1:{sched_port}")
     await server.start()
-    proc = subprocess.Popen([sys.executable, "-m", "tokenizer_service", "--port", str(tok_port),
-                             "--scheduler-address", f"127.0.0.1:{sched_port}",
-                             "--log-level", "warning"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokenizer_service",
+            "--port",
+            str(tok_port),
+            "--scheduler-address",
+            f"127.0.0.1:{sched_port}",
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         addr = f"127.0.0.1:{tok_port}"
         deadline = time.monotonic() + 120
@@ -110,10 +133,12 @@ async def main_async(ns: argparse.Namespace) -> dict:
             await asyncio.sleep(0.2)
         async with grpc.aio.insecure_channel(addr) as chan:
             stub = api_pb2_grpc.RadixMeshStub(chan)
-            return {"bench": "tokenizer_load", "concurrency": ns.concurrency,
-                    "tokenize": await _drive(stub, "tokenize", ns.seconds, ns.concurrency),
-                    "stream_detokenize": await _drive(stub, "stream", ns.seconds,
-                                                      ns.concurrency)}
+            return {
+                "bench": "tokenizer_load",
+                "concurrency": ns.concurrency,
+                "tokenize": await _drive(stub, "tokenize", ns.seconds, ns.concurrency),
+                "stream_detokenize": await _drive(stub, "stream", ns.seconds, ns.concurrency),
+            }
     finally:
         proc.terminate()
         proc.wait()

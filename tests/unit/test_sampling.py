@@ -7,13 +7,23 @@ import torch
 from model_service.sampling import SamplingBatch, sample, uniform_noise
 
 
-def _params(n: int, temp: float = 1.0, seed: int = 7, top_p: float = 1.0, top_k: int = -1,
-            min_p: float = 0.0, start: int = 0) -> SamplingBatch:
+def _params(
+    n: int,
+    temp: float = 1.0,
+    seed: int = 7,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    start: int = 0,
+) -> SamplingBatch:
     return SamplingBatch(
-        temperature=torch.full((n,), temp), top_p=torch.full((n,), top_p),
-        top_k=torch.full((n,), top_k), min_p=torch.full((n,), min_p),
+        temperature=torch.full((n,), temp),
+        top_p=torch.full((n,), top_p),
+        top_k=torch.full((n,), top_k),
+        min_p=torch.full((n,), min_p),
         seeds=torch.full((n,), seed, dtype=torch.int64),
-        positions=torch.arange(start, start + n, dtype=torch.int64))
+        positions=torch.arange(start, start + n, dtype=torch.int64),
+    )
 
 
 def test_noise_depends_only_on_seed_and_position() -> None:

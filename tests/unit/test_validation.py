@@ -8,22 +8,27 @@ from client.pb import api_pb2
 from tokenizer_service.validation import InvalidRequest, normalize_sampling
 
 
-def _norm(prompt_len: int = 10, lp: api_pb2.LogprobOptions | None = None, **kw: object
-          ) -> api_pb2.SamplingParams:
-    return normalize_sampling(api_pb2.SamplingParams(**kw), lp or api_pb2.LogprobOptions(),
-                              prompt_len, 100, 1000, 128, 20)
+def _norm(
+    prompt_len: int = 10, lp: api_pb2.LogprobOptions | None = None, **kw: object
+) -> api_pb2.SamplingParams:
+    return normalize_sampling(
+        api_pb2.SamplingParams(**kw), lp or api_pb2.LogprobOptions(), prompt_len, 100, 1000, 128, 20
+    )
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"max_new_tokens": -1}, "max_new_tokens"),
-    ({"max_new_tokens": 91}, "context window"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens"),
-    ({"min_p": 2.0}, "min_p"),
-    ({"stop_token_ids": [5000]}, "stop token"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"max_new_tokens": 91}, "context window"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"stop_token_ids": [5000]}, "stop token"),
+    ],
+)
 def test_rejects(kw: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRequest, match=field):
         _norm(**kw)

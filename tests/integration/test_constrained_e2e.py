@@ -43,7 +43,7 @@ from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
 
-TIMEOUT = 120.0  # per request: a hang fails the test instead of the whole run
+TIMEOUT = 400.0  # per request (queued behind 15 others on 2 busy cores): a hang still fails
 SEEDED = [c.name for c in SUITE[::2]]  # 12 cases also sampled at temperature 0.7
 MAX_CUT = 0.10
 

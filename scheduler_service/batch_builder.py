@@ -86,8 +86,9 @@ class BatchBuilder:
             new_out = r.output[: len(r.output) - rollback] + tokens
             new_out = new_out[: r.spec.max_new_tokens]
             keep = min(r.kv_len, len(r.prompt) + len(r.output) - rollback)
-            if keep < r.cached_len:  # never cut into cached (shared) KV: skip this jump
+            if keep < r.cached_len:  # never cut into cached (shared) KV: decode normally
                 r.jump = None
+                r.no_jump_at = len(r.output)  # and do not ask again at this position
                 continue
             slots = st.cache.alloc(len(r.prompt) + len(new_out) - keep)
             if slots is None:
@@ -188,7 +189,8 @@ class BatchBuilder:
 
     def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> model_pb2.Extend:
         ids = r.fill[r.kv_len : r.kv_len + len(slots)]
-        plan.prefilled.append(r)
+        if r.phase is Phase.PREFILL:  # prompt chunks only: jump-forward tails may be cut again
+            plan.prefilled.append(r)
         r.kv_slots.extend(slots)
         r.kv_len += len(slots)
         done = r.kv_len == len(r.fill)

@@ -61,6 +61,7 @@ class Request:
     match: MatchResult | None = None  # filled by the policy while waiting
     grammar: tuple[str, str] | None = None  # (json_schema|regex|ebnf, text)
     jump: tuple[int, list[int]] | None = None  # pending jump-forward: (rollback, new tokens)
+    no_jump_at: int = -1  # output length at which a jump could not be applied
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output

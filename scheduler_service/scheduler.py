@@ -203,7 +203,9 @@ class Scheduler:
         if not st.grammar_up:
             strip_constrained(st, plan)
             return
-        jump = want if self.cfg.jump_forward == "on" else []
+        jump = []
+        if self.cfg.jump_forward == "on":
+            jump = [h for h in want if st.running[h].no_jump_at != len(st.running[h].output)]
         t0 = time.perf_counter()
         try:
             res = await self.grammar.step(st.grammar_ops.build(plan.msg.step_id, want, jump))

@@ -363,6 +363,8 @@ async def mask_replay(address: str, rows: Sequence[ReplayRow]) -> dict[str, Any]
     service: list[float] = []
     widths: list[int] = []
     errors = 0
+    encodings: dict[str, int] = {}
+    row_bytes = 0
     async with grpc.aio.insecure_channel(address) as chan:
         call = grammar_pb2_grpc.GrammarStub(chan).Masks(requests())
         await call.read()  # opened
@@ -388,6 +390,10 @@ async def mask_replay(address: str, rows: Sequence[ReplayRow]) -> dict[str, Any]
             service.append(reply.result.service_ms)
             widths.append(len(active))
             errors += len(reply.result.errors)
+            for row in reply.result.rows:
+                name = grammar_pb2.MaskEncoding.Name(row.encoding).removeprefix("MASK_ENCODING_")
+                encodings[name] = encodings.get(name, 0) + 1
+                row_bytes += len(row.data)
             step += 1
         queue.put_nowait(None)
         call.cancel()
@@ -398,7 +404,9 @@ async def mask_replay(address: str, rows: Sequence[ReplayRow]) -> dict[str, Any]
             "rtt_ms_mean": round(statistics.mean(later), 3) if later else 0.0,
             "rtt_ms_p50": round(pct(later, 50), 3), "rtt_ms_p99": round(pct(later, 99), 3),
             "service_ms_mean": round(statistics.mean(service[1:] or service), 3)
-            if service else 0.0}
+            if service else 0.0,
+            "row_encodings": encodings,
+            "row_bytes_mean": round(row_bytes / sum(widths), 1) if widths else 0.0}
 
 
 def replay_rows(cases: Sequence[GrammarCase], outs: Sequence[Outcome]) -> list[ReplayRow]:

@@ -52,11 +52,13 @@ MAX_CUT = 0.10
 
 
 @pytest.fixture(scope="module")
-def gstack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path,
-           checker_build: Future[Checker]) -> Iterator[Stack]:
+def gstack(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, checker_build: Future[Checker]
+) -> Iterator[Stack]:
     """The stack's readiness does not cover the scheduler's grammar link: wait for it too."""
     gen: Generator[Stack, None, None] = start_stack(  # type: ignore[assignment]
-        tmp_path_factory.mktemp("constrained"), ["--kv-tokens", "16384"], ["--debug-invariants"])
+        tmp_path_factory.mktemp("constrained"), ["--kv-tokens", "16384"], ["--debug-invariants"]
+    )
     stack = next(gen)
     try:
         with Client(stack.endpoint, timeout=TIMEOUT) as c:
@@ -108,9 +110,12 @@ class Checker:
         """Every output token is one the grammar allows; a "stop" output is complete."""
         where = f"{case.name}: {res.finish_reason} after {res.completion_tokens} {res.text!r}"
         assert res.finish_reason in ("stop", "length"), where
-        m = RequestMatcher((GrammarKind(case.kind.value), case.text),
-                           self.compile(case.kind.value, case.text),
-                           max_rollback_tokens=0, keep_tokens=1)
+        m = RequestMatcher(
+            (GrammarKind(case.kind.value), case.text),
+            self.compile(case.kind.value, case.text),
+            max_rollback_tokens=0,
+            keep_tokens=1,
+        )
         try:
             m.accept(res.output_ids)
         except MatchError as exc:
@@ -118,8 +123,9 @@ class Checker:
         if res.finish_reason == "length":
             assert res.completion_tokens == max_new_tokens, where
             return
-        assert m.matcher.accept_token(self.stop_ids[0]), f"{where}: EOS where the grammar " \
-            "does not accept"
+        assert m.matcher.accept_token(self.stop_ids[0]), (
+            f"{where}: EOS where the grammar does not accept"
+        )
         if case.kind is GrammarKind.JSON_SCHEMA:
             try:
                 jsonschema.validate(json.loads(res.text), case.schema)
@@ -167,8 +173,10 @@ def _mixed_jobs() -> list[Job]:
     """Greedy for every case and seeded samples for half, round-robin over the grammar kinds so
     the first 16 in flight mix JSON schemas, regexes and EBNF."""
     jobs = [Job(c, False, constrained_request(c)) for c in SUITE]
-    jobs += [Job(BY_NAME[n], True, constrained_request(BY_NAME[n], temperature=0.7, seed=70 + i))
-             for i, n in enumerate(SEEDED)]
+    jobs += [
+        Job(BY_NAME[n], True, constrained_request(BY_NAME[n], temperature=0.7, seed=70 + i))
+        for i, n in enumerate(SEEDED)
+    ]
     by_kind: dict[GrammarKind, list[Job]] = {}
     for j in jobs:
         by_kind.setdefault(j.case.kind, []).append(j)
@@ -225,9 +233,11 @@ def test_suite_outputs_valid_and_rarely_cut(suite_run: SuiteRun, checker: Checke
             cut.append(j.label)
     n = len(suite_run.jobs)
     tokens = sum(j.result.completion_tokens for j in suite_run.jobs if j.result)
-    print(f"\nsuite: {n} requests ({len(SEEDED)} seeded t=0.7), {tokens} tokens in "
-          f"{suite_run.wall_s:.1f} s, peak running {suite_run.peak_running}, "
-          f"cut by length {len(cut)}: {cut}")
+    print(
+        f"\nsuite: {n} requests ({len(SEEDED)} seeded t=0.7), {tokens} tokens in "
+        f"{suite_run.wall_s:.1f} s, peak running {suite_run.peak_running}, "
+        f"cut by length {len(cut)}: {cut}"
+    )
     assert len(SUITE) >= 20
     assert {j.case.kind for j in suite_run.jobs[:16]} == set(GrammarKind)
     assert suite_run.peak_running >= 12, "the suite did not really run concurrently"
@@ -236,8 +246,14 @@ def test_suite_outputs_valid_and_rarely_cut(suite_run: SuiteRun, checker: Checke
 
 def test_greedy_constrained_same_alone_and_in_batch(gstack: Stack, suite_run: SuiteRun) -> None:
     """Greedy outputs (and one seeded sample) of the concurrent run, again one at a time."""
-    names = ["nested_address", "character", "paper_summary_grade", "object_array", "ipv4",
-             "ebnf_digits"]
+    names = [
+        "nested_address",
+        "character",
+        "paper_summary_grade",
+        "object_array",
+        "ipv4",
+        "ebnf_digits",
+    ]
     seeded = next(j for j in suite_run.jobs if j.seeded and j.case.name == "bounded_numbers")
     with Client(gstack.endpoint, timeout=TIMEOUT) as c:
         assert c.stats().running_requests == 0
@@ -256,17 +272,21 @@ def test_greedy_constrained_same_alone_and_in_batch(gstack: Stack, suite_run: Su
 
 BAD_GRAMMARS = [
     ("regex", "(unclosed["),
-    ("json_schema", json.dumps({"type": "object",
-                                "properties": {"n": {"type": "integer", "minimum": 5,
-                                                     "maximum": 1}}})),
+    (
+        "json_schema",
+        json.dumps(
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}
+        ),
+    ),
     ("ebnf", 'answer ::= "yes" | "no"'),  # no root rule
 ]
 
 
 def test_bad_grammars_rejected_while_unconstrained_runs(gstack: Stack, checker: Checker) -> None:
     with Client(gstack.endpoint, timeout=TIMEOUT) as c, ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(c.generate, "Once upon a time", max_new_tokens=48, ignore_eos=True,
-                          temperature=0)
+        fut = pool.submit(
+            c.generate, "Once upon a time", max_new_tokens=48, ignore_eos=True, temperature=0
+        )
         deadline = time.monotonic() + 60
         while c.stats().running_requests < 1:
             assert time.monotonic() < deadline and not fut.done()
@@ -317,17 +337,22 @@ class Streamed:
 KILL_CASES = ["character", "object_array", "nested_address", "tool_call"]
 
 
-def test_grammar_service_killed_mid_run(gstack: Stack, checker: Checker,
-                                        suite_run: SuiteRun) -> None:
+def test_grammar_service_killed_mid_run(
+    gstack: Stack, checker: Checker, suite_run: SuiteRun
+) -> None:
     constrained = [Streamed(constrained_request(BY_NAME[n])) for n in KILL_CASES]
-    constrained.append(Streamed(constrained_request(BY_NAME["character"], temperature=0.7,
-                                                    seed=5)))
-    plain = [Streamed({"prompt": f"Chapter {i}.", "max_new_tokens": 64, "ignore_eos": True,
-                       "temperature": 0}) for i in range(2)]
+    constrained.append(Streamed(constrained_request(BY_NAME["character"], temperature=0.7, seed=5)))
+    plain = [
+        Streamed(
+            {"prompt": f"Chapter {i}.", "max_new_tokens": 64, "ignore_eos": True, "temperature": 0}
+        )
+        for i in range(2)
+    ]
     grammar_addr = gstack.address("grammar")
     with Client(gstack.endpoint, timeout=TIMEOUT) as c:
-        threads = [threading.Thread(target=s.run, args=(c,), daemon=True)
-                   for s in (*constrained, *plain)]
+        threads = [
+            threading.Thread(target=s.run, args=(c,), daemon=True) for s in (*constrained, *plain)
+        ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 120
@@ -338,7 +363,8 @@ def test_grammar_service_killed_mid_run(gstack: Stack, checker: Checker,
         killed_at = time.monotonic()
         gstack.launcher.kill("grammar")
         while asyncio.run(check_ready(grammar_addr)) is False or (
-                time.monotonic() - killed_at < 0.5):
+            time.monotonic() - killed_at < 0.5
+        ):
             assert time.monotonic() - killed_at < 180, "grammar service not restarted"
             time.sleep(0.1)
         back_at = time.monotonic()
@@ -356,8 +382,10 @@ def test_grammar_service_killed_mid_run(gstack: Stack, checker: Checker,
     # already running at the kill delivered tokens (3 s of slack for it on a loaded machine).
     held = [st.tokens_between(killed_at + 3.0, back_at) for st in constrained]
     during = [st.tokens_between(killed_at, back_at) for st in plain]
-    print(f"\ngrammar outage {outage:.1f} s; constrained tokens during it {held}; "
-          f"unconstrained tokens during it {during}")
+    print(
+        f"\ngrammar outage {outage:.1f} s; constrained tokens during it {held}; "
+        f"unconstrained tokens during it {during}"
+    )
     if outage > 4.0:
         assert held == [0] * len(constrained), held
         assert all(n > 0 for n in during), "unconstrained requests stalled with the grammar"

@@ -590,6 +590,9 @@ def jump_forward_ablation(
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     import torch  # only for the machine description
 
+    from services.logging import configure_logging
+
+    configure_logging("bench", "warning")  # the launcher's events must not reach stdout
     quick = ns.quick
     n_reuse = ns.reuse_n or (8 if quick else 16)
     rounds = ns.rounds or (1 if quick else 3)

@@ -168,6 +168,8 @@ class BatchBuilder:
         if st.waiting and len(running) < cfg.max_running:
             waiting = st.waiting if st.grammar_up else [r for r in st.waiting if st.runnable(r)]
             candidates, _deferred = self.policy.schedule(waiting, st.cache)
+        if not candidates and not remaining:
+            return  # a full batch with a long queue: no admission work this step
         ratio = self.ratio.value
         pp = admit_prefills(
             candidates,

@@ -56,15 +56,16 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
 
 
 def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
-    out = scheduler_pb2.RequestDelta(
-        rid=d.rid,
-        token_ids=d.token_ids,
-        finish_reason=_FINISH.get(d.finish, 0),
-        matched_stop_token=d.matched_stop_token,
-        error_code=d.error_code,
-        error_message=d.error_message,
-        rollback=d.rollback,
-    )
+    # Only non-default fields: this runs once per request per step (the scheduler's hot path).
+    out = scheduler_pb2.RequestDelta(rid=d.rid, token_ids=d.token_ids,
+                                     matched_stop_token=d.matched_stop_token)
+    if d.finish:
+        out.finish_reason = _FINISH[d.finish]
+    if d.error_code:
+        out.error_code = d.error_code
+        out.error_message = d.error_message
+    if d.rollback:
+        out.rollback = d.rollback
     if d.cached_tokens >= 0:
         out.cached_tokens = d.cached_tokens
     for tok, lp, top_ids, top_lps in d.logprobs:

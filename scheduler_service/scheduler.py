@@ -51,6 +51,7 @@ class Scheduler:
         self.info: model_pb2.WorkerInfo | None = None
         self.sinks: dict[str, Sink] = {}
         self.by_rid: dict[str, Request] = {}
+        self.aborted: set[str] = set()  # rids to reap before the next step
         self.wake = asyncio.Event()
 
     # -- front door ---------------------------------------------------------------------------
@@ -84,6 +85,7 @@ class Scheduler:
         if req is None or self.st is None:
             return False
         req.aborted = True
+        self.aborted.add(rid)
         self.wake.set()
         return True
 
@@ -91,6 +93,7 @@ class Scheduler:
         for r in list(self.by_rid.values()):
             if r.session == session:
                 r.aborted = True
+                self.aborted.add(r.rid)
         self.sinks.pop(session, None)
         self.wake.set()
 
@@ -242,9 +245,13 @@ class Scheduler:
     def _reap_aborted(self) -> None:
         st = self.st
         assert st is not None
-        if not any(r.aborted for r in self.by_rid.values()):
+        if not self.aborted:
             return
-        for r in [r for r in self.by_rid.values() if r.aborted]:
+        rids, self.aborted = self.aborted, set()
+        for rid in rids:
+            r = self.by_rid.get(rid)
+            if r is None:
+                continue
             if r in st.waiting:
                 st.waiting.remove(r)
             # Its computed KV is valid (aborts land between steps): keep it as cache. A stop

@@ -15,7 +15,7 @@ from scheduler_service.request import Phase, Request
 from scheduler_service.stats import SchedulerStats
 
 
-@dataclass
+@dataclass(slots=True)
 class Delta:
     """What one request produced in one step, for its front-door session."""
 

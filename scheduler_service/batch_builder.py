@@ -67,19 +67,20 @@ class BatchBuilder:
         for h in st.pending_release:
             st.handles.give(h)  # safe: the worker releases before it sees a later admit
         st.pending_release = []
-        self._decodes(plan)  # first: requests with a pending jump are not decoders
-        self._jumps(plan)
+        jumped = self._jumps(plan)  # first: a refused jump decodes normally in this same step
+        self._decodes(plan, skip=jumped)
         self._prefill(plan)
         # Last: the worker poisons these (NaN-fill debug) before this step writes any slot.
         plan.msg.freed_slots = pack_i32(st.cache.allocator.drain_freed())
         return plan
 
     # -- jump-forward (compressed FSM) -----------------------------------------------------
-    def _jumps(self, plan: PlannedStep) -> None:
+    def _jumps(self, plan: PlannedStep) -> set[int]:
         """Apply pending jump-forwards: cut the request back by the grammar's `rollback`
         tokens (the retokenization boundary), append the forced tokens, and prefill them in one
         extend that also samples the next token (with a mask computed after the jump)."""
         st = self.st
+        jumped: set[int] = set()
         for r in [r for r in st.running.values() if r.jump is not None and st.runnable(r)]:
             assert r.jump is not None
             rollback, tokens = r.jump
@@ -109,16 +110,19 @@ class BatchBuilder:
             st.stats.jump_forwards += 1
             st.stats.jump_forward_tokens += len(new_out) - kept_out
             plan.msg.truncates.append(model_pb2.Truncate(handle=r.handle, length=keep))
+            jumped.add(r.handle)
             if slots:
                 plan.msg.extends.append(self._extend_op(plan, r, slots))
+        return jumped
 
     # -- decode ------------------------------------------------------------------------------
-    def _decodes(self, plan: PlannedStep) -> None:
+    def _decodes(self, plan: PlannedStep, skip: set[int]) -> None:
         st, cache = self.st, self.st.cache
         decoders = [
             r
             for r in st.running.values()
             if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None
+            and r.handle not in skip
         ]
         if decoders:
             self.ratio.step()

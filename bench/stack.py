@@ -15,6 +15,7 @@ from pathlib import Path
 
 from client.api import Client, GenerateResult
 from services.launcher import Launcher, StackPorts, stack_specs
+from services.logging import configure_logging
 
 
 def progress(msg: str) -> None:
@@ -32,6 +33,7 @@ def local_stack(
     if endpoint:
         yield endpoint
         return
+    configure_logging("bench", "warning")  # stdout carries only the JSON report
     ports = StackPorts.free()
     logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-"))
     launcher = Launcher(

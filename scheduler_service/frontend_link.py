@@ -206,4 +206,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             retractions=s.retractions,
             steps=s.steps,
             radix_seconds=c.stats.bookkeeping_seconds,
+            mask_wait_seconds=s.mask_wait_seconds,
+            jump_forwards=s.jump_forwards,
+            jump_forward_tokens=s.jump_forward_tokens,
         )

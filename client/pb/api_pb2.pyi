@@ -253,7 +253,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight")
+    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight", "mask_wait_seconds", "jump_forwards", "jump_forward_tokens")
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,9 @@ class Stats(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     RADIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MASK_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    JUMP_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     queue_length: int
     running_requests: int
     kv_capacity: int
@@ -290,4 +293,7 @@ class Stats(_message.Message):
     steps: int
     radix_seconds: float
     frontend_inflight: int
-    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ...) -> None: ...
+    mask_wait_seconds: float
+    jump_forwards: int
+    jump_forward_tokens: int
+    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import platform
 import statistics
@@ -319,11 +318,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     def main(ns: argparse.Namespace) -> int:
         if ns.threads != "auto":
             ns.threads = int(ns.threads)
-        report = run(ns)
-        text = json.dumps(report, indent=2)
-        print(text)
-        if ns.out:
-            Path(ns.out).write_text(text)
-        return 0
+        from bench.stack import emit_report
+
+        return emit_report(run(ns), ns.out)
 
     p.set_defaults(func=main)

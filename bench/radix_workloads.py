@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -573,11 +572,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        report = run(ns)
-        text = json.dumps(report, indent=2)
-        print(text)
-        if ns.out:
-            Path(ns.out).write_text(text)
-        return 0
+        from bench.stack import emit_report
+
+        return emit_report(run(ns), ns.out)
 
     p.set_defaults(func=main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from client.api import Client, GenerateResult
 from services.launcher import Launcher, StackPorts, stack_specs
@@ -97,3 +99,12 @@ def summarize(timed: Sequence[Timed], wall_s: float) -> dict[str, float]:
         "ttft_ms_p50": round(pct(ttfts, 50), 1),
         "ttft_ms_p99": round(pct(ttfts, 99), 1),
     }
+
+
+def emit_report(report: dict[str, Any], out: str = "") -> int:
+    """Print a bench's JSON report on stdout (and to `out` if given); the command's exit code."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return 0

@@ -15,25 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from client.pb import grammar_pb2 as pb
-
-_I32 = np.dtype("<i4")
+from services.packing import pack_i32
 
 KIND_TO_PB: dict[str, int] = {
     "json_schema": pb.GRAMMAR_KIND_JSON_SCHEMA,
     "regex": pb.GRAMMAR_KIND_REGEX,
     "ebnf": pb.GRAMMAR_KIND_EBNF,
 }
-
-
-def pack_i32(values: Iterable[int]) -> bytes:
-    return np.fromiter(values, dtype=_I32).tobytes()
-
-
-def unpack_i32(data: bytes) -> list[int]:
-    return np.frombuffer(data, dtype=_I32).tolist()
 
 
 def grammar_spec(kind: str, text: str) -> pb.GrammarSpec:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 assert sys.byteorder == "little", "packed arrays assume a little-endian host"
 
 
-def pack_i32(values: Sequence[int]) -> bytes:
+def pack_i32(values: Iterable[int]) -> bytes:
     return array("i", values).tobytes()
 
 

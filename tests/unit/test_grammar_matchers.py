@@ -16,9 +16,10 @@ from grammar_service.config import GrammarConfig
 from grammar_service.mask_packing import MaskEncoding, decode_rows
 from grammar_service.matchers import ErrorCode
 from grammar_service.server import GrammarServicer, build_servicer
-from grammar_service.step_builder import MaskStepBuilder, unpack_i32
+from grammar_service.step_builder import MaskStepBuilder
 from grammar_service.steps import StepFormatError
 from grammar_service.suite import PAPER_REGEX
+from services.packing import unpack_i32
 
 EOS = 2  # SmolLM2's <|im_end|>, the tokenizer's only stop token
 

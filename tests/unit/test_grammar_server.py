@@ -17,8 +17,9 @@ from client.pb import grammar_pb2_grpc as pb_grpc
 from grammar_service.config import GrammarConfig
 from grammar_service.mask_packing import decode_rows
 from grammar_service.server import GrammarServicer, build_servicer, register
-from grammar_service.step_builder import MaskStepBuilder, grammar_spec, unpack_i32
+from grammar_service.step_builder import MaskStepBuilder, grammar_spec
 from grammar_service.suite import PAPER_REGEX
+from services.packing import unpack_i32
 
 
 @pytest.fixture(scope="module")

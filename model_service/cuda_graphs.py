@@ -159,12 +159,14 @@ class DecodeCudaGraphs:
                 return b
         return None
 
-    def run(self, ids: Sequence[int], positions: Sequence[int], out_slots: Sequence[int],
-            rows: Sequence[RowPlan]) -> torch.Tensor | None:
+    def run(self, ids: torch.Tensor, positions: Sequence[int], out_slots: Sequence[int],
+            rows: Sequence[RowPlan], started: torch.cuda.Event | None = None
+            ) -> torch.Tensor | None:
         """Logits [n, vocab] (fp32) of a decode-only step by graph replay, or None when no
-        bucket fits (the caller then runs the step eagerly). The returned tensor is the
-        graph's static output: read it before the next replay."""
-        n = len(ids)
+        bucket fits (the caller then runs the step eagerly). `ids` is on the device (decode
+        inputs may not have reached the host); `started` is recorded just before the replay.
+        The returned tensor is the graph's static output: read it before the next replay."""
+        n = int(ids.numel())
         bs = self.bucket_for(n)
         if bs is None or n == 0:
             return None
@@ -173,10 +175,15 @@ class DecodeCudaGraphs:
             return None
         g = self.graphs[bs]
         pad = bs - n
-        host = torch.tensor([list(ids) + [0] * pad, list(positions) + [0] * pad,
+        host = torch.tensor([list(positions) + [0] * pad,
                              list(out_slots) + [self.scratch] * pad], dtype=torch.int64)
-        g.inputs.copy_(host, non_blocking=True)
+        g.inputs[1:].copy_(host.pin_memory(), non_blocking=True)
+        g.inputs[0, :n].copy_(ids)
+        if pad:
+            g.inputs[0, n:].zero_()
         self._plan(g.wrapper, bs, rows, n)
+        if started is not None:
+            started.record()
         g.graph.replay()
         self.replays += 1
         return g.logits[:n]

@@ -1,15 +1,24 @@
 """Executes one step exactly as the scheduler wrote it (no policy choices here).
 
 Per-session request state lives here under the scheduler's integer handles: the KV slots of
-the sequence so far, the sampling parameters, how many tokens were sampled (the seed position)
-and the last sampled token, which the next DECODE consumes (so the scheduler never needs to
-send it back). Invariant per request: len(slots) == tokens whose KV is in the pool.
+the sequence so far, the sampling parameters and how many tokens were sampled (the seed
+position). The last sampled token of every request stays on the device (`last_tokens[handle]`)
+and the next DECODE reads it there, so the scheduler never sends it back and step N+1 can be
+launched before step N's tokens reach the host. Invariant per request: len(slots) == tokens
+whose KV is (or, once queued work has run, will be) in the pool.
+
+A step runs in two halves (`launch`, then `finish`): `launch` queues all of the step's GPU work
+and returns at once; `finish` waits for it and reads the tokens back. The server launches N+1
+before finishing N, so the host work of N+1 hides behind N's kernels. Grammar masks may come
+after the step (`masks_follow`): `launch` queues the forward pass, then waits for the masks
+(`mask_source`) while the GPU computes, and only then samples.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import structlog
 import torch
@@ -19,7 +28,7 @@ from model_service.attention.reference import ReferenceAttention, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaForCausalLM
-from model_service.sampling import SamplingBatch, sample
+from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.step_ops import (
     PromptLogprobs,
     RowOutput,
@@ -27,10 +36,14 @@ from model_service.step_ops import (
     StepOps,
     StepOutput,
 )
+from model_service.transfer import to_device, to_host
 
 log = structlog.get_logger(__name__)
 
 BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see ModelRunner._account)
+
+# (masks by handle, handles not to sample: their decode is undone) for a masks_follow step
+MaskSource = Callable[[int], tuple[dict[int, tuple[int, bytes]], set[int]]]
 
 
 class StepError(Exception):
@@ -42,7 +55,7 @@ class RequestState:
     sampling: Sampling
     slots: list[int]
     sampled: int  # output tokens drawn so far, including those before a resubmission
-    last_token: int | None = None
+    has_token: bool = False  # its last sampled token is in ModelRunner.last_tokens
     in_prompt: bool = True
     pending_lp: torch.Tensor | None = None  # log-softmax of the last prompt position
 
@@ -51,9 +64,31 @@ class RequestState:
 class _Row:
     handle: int
     state: RequestState
-    input_ids: list[int]
+    input_ids: list[int] | None  # None: a decode, whose input is the last sampled token
     new_slots: list[int]
     sample: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.new_slots)
+
+
+@dataclass
+class InFlight:
+    """A launched step: device work queued, results on their way to host memory."""
+
+    step_id: int
+    t0: float
+    handles: list[int] = field(default_factory=list)  # rows that sampled, in order
+    top_n: list[int] = field(default_factory=list)
+    tokens: torch.Tensor | None = None  # host copies, valid once `done` has completed
+    logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_vals: torch.Tensor | None = None
+    prompt_lps: list[PromptLogprobs] = field(default_factory=list)
+    done: torch.cuda.Event | None = None
+    gpu_start: torch.cuda.Event | None = None  # just before the forward pass
+    launch_ms: float = 0.0
 
 
 class ModelRunner:
@@ -65,55 +100,44 @@ class ModelRunner:
         self.device = device
         self.decode_graphs = decode_graphs  # replays decode-only steps that fit a bucket
         self.requests: dict[int, RequestState] = {}
-        self.masks: dict[int, tuple[int, bytes]] = {}
-        # Burst accounting: [steps, seconds inside step(), seconds between steps]
-        self._burst = [0, 0.0, 0.0]
+        self.last_tokens = torch.zeros(256, dtype=torch.int64, device=device)  # by handle
+        self.mask_source: MaskSource | None = None  # set by the server for masks_follow steps
+        self.cuda = device.type == "cuda"
+        # Burst accounting: [steps, s inside launch..finish, s between steps, GPU busy ms,
+        # GPU idle ms] (the GPU figures from CUDA events; see _account)
+        self._burst: list[float] = [0, 0.0, 0.0, 0.0, 0.0]
         self._last_end: float | None = None
+        self._last_done: torch.cuda.Event | None = None
 
     def reset(self) -> None:
         self.requests.clear()
 
     @torch.inference_mode()
     def step(self, ops: StepOps) -> StepOutput:
+        """One step start to end (in-process callers; the server pipelines the halves)."""
+        return self.finish(self.launch(ops))
+
+    # -- first half: queue the work ------------------------------------------------------------
+    @torch.inference_mode()
+    def launch(self, ops: StepOps) -> InFlight:
         t0 = time.perf_counter()
+        fl = InFlight(ops.step_id, t0)
         for handle in ops.releases:  # first: a released handle may be re-admitted this step
             self.requests.pop(handle, None)
         if ops.freed_slots:
-            self.pool.poison(torch.tensor(ops.freed_slots, device=self.device))
+            self.pool.poison(to_device(ops.freed_slots, torch.int64, self.device))
         for handle, length in ops.truncates:
             st = self._get(handle)
             del st.slots[length:]
-            st.last_token = None
+            st.has_token = False
         rows = self._collect_rows(ops)
-        self.masks = ops.masks
-        outputs, plps = self._run(rows) if rows else ([], [])
-        t1 = time.perf_counter()
-        self._account(t0, t1)
-        return StepOutput(ops.step_id, outputs, plps, (t1 - t0) * 1e3)
-
-    def _account(self, t0: float, t1: float) -> None:
-        """Time inside step() (which ends after the GPU is done: sampling reads the tokens
-        back) vs time between steps (the worker waits on the scheduler and transport, the GPU
-        idles). Logged once per burst of steps, when a pause over BURST_IDLE_S ends it."""
-        b = self._burst
-        if self._last_end is not None:
-            gap = t0 - self._last_end
-            if gap > BURST_IDLE_S:
-                self.log_burst()
-            else:
-                b[2] += gap
-        b[0] += 1
-        b[1] += t1 - t0
-        self._last_end = t1
-
-    def log_burst(self) -> None:
-        steps, busy, gap = self._burst
-        if steps >= 2:
-            log.info("step_burst", steps=steps, busy_ms=round(busy * 1e3, 2),
-                     between_ms=round(gap * 1e3, 2),
-                     busy_ms_per_step=round(busy * 1e3 / steps, 3),
-                     between_ms_per_step=round(gap * 1e3 / (steps - 1), 3))
-        self._burst = [0, 0.0, 0.0]
+        if rows:
+            self._run(rows, ops, fl)
+        if self.cuda:
+            fl.done = torch.cuda.Event(enable_timing=True)
+            fl.done.record()
+        fl.launch_ms = (time.perf_counter() - t0) * 1e3
+        return fl
 
     def _get(self, handle: int) -> RequestState:
         st = self.requests.get(handle)
@@ -133,34 +157,55 @@ class ModelRunner:
             rows.append(_Row(e.handle, self._get(e.handle), e.input_ids, e.slots, e.sample))
         for handle, slot in zip(ops.decode_handles, ops.decode_slots, strict=True):
             st = self._get(handle)
-            if st.last_token is None:
+            if not st.has_token:
                 raise StepError(f"decode for handle {handle} with no sampled token")
-            rows.append(_Row(handle, st, [st.last_token], [slot], True))
+            rows.append(_Row(handle, st, None, [slot], True))
         for r in rows:
-            if len(r.input_ids) != len(r.new_slots) or not r.input_ids:
-                raise StepError(f"handle {r.handle}: {len(r.input_ids)} ids for "
-                                f"{len(r.new_slots)} slots")
+            if r.input_ids is not None and (len(r.input_ids) != r.n or not r.input_ids):
+                raise StepError(f"handle {r.handle}: {len(r.input_ids)} ids for {r.n} slots")
         return rows
 
-    def _run(self, rows: list[_Row]) -> tuple[list[RowOutput], list[PromptLogprobs]]:
+    def _input_ids(self, rows: list[_Row], total: int) -> torch.Tensor:
+        """Token ids of the step on the device: given ids from the host, decode inputs
+        gathered from `last_tokens` on the device (they may not have reached the host yet)."""
         dev = self.device
-        ids: list[int] = []
+        host: list[int] = []
+        dec_at: list[int] = []
+        dec_handles: list[int] = []
+        for r in rows:
+            if r.input_ids is None:
+                dec_at.append(len(host))
+                dec_handles.append(r.handle)
+                host.append(0)
+            else:
+                host.extend(r.input_ids)
+        ids = to_device(host, torch.int64, dev)
+        if dec_at:
+            src = self.last_tokens.index_select(0, to_device(dec_handles, torch.int64, dev))
+            if len(dec_at) == total:
+                return src
+            ids.index_copy_(0, to_device(dec_at, torch.int64, dev), src)
+        return ids
+
+    def _run(self, rows: list[_Row], ops: StepOps, fl: InFlight) -> None:
+        dev = self.device
         pos: list[int] = []
         out_slots: list[int] = []
-        plans: list[RowPlan] = []
+        kv_flat: list[int] = []
+        kv_lens: list[int] = []
         logit_rows: list[int] = []
         # per row: (first logit row index, first absolute position with logits) for prompt lp
         lp_spans: list[tuple[int, int, int] | None] = []
         sample_rows: list[int] = []
         cursor = 0
         for r in rows:
-            st, n = r.state, len(r.input_ids)
+            st, n = r.state, r.n
             start = len(st.slots)
             st.slots.extend(r.new_slots)
-            ids.extend(r.input_ids)
             pos.extend(range(start, start + n))
             out_slots.extend(r.new_slots)
-            plans.append(RowPlan(n, torch.tensor(st.slots, dtype=torch.int64, device=dev)))
+            kv_flat.extend(st.slots)
+            kv_lens.append(len(st.slots))
             p = st.sampling.prompt_logprobs_from
             span = None
             if st.in_prompt and p >= 0:
@@ -178,24 +223,40 @@ class ModelRunner:
                     sample_rows.append(len(logit_rows))
                     logit_rows.append(last)
             cursor += n
+        ids = self._input_ids(rows, cursor)
+        # One copy for every row's KV slots, split into per-row views on the device.
+        plans = [RowPlan(r.n, kv) for r, kv in zip(
+            rows, torch.split(to_device(kv_flat, torch.int64, dev), kv_lens), strict=True)]
+        if self.cuda:
+            fl.gpu_start = torch.cuda.Event(enable_timing=True)
         logits = None
         if (self.decode_graphs is not None and cursor == len(rows)
                 and logit_rows == list(range(cursor))):
-            logits = self.decode_graphs.run(ids, pos, out_slots, plans)
+            logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start)
         if logits is None:
-            self.attn.plan(plans, torch.tensor(out_slots, dtype=torch.int64, device=dev))
-            i64 = torch.int64
-            logits = self.model(torch.tensor(ids, dtype=i64, device=dev),
-                                torch.tensor(pos, dtype=i64, device=dev), self.attn,
-                                torch.tensor(logit_rows, dtype=i64, device=dev))
-        plps = self._prompt_logprobs(rows, lp_spans, logits)
-        return self._sample(rows, sample_rows, logits), plps
+            self.attn.plan(plans, to_device(out_slots, torch.int64, dev))
+            if fl.gpu_start is not None:
+                fl.gpu_start.record()
+            logits = self.model(ids, to_device(pos, torch.int64, dev), self.attn,
+                                to_device(logit_rows, torch.int64, dev))
+        fl.prompt_lps = self._prompt_logprobs(rows, lp_spans, logits)
+        masks, skip = self._masks_for(ops)
+        self._sample(rows, sample_rows, logits, masks, skip, fl)
+
+    def _masks_for(self, ops: StepOps) -> tuple[dict[int, tuple[int, bytes]], set[int]]:
+        if not ops.masks_follow:
+            return ops.masks, set()
+        if self.mask_source is None:
+            raise StepError("a masks_follow step, but this worker has no mask source")
+        masks, skip = self.mask_source(ops.step_id)  # blocks while the forward pass runs
+        return {**ops.masks, **masks}, skip
 
     def _prompt_logprobs(self, rows: list[_Row], spans: list[tuple[int, int, int] | None],
                          logits: torch.Tensor) -> list[PromptLogprobs]:
+        """Rare (asked per request): reads values back at once, so no launch-ahead here."""
         out: list[PromptLogprobs] = []
         for r, span in zip(rows, spans, strict=True):
-            if span is None:
+            if span is None or r.input_ids is None:
                 continue
             st = r.state
             row0, first, end = span
@@ -217,55 +278,138 @@ class ModelRunner:
                 out.append(PromptLogprobs(r.handle, abs_start, values))
         return out
 
-    def _apply_masks(self, sampled: list[_Row], lg: torch.Tensor) -> None:
+    def _apply_masks(self, sampled: list[_Row], lg: torch.Tensor,
+                     masks: dict[int, tuple[int, bytes]]) -> None:
         """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
-        idx = [i for i, r in enumerate(sampled) if r.handle in self.masks]
+        idx = [i for i, r in enumerate(sampled) if r.handle in masks]
         if not idx:
             return
         rows = [EncodedRow(MaskEncoding(e), d)
-                for e, d in (self.masks[sampled[i].handle] for i in idx)]
+                for e, d in (masks[sampled[i].handle] for i in idx)]
         width = lg.shape[-1]
-        words = decode_rows(rows, width).to(lg.device)
+        words = decode_rows(rows, width)
+        if self.cuda:
+            words = words.pin_memory().to(lg.device, non_blocking=True)
         allowed = bitmask_to_bool(words, width)
-        sel = torch.tensor(idx, dtype=torch.int64, device=lg.device)
+        sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
 
-    def _sample(self, rows: list[_Row], sample_rows: list[int], logits: torch.Tensor
-                ) -> list[RowOutput]:
-        sampled = [r for r in rows if r.sample]
+    def _undo_decode(self, r: _Row) -> None:
+        """A skipped row (its grammar jumps forward, failed, or the request ended): drop the
+        slot its decode just wrote; its last token stays the input of its next decode."""
+        if r.input_ids is not None:
+            raise StepError(f"handle {r.handle}: only decode rows can be skipped")
+        r.state.slots.pop()
+
+    def _sample(self, rows: list[_Row], sample_rows: list[int], logits: torch.Tensor,
+                masks: dict[int, tuple[int, bytes]], skip: set[int], fl: InFlight) -> None:
+        sampled: list[_Row] = []
+        keep: list[int] = []
+        for r, lrow in zip((r for r in rows if r.sample), sample_rows, strict=True):
+            if r.handle in skip:
+                self._undo_decode(r)
+            else:
+                sampled.append(r)
+                keep.append(lrow)
         if not sampled:
-            return []
+            return
         dev = logits.device
-        lg = logits.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=dev))
+        lg = logits.index_select(0, to_device(keep, torch.int64, dev))
         sp = [r.state.sampling for r in sampled]
         for i, r in enumerate(sampled):
             if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
                 lg[i, list(r.state.sampling.stop_ids)] = float("-inf")
-        if self.masks:
-            self._apply_masks(sampled, lg)
+        if masks:
+            self._apply_masks(sampled, lg, masks)
+        temp = [s.temperature for s in sp]
+        top_p = [s.top_p for s in sp]
+        top_k = [s.top_k for s in sp]
+        min_p = [s.min_p for s in sp]
         params = SamplingBatch(
-            temperature=torch.tensor([s.temperature for s in sp], device=dev),
-            top_p=torch.tensor([s.top_p for s in sp], device=dev),
-            top_k=torch.tensor([s.top_k for s in sp], device=dev),
-            min_p=torch.tensor([s.min_p for s in sp], device=dev),
-            seeds=torch.tensor([s.seed & 0x7FFFFFFFFFFFFFFF for s in sp], device=dev),
-            positions=torch.tensor([r.state.sampled for r in sampled], device=dev),
+            temperature=to_device(temp, torch.float32, dev),
+            top_p=to_device(top_p, torch.float32, dev),
+            top_k=to_device(top_k, torch.int64, dev),
+            min_p=to_device(min_p, torch.float32, dev),
+            seeds=to_device([s.seed & 0x7FFFFFFFFFFFFFFF for s in sp], torch.int64, dev),
+            positions=to_device([r.state.sampled for r in sampled], torch.int64, dev),
+            flags=SamplingFlags.of(temp, top_k, top_p, min_p),
         )
         k = max(s.top_logprobs for s in sp)
         tokens, chosen, top_ids, top_vals = sample(lg, params, k)
-        toks, lps = tokens.tolist(), chosen.tolist()
-        tid = top_ids.tolist() if top_ids is not None else None
-        tvl = top_vals.tolist() if top_vals is not None else None
-        out: list[RowOutput] = []
-        for i, r in enumerate(sampled):
+        handles = [r.handle for r in sampled]
+        if max(handles) >= self.last_tokens.numel():
+            grown = torch.zeros(2 * max(handles) + 1, dtype=torch.int64, device=dev)
+            grown[: self.last_tokens.numel()] = self.last_tokens
+            self.last_tokens = grown
+        self.last_tokens.index_copy_(0, to_device(handles, torch.int64, dev), tokens)
+        for r in sampled:
             st = r.state
-            st.last_token = toks[i]
+            st.has_token = True
             st.sampled += 1
             st.in_prompt = False
             st.pending_lp = None
-            row = RowOutput(r.handle, toks[i], lps[i])
-            n = st.sampling.top_logprobs
-            if n and tid is not None and tvl is not None:
-                row.top_ids, row.top_logprobs = tid[i][:n], tvl[i][:n]
-            out.append(row)
-        return out
+        fl.handles = handles
+        fl.top_n = [s.top_logprobs for s in sp]
+        fl.tokens, fl.logprobs = to_host(tokens), to_host(chosen)
+        if top_ids is not None and top_vals is not None:
+            fl.top_ids, fl.top_vals = to_host(top_ids), to_host(top_vals)
+
+    # -- second half: wait and read back -------------------------------------------------------
+    def finish(self, fl: InFlight) -> StepOutput:
+        """Wait for a launched step and build its output. Touches no request state, so it
+        may run on another thread while the next step is being launched."""
+        if fl.done is not None:
+            fl.done.synchronize()
+        out: list[RowOutput] = []
+        if fl.handles:
+            assert fl.tokens is not None and fl.logprobs is not None
+            toks, lps = fl.tokens.tolist(), fl.logprobs.tolist()
+            tid = fl.top_ids.tolist() if fl.top_ids is not None else None
+            tvl = fl.top_vals.tolist() if fl.top_vals is not None else None
+            for i, h in enumerate(fl.handles):
+                row = RowOutput(h, toks[i], lps[i])
+                n = fl.top_n[i]
+                if n and tid is not None and tvl is not None:
+                    row.top_ids, row.top_logprobs = tid[i][:n], tvl[i][:n]
+                out.append(row)
+        t1 = time.perf_counter()
+        self._account(fl, t1)
+        return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
+
+    def _account(self, fl: InFlight, t1: float) -> None:
+        """Per burst of steps: wall time from launch to finish, the host's time between a
+        finish and the next launch, and on CUDA the GPU's own view from events: busy from the
+        forward pass to the step's end, idle from the previous step's end to this forward
+        (with launch-ahead, ~0 when the next step was queued in time). Logged once per burst,
+        when a pause over BURST_IDLE_S ends it."""
+        b = self._burst
+        if self._last_end is not None:
+            gap = fl.t0 - self._last_end
+            if gap > BURST_IDLE_S:
+                self.log_burst()
+                self._last_done = None
+            else:
+                b[2] += max(gap, 0.0)
+        if fl.done is not None and fl.gpu_start is not None:
+            b[3] += fl.gpu_start.elapsed_time(fl.done)
+            if self._last_done is not None:
+                b[4] += max(self._last_done.elapsed_time(fl.gpu_start), 0.0)
+        if fl.done is not None:
+            self._last_done = fl.done
+        b[0] += 1
+        b[1] += t1 - fl.t0
+        self._last_end = t1
+
+    def log_burst(self) -> None:
+        steps, busy, gap, gpu_busy, gpu_idle = self._burst
+        if steps >= 2:
+            n = int(steps)
+            log.info("step_burst", steps=n, busy_ms=round(busy * 1e3, 2),
+                     between_ms=round(gap * 1e3, 2),
+                     busy_ms_per_step=round(busy * 1e3 / n, 3),
+                     between_ms_per_step=round(gap * 1e3 / (n - 1), 3),
+                     gpu_busy_ms_per_step=round(gpu_busy / n, 3),
+                     gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
+                     gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4)
+                     if gpu_busy else 0.0)
+        self._burst = [0, 0.0, 0.0, 0.0, 0.0]

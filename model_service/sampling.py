@@ -50,10 +50,38 @@ class SamplingBatch:
     min_p: torch.Tensor
     seeds: torch.Tensor  # int64
     positions: torch.Tensor  # int64: output position of the token being drawn
+    # Which stages any row needs, known on the host: deciding from the tensors would read them
+    # back and stall the host until the GPU is done, which defeats launching the next step
+    # early. None: derive from the tensors (tests, small callers).
+    flags: SamplingFlags | None = None
 
-    @property
-    def all_greedy(self) -> bool:
-        return bool((self.temperature <= 0).all())
+    def resolved_flags(self) -> SamplingFlags:
+        if self.flags is not None:
+            return self.flags
+        return SamplingFlags(
+            all_greedy=bool((self.temperature <= 0).all()),
+            top_k=bool((self.top_k > 0).any()),
+            top_p=bool((self.top_p < 1).any()),
+            min_p=bool((self.min_p > 0).any()),
+        )
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    all_greedy: bool
+    top_k: bool
+    top_p: bool
+    min_p: bool
+
+    @staticmethod
+    def of(temperature: list[float], top_k: list[int], top_p: list[float],
+           min_p: list[float]) -> SamplingFlags:
+        return SamplingFlags(
+            all_greedy=all(t <= 0 for t in temperature),
+            top_k=any(k > 0 for k in top_k),
+            top_p=any(p < 1 for p in top_p),
+            min_p=any(m > 0 for m in min_p),
+        )
 
 
 def sample(
@@ -62,12 +90,13 @@ def sample(
     """logits [R, V] fp32 -> (tokens [R], logprob of each token [R], top ids, top logprobs)."""
     logprobs = torch.log_softmax(logits, dim=-1)
     greedy_tok = logits.argmax(dim=-1)
-    if params.all_greedy:
+    flags = params.resolved_flags()
+    if flags.all_greedy:
         tokens = greedy_tok
     else:
         temp = params.temperature.clamp(min=1e-5)[:, None]
         probs = torch.softmax(logits / temp, dim=-1)
-        probs = _filter(probs, params)
+        probs = _filter(probs, params, flags)
         noise = uniform_noise(params.seeds, params.positions, logits.shape[-1])
         drawn = (probs / (-torch.log(noise))).argmax(dim=-1)
         tokens = torch.where(params.temperature <= 0, greedy_tok, drawn)
@@ -78,10 +107,8 @@ def sample(
     return tokens, chosen, top_ids, top_vals
 
 
-def _filter(probs: torch.Tensor, p: SamplingBatch) -> torch.Tensor:
-    use_k = bool((p.top_k > 0).any())
-    use_p = bool((p.top_p < 1).any())
-    use_min = bool((p.min_p > 0).any())
+def _filter(probs: torch.Tensor, p: SamplingBatch, flags: SamplingFlags) -> torch.Tensor:
+    use_k, use_p, use_min = flags.top_k, flags.top_p, flags.min_p
     if not (use_k or use_p or use_min):
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True)

@@ -2,15 +2,20 @@
 
 One session at a time owns the KV pool: a new session (a restarted or reconnected scheduler)
 ends the previous one and clears all per-request state. Steps are read ahead into a queue and
-executed in order on one worker thread, so a scheduler may send step N+1 while step N runs.
+run as two halves on two threads: `launch` (queue the GPU work) in order on the step thread,
+`finish` (wait, read tokens back) in order on the wait thread. So when the scheduler sends step
+N+1 before N's result, N+1 is launched while N still runs and the GPU never waits for the host.
+Late grammar masks (`StepMasks`) go through a mailbox to the launch that waits for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import structlog
@@ -19,14 +24,61 @@ from client.pb import model_pb2, model_pb2_grpc
 from model_service.engine import Engine
 from model_service.runner import StepError
 from model_service.step_codec import decode_step, encode_output
+from services.packing import unpack_i32
 
 log = structlog.get_logger(__name__)
+
+MASK_WAIT_S = 60.0  # a masks_follow step whose masks never come fails instead of hanging
+
+Masks = tuple[dict[int, tuple[int, bytes]], set[int]]
+
+
+class MaskMailbox:
+    """StepMasks by step id, from the stream reader (event loop) to the step thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._boxes: dict[int, Future[Masks]] = {}
+        self._closed = False
+
+    def _box(self, step_id: int) -> Future[Masks]:
+        with self._lock:
+            box = self._boxes.get(step_id)
+            if box is None:
+                box = self._boxes[step_id] = Future()
+                if self._closed:
+                    box.set_exception(StepError("the step session closed"))
+            return box
+
+    def deliver(self, msg: model_pb2.StepMasks) -> None:
+        box = self._box(msg.step_id)
+        if not box.done():
+            box.set_result(({m.handle: (m.encoding, m.data) for m in msg.rows},
+                            set(unpack_i32(msg.skip_handles))))
+
+    def wait(self, step_id: int) -> Masks:
+        box = self._box(step_id)
+        try:
+            return box.result(timeout=MASK_WAIT_S)
+        except TimeoutError as exc:
+            raise StepError(f"the masks of step {step_id} did not come in {MASK_WAIT_S}s") from exc
+        finally:
+            with self._lock:
+                self._boxes.pop(step_id, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for box in self._boxes.values():
+                if not box.done():
+                    box.set_exception(StepError("the step session closed"))
 
 
 class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
+        self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None
         self.session_gen = 0
 
@@ -72,46 +124,66 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         log.info("session_opened", session=sid)
         yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=self.info()))
 
+        runner = self.engine.runner
+        mailbox = MaskMailbox()
+        runner.mask_source = mailbox.wait
         queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
 
         async def read() -> None:
             try:
                 async for msg in request_iterator:
-                    if msg.WhichOneof("kind") == "step":
+                    kind = msg.WhichOneof("kind")
+                    if kind == "step":
                         await queue.put(msg.step)
+                    elif kind == "masks":
+                        mailbox.deliver(msg.masks)
             finally:
+                mailbox.close()
                 await queue.put(None)
 
+        async def run(step: model_pb2.Step) -> model_pb2.StepReply:
+            try:
+                ops = decode_step(step)
+                fl = await loop.run_in_executor(self.executor, runner.launch, ops)
+                out = await loop.run_in_executor(self.waiter, runner.finish, fl)
+            except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
+                kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
+                log.error(kind, session=sid, step=step.step_id, error=repr(exc),
+                          exc_info=not isinstance(exc, StepError))
+                return model_pb2.StepReply(result=model_pb2.StepResult(
+                    step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"))
+            return model_pb2.StepReply(result=encode_output(out))
+
         reader = asyncio.create_task(read())
+        running: deque[asyncio.Task[model_pb2.StepReply]] = deque()  # in step order
+        next_step: asyncio.Task[model_pb2.Step | None] | None = None
         try:
             while True:
-                step = await queue.get()
+                if next_step is None:
+                    next_step = asyncio.ensure_future(queue.get())
+                wanted: set[asyncio.Future] = {next_step}
+                if running:
+                    wanted.add(running[0])
+                await asyncio.wait(wanted, return_when=asyncio.FIRST_COMPLETED)
+                if running and running[0].done():
+                    yield running.popleft().result()
+                    continue
+                step = next_step.result()
+                next_step = None
                 if step is None or gen != self.session_gen:
                     break
-                ops = decode_step(step)
-                try:
-                    out = await loop.run_in_executor(self.executor, self.engine.runner.step, ops)
-                except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
-                    kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
-                    log.error(
-                        kind,
-                        session=sid,
-                        step=step.step_id,
-                        error=repr(exc),
-                        exc_info=not isinstance(exc, StepError),
-                    )
-                    yield model_pb2.StepReply(
-                        result=model_pb2.StepResult(
-                            step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
-                        )
-                    )
-                    continue
-                yield model_pb2.StepReply(result=encode_output(out))
+                running.append(asyncio.create_task(run(step)))
         finally:
+            if next_step is not None:
+                next_step.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+            mailbox.close()
+            for task in running:  # let launched work end before the state is reset
+                with contextlib.suppress(Exception):
+                    await task
             if gen == self.session_gen:
                 self.session_id = None
-                await loop.run_in_executor(self.executor, self.engine.runner.reset)
+                await loop.run_in_executor(self.executor, runner.reset)
             log.info("session_closed", session=sid)

@@ -43,6 +43,7 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
     ops.releases = unpack_i32(msg.release_handles)
     ops.freed_slots = unpack_i32(msg.freed_slots)
     ops.masks = {m.handle: (m.encoding, m.data) for m in msg.masks}
+    ops.masks_follow = msg.masks_follow
     return ops
 
 

@@ -49,6 +49,7 @@ class StepOps:
     releases: list[int] = field(default_factory=list)
     freed_slots: list[int] = field(default_factory=list)
     masks: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # handle -> (encoding, data)
+    masks_follow: bool = False  # the constrained decode rows' masks come in a later StepMasks
 
 
 @dataclass

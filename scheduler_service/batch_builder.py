@@ -28,6 +28,12 @@ class PlannedStep:
     prefill_only: list[Request] = field(default_factory=list)  # finish after this step
     prefilled: list[Request] = field(default_factory=list)  # computed prompt tokens this step
     retracted: list[Request] = field(default_factory=list)
+    # Every row by handle: (request, its epoch when built). Results apply only to that
+    # incarnation: a handle may be released and reused while the step is in flight.
+    owners: dict[int, tuple[Request, int]] = field(default_factory=dict)
+    sampling: list[int] = field(default_factory=list)  # handles of rows that sample
+    late: list[int] = field(default_factory=list)  # constrained decode rows: masks follow
+    decoded: list[int] = field(default_factory=list)  # decode handles, as in msg
 
     @property
     def empty(self) -> bool:
@@ -70,9 +76,23 @@ class BatchBuilder:
         jumped = self._jumps(plan)  # first: a refused jump decodes normally in this same step
         self._decodes(plan, skip=jumped)
         self._prefill(plan)
+        self._track_samplers(plan)
         # Last: the worker poisons these (NaN-fill debug) before this step writes any slot.
         plan.msg.freed_slots = pack_i32(st.cache.allocator.drain_freed())
         return plan
+
+    def _track_samplers(self, plan: PlannedStep) -> None:
+        st, m = self.st, plan.msg
+        for h in [*(a.handle for a in m.admits), *(e.handle for e in m.extends), *plan.decoded]:
+            r = st.running[h]
+            plan.owners[h] = (r, r.epoch)
+        plan.sampling = [a.handle for a in m.admits if a.sample]
+        plan.sampling += [e.handle for e in m.extends if e.sample]
+        plan.sampling += plan.decoded
+        for h in plan.sampling:
+            st.running[h].pending += 1
+        plan.late = [h for h in plan.decoded if st.running[h].grammar is not None]
+        m.masks_follow = bool(plan.late)
 
     # -- jump-forward (compressed FSM) -----------------------------------------------------
     def _jumps(self, plan: PlannedStep) -> set[int]:
@@ -118,11 +138,12 @@ class BatchBuilder:
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep, skip: set[int]) -> None:
         st, cache = self.st, self.st.cache
+        ctx = st.context_length
         decoders = [
             r
             for r in st.running.values()
             if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None
-            and r.handle not in skip
+            and r.handle not in skip and r.can_decode(ctx)
         ]
         if decoders:
             self.ratio.step()
@@ -149,6 +170,7 @@ class BatchBuilder:
             r.kv_slots.append(slot)
             r.kv_len += 1
             handles.append(r.handle)
+        plan.decoded = handles
         plan.msg.decode_handles = pack_i32(handles)
         plan.msg.decode_slots = pack_i32(got)
 

@@ -35,6 +35,12 @@ class SchedulerConfig:
     jump_forward: str = field(
         "on", "compressed-FSM jump-forward for constrained requests", choices=["on", "off"]
     )
+    overlap: str = field(
+        "on",
+        "send step N+1 before step N's tokens are back (the worker resolves them on the "
+        "device), so scheduling and the gRPC hop hide behind the forward pass",
+        choices=["on", "off"],
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 

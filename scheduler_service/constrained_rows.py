@@ -1,5 +1,6 @@
-"""Which rows of a planned step are constrained samplers, and taking rows back out of a step
-before it is sent (grammar service lost, or a row's grammar failed)."""
+"""Which rows of a planned step are constrained samplers, taking rows back out of a step before
+it is sent (grammar service lost, or a row's grammar failed), and undoing a sent decode whose
+row the worker is told to skip."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ from scheduler_service.state import SchedState
 from services.packing import pack_i32, unpack_i32
 
 
-def constrained_samplers(st: SchedState, plan: PlannedStep) -> list[int]:
-    """Handles of constrained requests that sample a token in this step."""
+def constrained_prefills(st: SchedState, plan: PlannedStep) -> list[int]:
+    """Handles of constrained admits/extends that sample in this step: their masks go with the
+    step (decode rows' masks follow it: `PlannedStep.late`)."""
     m = plan.msg
     want = [a.handle for a in m.admits if a.sample and _constrained(st, a.handle)]
     want += [e.handle for e in m.extends if e.sample and _constrained(st, e.handle)]
-    want += [h for h in unpack_i32(m.decode_handles) if _constrained(st, h)]
     return want
+
+
+def undo_decode(st: SchedState, r: Request) -> None:
+    """The worker skips this request's decode in a sent step (StepMasks.skip_handles) and
+    drops the slot it wrote: give the slot back, so the request is as if never decoded."""
+    slot = r.kv_slots.pop()
+    r.kv_len -= 1
+    st.cache.free_slots([slot])
 
 
 def _constrained(st: SchedState, handle: int) -> bool:
@@ -24,7 +33,7 @@ def _constrained(st: SchedState, handle: int) -> bool:
 
 
 def strip_constrained(st: SchedState, plan: PlannedStep) -> None:
-    drop_rows(st, plan, set(constrained_samplers(st, plan)))
+    drop_rows(st, plan, set(constrained_prefills(st, plan)))
 
 
 def drop_rows(st: SchedState, plan: PlannedStep, handles: set[int]) -> None:
@@ -36,11 +45,14 @@ def drop_rows(st: SchedState, plan: PlannedStep, handles: set[int]) -> None:
     m = plan.msg
     dh, ds = unpack_i32(m.decode_handles), unpack_i32(m.decode_slots)
     keep = [(h, s) for h, s in zip(dh, ds, strict=True) if h not in handles]
-    for h, s in zip(dh, ds, strict=True):
+    for h in dh:
         if h in handles and (r := st.running.get(h)) is not None:
-            r.kv_slots.pop()
-            r.kv_len -= 1
-            st.cache.free_slots([s])
+            undo_decode(st, r)
+            r.pending -= 1
+    plan.decoded = [h for h in plan.decoded if h not in handles]
+    plan.late = [h for h in plan.late if h not in handles]
+    plan.sampling = [h for h in plan.sampling if h not in handles]
+    m.masks_follow = bool(plan.late)
     m.decode_handles = pack_i32([h for h, _ in keep])
     m.decode_slots = pack_i32([s for _, s in keep])
     for ops in (m.admits, m.extends):

@@ -100,6 +100,11 @@ class ModelLink:
         self._out.put_nowait(model_pb2.StepRequest(step=step))
         return fut
 
+    def send_masks(self, masks: model_pb2.StepMasks) -> None:
+        """The late masks of a sent `masks_follow` step (no reply of its own)."""
+        if not self.closed.is_set():
+            self._out.put_nowait(model_pb2.StepRequest(masks=masks))
+
     async def close(self) -> None:
         self._out.put_nowait(None)
         if self._reader:

@@ -1,5 +1,9 @@
 """Applies a step's results: appends sampled tokens, checks stop criteria, finishes requests
-(their KV enters the prefix cache) and records per-request deltas for the front door."""
+(their KV enters the prefix cache) and records per-request deltas for the front door.
+
+With overlap the next step was already built and sent: a request that stops here has one more
+decode in flight, whose token is dropped (its handle or epoch no longer matches) and whose KV
+slot `SchedState.release` already freed."""
 
 from __future__ import annotations
 
@@ -18,13 +22,25 @@ def finish(st: SchedState, r: Request, reason: str, stop_token: int = -1) -> Non
     st.stats.finished_requests += 1
 
 
+def _current(plan: PlannedStep, handle: int) -> Request | None:
+    """The request this step sampled for under `handle`, if it is still that incarnation."""
+    entry = plan.owners.get(handle)
+    if entry is None:
+        return None
+    r, epoch = entry
+    return r if r.handle == handle and r.epoch == epoch else None
+
+
 def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -> None:
+    for h in plan.sampling:
+        if (r := _current(plan, h)) is not None:
+            r.pending -= 1
     extras = {e.handle: e for e in res.extras}
     handles = unpack_i32(res.handles)
     tokens = unpack_i32(res.tokens)
     logprobs = unpack_f32(res.logprobs)
     for h, ex in extras.items():
-        r = st.running.get(h)
+        r = _current(plan, h)
         if r is not None and ex.prompt_logprobs:
             vals = unpack_f32(ex.prompt_logprobs)
             start = ex.prompt_logprobs_start
@@ -33,13 +49,14 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
         if r.handle >= 0 and r.node is not None:
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
             # sharing (and later chunks) hit it next round.
-            cached = st.cache.cache_unfinished(r.fill[: r.kv_len], r.kv_slots[: r.kv_len], r.node)
+            n = r.known_kv
+            cached = st.cache.cache_unfinished(r.fill[:n], r.kv_slots[:n], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
     for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
-        r = st.running.get(h)
+        r = _current(plan, h)
         if r is None or r.phase is not Phase.DECODE:
-            continue  # aborted while the step ran
+            continue  # aborted, retracted or stopped while the step ran
         _on_token(st, r, tok, lp, extras.get(h))
     for r in plan.prefill_only:
         if r.handle >= 0:

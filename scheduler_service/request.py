@@ -62,6 +62,12 @@ class Request:
     grammar: tuple[str, str] | None = None  # (json_schema|regex|ebnf, text)
     jump: tuple[int, list[int]] | None = None  # pending jump-forward: (rollback, new tokens)
     no_jump_at: int = -1  # output length at which a jump could not be applied
+    # Overlap: tokens sampled by sent steps whose results are not applied yet (0 or 1). A
+    # decode built meanwhile reads its input token on the worker, so `kv_len` may be
+    # len(fill) + 1 until the result comes. `epoch` counts releases: a step's result only
+    # applies to the incarnation (handle, epoch) it was built for.
+    pending: int = 0
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output
@@ -91,6 +97,15 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+    @property
+    def known_kv(self) -> int:
+        """Tokens of `fill` whose KV slots are assigned (excludes a pending token's decode)."""
+        return min(self.kv_len, len(self.fill))
+
+    def can_decode(self, context_length: int) -> bool:
+        n = len(self.output) + self.pending
+        return n < self.spec.max_new_tokens and len(self.fill) + self.pending < context_length
 
     @property
     def owned(self) -> int:

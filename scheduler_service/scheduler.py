@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 
 import grpc
@@ -18,15 +19,14 @@ from client.pb import model_pb2
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.constrained_rows import constrained_samplers, drop_rows, strip_constrained
-from scheduler_service.grammar_link import GrammarLink, GrammarUnavailable
+from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
 from scheduler_service.state import Delta, SchedState
-from services.packing import unpack_i32
+from scheduler_service.step_masks import StepMasks
 from services.server import Health
 
 log = structlog.get_logger(__name__)
@@ -151,6 +151,7 @@ class Scheduler:
             self.st.handles.reset()
             self.st.pending_release.clear()
         self.builder = BatchBuilder(self.cfg, self.st, self.policy)
+        self.masks = StepMasks(self.cfg, self.st, self.grammar, self._fail)
 
     async def _idle(self) -> None:
         self.wake.clear()
@@ -163,24 +164,36 @@ class Scheduler:
             raise ModelUnavailable("model service lost")
 
     async def _loop(self) -> None:
+        """Build, send, apply. With overlap, step N+1 is built and sent before N's result
+        comes back (at most two steps in flight): the worker queues N+1 behind N, so the GPU
+        does not wait for this loop or the gRPC hop. Late masks of a step go out as soon as
+        every earlier result is applied."""
         st = self.st
         assert st is not None
+        depth = 2 if self.cfg.overlap == "on" else 1
+        inflight: deque[tuple[PlannedStep, asyncio.Future[model_pb2.StepResult]]] = deque()
         while True:
             self._reap_aborted()
-            if not st.waiting and not st.running:
+            sent = False
+            if len(inflight) < depth and (st.waiting or st.running):
+                t0 = time.perf_counter()
+                st.grammar_up = self.grammar.up.is_set()
+                plan = self.builder.build()
+                st.stats.step_seconds += time.perf_counter() - t0
+                await self.masks.before_send(plan)
+                if not plan.empty or plan.msg.release_handles:
+                    inflight.append((plan, self.link.send(plan.msg)))
+                    sent = True
+                    if plan.msg.masks_follow and len(inflight) == 1:
+                        self.link.send_masks(await self.masks.after_send(plan))
+            if not inflight:
                 self._flush()
                 await self._idle()
                 continue
-            t0 = time.perf_counter()
-            st.grammar_up = self.grammar.up.is_set()
-            plan = self.builder.build()
-            if plan.empty and not plan.msg.release_handles:
-                self._flush()
-                await self._idle()
-                continue
-            cpu = time.perf_counter() - t0
-            await self._masks(plan)
-            res = await self.link.send(plan.msg)
+            if sent and len(inflight) < depth:
+                continue  # room for one more step before waiting on the oldest
+            plan, fut = inflight.popleft()
+            res = await fut
             t1 = time.perf_counter()
             if res.error:
                 log.error("step_failed", step=res.step_id, error=res.error)
@@ -189,58 +202,12 @@ class Scheduler:
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
-            st.stats.step_seconds += cpu + time.perf_counter() - t1
+            st.stats.step_seconds += time.perf_counter() - t1
+            if inflight and inflight[0][0].msg.masks_follow:
+                self.link.send_masks(await self.masks.after_send(inflight[0][0]))
             if self.cfg.debug_invariants:
                 st.check_integrity()
             self._flush()
-
-    async def _masks(self, plan: PlannedStep) -> None:
-        """Fetch grammar masks for the constrained rows that sample in this step. If the grammar
-        service is lost meanwhile, those rows are taken out of the step (they wait for the
-        reconnect and its replay) instead of ever being sampled unmasked."""
-        st = self.st
-        assert st is not None
-        want = constrained_samplers(st, plan)
-        if not want and not st.grammar_ops:
-            return
-        if not st.grammar_up:
-            strip_constrained(st, plan)
-            return
-        jump = []
-        if self.cfg.jump_forward == "on":
-            jump = [h for h in want if st.running[h].no_jump_at != len(st.running[h].output)]
-        t0 = time.perf_counter()
-        try:
-            res = await self.grammar.step(st.grammar_ops.build(plan.msg.step_id, want, jump))
-        except GrammarUnavailable:
-            st.grammar_up = False
-            strip_constrained(st, plan)
-            return
-        finally:
-            st.stats.mask_wait_seconds += time.perf_counter() - t0
-        for err in res.errors:
-            r = st.running.get(err.handle)
-            if r is not None:
-                code = (
-                    grpc.StatusCode.INVALID_ARGUMENT if err.code == 3 else grpc.StatusCode.INTERNAL
-                )
-                log.error("grammar_row_failed", rid=r.rid, code=err.code, error=err.message)
-                drop_rows(st, plan, {r.handle})
-                if r in st.waiting:
-                    st.waiting.remove(r)
-                self._fail(r, code, f"grammar: {err.message}")
-        decoding = set(unpack_i32(plan.msg.decode_handles))
-        jumped = set()
-        for row in res.rows:
-            jf = row.jump_forward
-            r = st.running.get(row.handle)
-            if r is not None and jf.tokens and row.handle in decoding:
-                r.jump = (jf.rollback, unpack_i32(jf.tokens))  # applied by the next build
-                jumped.add(row.handle)
-        drop_rows(st, plan, jumped)  # a jumping request sits out this step, never raced
-        plan.msg.masks.extend(
-            row for row in res.rows if row.handle in st.running and row.handle not in jumped
-        )
 
     def _reap_aborted(self) -> None:
         st = self.st

@@ -70,10 +70,11 @@ class SchedState:
             self.running.pop(req.handle, None)
             self.pending_release.append(req.handle)
             req.handle = -1
-        kv = req.fill[: req.kv_len]
+        n = req.known_kv  # a decode of a not yet known token (overlap) is dropped
+        kv = req.fill[:n]
         if insert and kv:
-            self.cache.insert(kv, req.kv_slots[: req.kv_len])
-            extra = req.kv_slots[req.kv_len :]
+            self.cache.insert(kv, req.kv_slots[:n])
+            extra = req.kv_slots[n:]
             if extra:
                 self.cache.free_slots(extra)
         elif req.owned:
@@ -82,6 +83,8 @@ class SchedState:
             self.cache.unlock(req.node)
             req.node = None
         req.kv_slots = []
+        req.pending = 0
+        req.epoch += 1
         req.cached_len = 0
         req.kv_len = 0
         req.phase = Phase.DONE

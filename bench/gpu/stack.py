@@ -205,17 +205,20 @@ async def _workload_stack(endpoint: str, w: dict[str, Any]) -> dict[str, Any]:
             "tokens": [o["tokens"] for o in outs]}
 
 
-_BURST = re.compile(r"event='step_burst'.*?steps=(\d+) busy_ms=([\d.]+) between_ms=([\d.]+)")
+_KV = re.compile(r"(\w+)=([-\d.]+)(?=\s|$)")
 
 
 def _bursts(path: Path, offset: int) -> tuple[list[dict[str, float]], int]:
+    """The model worker's `step_burst` log lines (key=value numbers) after `offset`."""
     if not path.exists():
         return [], offset
     with path.open("rb") as f:
         f.seek(offset)
         data = f.read()
-    out = [{"steps": int(m[1]), "busy_ms": float(m[2]), "between_ms": float(m[3])}
-           for m in _BURST.finditer(data.decode("utf-8", "replace"))]
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if "step_burst" in line:
+            out.append({k: float(v) for k, v in _KV.findall(line)})
     return out, offset + len(data)
 
 
@@ -234,7 +237,7 @@ async def _flush(endpoint: str) -> None:
 
 
 def run_stack(model: str, device: str, workloads: list[dict[str, Any]], warmup: dict[str, Any],
-              log_dir: Path, ready_timeout: float) -> dict[str, Any]:
+              log_dir: Path, ready_timeout: float, overlap: str = "on") -> dict[str, Any]:
     from model_service.random_configs import random_config
     from services.launcher import Launcher, StackPorts, stack_specs
 
@@ -242,7 +245,7 @@ def run_stack(model: str, device: str, workloads: list[dict[str, Any]], warmup: 
     ports = StackPorts.free()
     model_args = ["--random-weights", model, "--device", device,
                   "--attention", "flashinfer" if device == "cuda" else "reference"]
-    sched_args = ["--chunk-tokens", str(CHUNK_TOKENS),
+    sched_args = ["--chunk-tokens", str(CHUNK_TOKENS), "--overlap", overlap,
                   "--max-running", str(max(256, max(w["batch"] for w in workloads)))]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
     launcher = Launcher(specs, log_dir=log_dir, env=_env(workloads))
@@ -270,18 +273,26 @@ def run_stack(model: str, device: str, workloads: list[dict[str, Any]], warmup: 
                 r["worker_busy_ms_per_step"] = b["busy_ms"] / b["steps"]
                 r["worker_between_ms_per_step"] = b["between_ms"] / max(b["steps"] - 1, 1)
                 r["worker_idle_fraction"] = b["between_ms"] / (b["busy_ms"] + b["between_ms"])
+                # CUDA events around each step's forward pass (model_service.runner._account)
+                for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step",
+                            "gpu_idle_fraction"):
+                    if key in b:
+                        r[key] = b[key]
                 if r["wall_ms_per_step"]:
                     r["idle_ms_per_step_from_wall"] = (r["wall_ms_per_step"]
                                                        - r["worker_busy_ms_per_step"])
             res["tokens"][w["name"]] = r.pop("tokens")
-            res["rows"].append({"system": "radixmesh", "variant": "4 services over gRPC",
+            res["rows"].append({"system": "radixmesh",
+                                "variant": f"4 services over gRPC, overlap {overlap}",
+                                "overlap": overlap,
                                 "path": "grpc-stack", "model": f"{model} random",
                                 "workload": w["name"], "batch": w["batch"],
                                 "input_len": w["input_len"], "output_len": w["output_len"],
                                 **r})
-            log(f"stack {w['name']}: {r['tok_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
-                f"ITL p50 {r['itl_ms_p50']:.2f} p99 {r['itl_ms_p99']:.2f} ms, "
-                f"worker idle {r.get('worker_idle_fraction', float('nan')):.3f}")
+            log(f"stack (overlap {overlap}) {w['name']}: {r['tok_s']:.1f} tok/s, TTFT p50 "
+                f"{r['ttft_ms_p50']:.1f} ms, ITL p50 {r['itl_ms_p50']:.2f} p99 "
+                f"{r['itl_ms_p99']:.2f} ms, GPU idle "
+                f"{r.get('gpu_idle_fraction', float('nan')):.3f} of step time")
     finally:
         launcher.stop_all()
     return res
@@ -300,6 +311,46 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
             n += 1
         pref.append(n / max(len(x), 1))
     return {"first_token_agreement": first, "common_prefix_fraction": sum(pref) / len(pref)}
+
+
+def _stack_rows(doc: dict[str, Any], out: Path, tmp: Path, model: str, device: str,
+                workloads: list[dict[str, Any]], quick: bool, ready_timeout: float,
+                overlap: str, inproc_tokens: dict[str, Any]) -> bool:
+    """One stack (scheduler `--overlap on|off`): its rows, each set against in-process."""
+    base = out / "stack_logs" if os.environ.get("STACK_KEEP_LOGS") else tmp / "logs"
+    log_dir = base / f"overlap_{overlap}"
+    try:
+        st = run_stack(model, device, workloads, QUICK_WARMUP if quick else WARMUP,
+                       log_dir, ready_timeout, overlap)
+    except Exception as exc:  # record, keep what the other runs measured
+        import traceback
+
+        traceback.print_exc()
+        doc["errors"].append(f"stack (overlap {overlap}): {exc!r}")
+        for name in ("model", "scheduler", "tokenizer", "grammar"):
+            p = log_dir / f"{name}.log"
+            if p.exists():
+                tail = p.read_text(errors="replace")[-1500:]
+                doc["notes"].append(f"{name}.log tail: {tail}")
+                print(f"--- {name}.log tail\n{tail}", flush=True)
+        return False
+    stack_tokens = st.pop("tokens")
+    rows = st.pop("rows")
+    doc[f"stack_overlap_{overlap}"] = st
+    by_name = {r["workload"]: r for r in doc["rows"] if r["path"] == "in-process ModelRunner"}
+    ok = True
+    for r in rows:
+        ref = by_name.get(r["workload"])
+        if ref:
+            r["in_process_tok_s"] = ref["tok_s"]
+            r["overhead_vs_in_process"] = 1 - r["tok_s"] / ref["tok_s"]
+            r["itl_p50_minus_in_process_ms"] = r["itl_ms_p50"] - ref["itl_ms_p50"]
+            r["within_10pct"] = r["overhead_vs_in_process"] <= 0.10
+            r.update(_agreement(inproc_tokens.get(r["workload"], []),
+                                stack_tokens.get(r["workload"], [])))
+        ok &= bool(r["all_exact_length"])
+        doc["rows"].append(r)
+    return ok
 
 
 def part_stack(out: Path, model: str = "llama-3.1-8b", device: str = "cuda",
@@ -325,43 +376,15 @@ def part_stack(out: Path, model: str = "llama-3.1-8b", device: str = "cuda",
             if "copy_bandwidth_GBps" in inp:
                 doc["copy_bandwidth_GBps"] = inp["copy_bandwidth_GBps"]
         write_json(doc, out / "stack.json")
-        log_dir = out / "stack_logs" if os.environ.get("STACK_KEEP_LOGS") else tmp / "logs"
-        try:
-            st = run_stack(model, device, workloads, QUICK_WARMUP if quick else WARMUP,
-                           log_dir, ready_timeout)
-        except Exception as exc:  # record, keep what the in-process side measured
-            import traceback
-
-            traceback.print_exc()
-            doc["errors"].append(f"stack: {exc!r}")
-            for name in ("model", "scheduler", "tokenizer", "grammar"):
-                p = log_dir / f"{name}.log"
-                if p.exists():
-                    tail = p.read_text(errors="replace")[-1500:]
-                    doc["notes"].append(f"{name}.log tail: {tail}")
-                    print(f"--- {name}.log tail\n{tail}", flush=True)
+        for overlap in ("on", "off"):
+            ok &= _stack_rows(doc, out, tmp, model, device, workloads, quick, ready_timeout,
+                              overlap, inproc_tokens)
             write_json(doc, out / "stack.json")
-            return False
-        stack_tokens = st.pop("tokens")
-        rows = st.pop("rows")
-        doc["stack"] = st
-        by_name = {r["workload"]: r for r in doc["rows"] if r["path"] == "in-process ModelRunner"}
-        for r in rows:
-            ref = by_name.get(r["workload"])
-            if ref:
-                r["in_process_tok_s"] = ref["tok_s"]
-                r["overhead_vs_in_process"] = 1 - r["tok_s"] / ref["tok_s"]
-                r["itl_p50_minus_in_process_ms"] = r["itl_ms_p50"] - ref["itl_ms_p50"]
-                r["within_10pct"] = r["overhead_vs_in_process"] <= 0.10
-                r.update(_agreement(inproc_tokens.get(r["workload"], []),
-                                    stack_tokens.get(r["workload"], [])))
-            ok &= bool(r["all_exact_length"])
-            doc["rows"].append(r)
-        write_json(doc, out / "stack.json")
     for r in doc["rows"]:
         extra = (f" overhead {r['overhead_vs_in_process']:+.3f}"
                  if "overhead_vs_in_process" in r else "")
-        log(f"{r['path']:24s} {r['workload']:10s} {r['tok_s']:9.1f} tok/s  TTFT p50/p99 "
+        log(f"{r['path']:24s} {r.get('overlap', '-'):3s} {r['workload']:10s} {r['tok_s']:9.1f} "
+            f"tok/s  TTFT p50/p99 "
             f"{r['ttft_ms_p50']:8.1f}/{r['ttft_ms_p99']:8.1f} ms  ITL p50/p99 "
             f"{r['itl_ms_p50']:6.2f}/{r['itl_ms_p99']:6.2f} ms{extra}")
     return ok

@@ -105,7 +105,7 @@ class Truncate(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("step_id", "admits", "extends", "decode_handles", "decode_slots", "truncates", "release_handles", "freed_slots", "masks")
+    __slots__ = ("step_id", "admits", "extends", "decode_handles", "decode_slots", "truncates", "release_handles", "freed_slots", "masks", "masks_follow")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     ADMITS_FIELD_NUMBER: _ClassVar[int]
     EXTENDS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class Step(_message.Message):
     RELEASE_HANDLES_FIELD_NUMBER: _ClassVar[int]
     FREED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     MASKS_FIELD_NUMBER: _ClassVar[int]
+    MASKS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     admits: _containers.RepeatedCompositeFieldContainer[Admit]
     extends: _containers.RepeatedCompositeFieldContainer[Extend]
@@ -124,15 +125,28 @@ class Step(_message.Message):
     release_handles: bytes
     freed_slots: bytes
     masks: _containers.RepeatedCompositeFieldContainer[_grammar_pb2.MaskRow]
-    def __init__(self, step_id: _Optional[int] = ..., admits: _Optional[_Iterable[_Union[Admit, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[Extend, _Mapping]]] = ..., decode_handles: _Optional[bytes] = ..., decode_slots: _Optional[bytes] = ..., truncates: _Optional[_Iterable[_Union[Truncate, _Mapping]]] = ..., release_handles: _Optional[bytes] = ..., freed_slots: _Optional[bytes] = ..., masks: _Optional[_Iterable[_Union[_grammar_pb2.MaskRow, _Mapping]]] = ...) -> None: ...
+    masks_follow: bool
+    def __init__(self, step_id: _Optional[int] = ..., admits: _Optional[_Iterable[_Union[Admit, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[Extend, _Mapping]]] = ..., decode_handles: _Optional[bytes] = ..., decode_slots: _Optional[bytes] = ..., truncates: _Optional[_Iterable[_Union[Truncate, _Mapping]]] = ..., release_handles: _Optional[bytes] = ..., freed_slots: _Optional[bytes] = ..., masks: _Optional[_Iterable[_Union[_grammar_pb2.MaskRow, _Mapping]]] = ..., masks_follow: _Optional[bool] = ...) -> None: ...
+
+class StepMasks(_message.Message):
+    __slots__ = ("step_id", "rows", "skip_handles")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    rows: _containers.RepeatedCompositeFieldContainer[_grammar_pb2.MaskRow]
+    skip_handles: bytes
+    def __init__(self, step_id: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[_grammar_pb2.MaskRow, _Mapping]]] = ..., skip_handles: _Optional[bytes] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("open", "step")
+    __slots__ = ("open", "step", "masks")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MASKS_FIELD_NUMBER: _ClassVar[int]
     open: OpenSession
     step: Step
-    def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ...) -> None: ...
+    masks: StepMasks
+    def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., masks: _Optional[_Union[StepMasks, _Mapping]] = ...) -> None: ...
 
 class RowExtras(_message.Message):
     __slots__ = ("handle", "top_ids", "top_logprobs", "prompt_logprobs", "prompt_logprobs_start")

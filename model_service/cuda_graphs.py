@@ -139,13 +139,14 @@ class DecodeCudaGraphs:
             logits = fwd()
         return _Captured(bs, inputs, wrapper, graph, logits, keep=(logit_rows, shim))
 
-    def _plan(self, wrapper: Any, bs: int, rows: Sequence[RowPlan], n: int) -> None:
+    def _plan(self, wrapper: Any, bs: int, rows: Sequence[RowPlan], n: int,
+              flat: torch.Tensor | None = None) -> None:
         lens = [int(r.kv_slots.numel()) for r in rows] + [1] * (bs - n)
         indptr = torch.zeros(bs + 1, dtype=torch.int32)
         indptr[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
         pad = self.scratch_pad[: bs - n] if bs > n else None
         if rows:
-            indices = kv_indices(rows, self.device, pad)
+            indices = kv_indices(rows, self.device, pad, flat)
         else:
             indices = self.scratch_pad[:bs].to(torch.int32)
         a = self.attn
@@ -160,8 +161,8 @@ class DecodeCudaGraphs:
         return None
 
     def run(self, ids: torch.Tensor, positions: Sequence[int], out_slots: Sequence[int],
-            rows: Sequence[RowPlan], started: torch.cuda.Event | None = None
-            ) -> torch.Tensor | None:
+            rows: Sequence[RowPlan], started: torch.cuda.Event | None = None,
+            kv_flat: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits [n, vocab] (fp32) of a decode-only step by graph replay, or None when no
         bucket fits (the caller then runs the step eagerly). `ids` is on the device (decode
         inputs may not have reached the host); `started` is recorded just before the replay.
@@ -181,7 +182,7 @@ class DecodeCudaGraphs:
         g.inputs[0, :n].copy_(ids)
         if pad:
             g.inputs[0, n:].zero_()
-        self._plan(g.wrapper, bs, rows, n)
+        self._plan(g.wrapper, bs, rows, n, kv_flat)
         if started is not None:
             started.record()
         g.graph.replay()

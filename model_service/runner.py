@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 import torch
 
@@ -29,6 +30,7 @@ from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaForCausalLM
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
+from model_service.slot_seq import SlotSeq
 from model_service.step_ops import (
     PromptLogprobs,
     RowOutput,
@@ -36,7 +38,7 @@ from model_service.step_ops import (
     StepOps,
     StepOutput,
 )
-from model_service.transfer import to_device, to_host
+from model_service.transfer import array_to_device, to_device, to_host
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +55,7 @@ class StepError(Exception):
 @dataclass
 class RequestState:
     sampling: Sampling
-    slots: list[int]
+    slots: SlotSeq
     sampled: int  # output tokens drawn so far, including those before a resubmission
     has_token: bool = False  # its last sampled token is in ModelRunner.last_tokens
     in_prompt: bool = True
@@ -128,7 +130,7 @@ class ModelRunner:
             self.pool.poison(to_device(ops.freed_slots, torch.int64, self.device))
         for handle, length in ops.truncates:
             st = self._get(handle)
-            del st.slots[length:]
+            st.slots.truncate(length)
             st.has_token = False
         rows = self._collect_rows(ops)
         if rows:
@@ -150,7 +152,7 @@ class ModelRunner:
         for a in ops.admits:
             if a.handle in self.requests:
                 raise StepError(f"handle {a.handle} admitted twice")
-            st = RequestState(a.sampling, list(a.prefix_slots), a.output_offset)
+            st = RequestState(a.sampling, SlotSeq(a.prefix_slots), a.output_offset)
             self.requests[a.handle] = st
             rows.append(_Row(a.handle, st, a.input_ids, a.slots, a.sample))
         for e in ops.extends:
@@ -191,7 +193,7 @@ class ModelRunner:
         dev = self.device
         pos: list[int] = []
         out_slots: list[int] = []
-        kv_flat: list[int] = []
+        kv_views: list[np.ndarray] = []
         kv_lens: list[int] = []
         logit_rows: list[int] = []
         # per row: (first logit row index, first absolute position with logits) for prompt lp
@@ -204,7 +206,7 @@ class ModelRunner:
             st.slots.extend(r.new_slots)
             pos.extend(range(start, start + n))
             out_slots.extend(r.new_slots)
-            kv_flat.extend(st.slots)
+            kv_views.append(st.slots.view())
             kv_lens.append(len(st.slots))
             p = st.sampling.prompt_logprobs_from
             span = None
@@ -225,16 +227,17 @@ class ModelRunner:
             cursor += n
         ids = self._input_ids(rows, cursor)
         # One copy for every row's KV slots, split into per-row views on the device.
-        plans = [RowPlan(r.n, kv) for r, kv in zip(
-            rows, torch.split(to_device(kv_flat, torch.int64, dev), kv_lens), strict=True)]
+        kv_flat = array_to_device(np.concatenate(kv_views), dev)
+        plans = [RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, kv_lens),
+                                                   strict=True)]
         if self.cuda:
             fl.gpu_start = torch.cuda.Event(enable_timing=True)
         logits = None
         if (self.decode_graphs is not None and cursor == len(rows)
                 and logit_rows == list(range(cursor))):
-            logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start)
+            logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start, kv_flat)
         if logits is None:
-            self.attn.plan(plans, to_device(out_slots, torch.int64, dev))
+            self.attn.plan(plans, to_device(out_slots, torch.int64, dev), kv_flat)
             if fl.gpu_start is not None:
                 fl.gpu_start.record()
             logits = self.model(ids, to_device(pos, torch.int64, dev), self.attn,

@@ -119,20 +119,27 @@ def _gemv(model: Any, bw_gbps: float) -> list[dict[str, Any]]:
 
 
 def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes: int,
-             kv_per_tok: int, label: str) -> dict[str, Any]:
+             kv_per_tok: int, label: str, batch: int = 1) -> dict[str, Any]:
     from model_service.step_ops import AdmitOp, Sampling, StepOps
 
-    handle, n_in, n_dec = 1, 128, 64
-    ids = torch.randint(0, 128000, (n_in,), generator=torch.Generator().manual_seed(5)).tolist()
-    runner.step(StepOps(1, admits=[AdmitOp(handle, Sampling(temperature=0.0), 0, [], ids,
-                                           list(range(n_in)), True)]))
+    n_in, n_dec = 128, 64
+    span = n_in + n_dec + 8  # slots per request: prompt, then its decodes
+    gen = torch.Generator().manual_seed(5)
+    admits = []
+    for b in range(batch):
+        ids = torch.randint(0, 128000, (n_in,), generator=gen).tolist()
+        admits.append(AdmitOp(1 + b, Sampling(temperature=0.0), 0, [], ids,
+                              list(range(b * span, b * span + n_in)), True))
+    handles = [1 + b for b in range(batch)]
+    runner.step(StepOps(1, admits=admits))
     times = []
     for j in range(n_dec):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        runner.step(StepOps(2 + j, decode_handles=[handle], decode_slots=[n_in + j]))
+        runner.step(StepOps(2 + j, decode_handles=handles,
+                            decode_slots=[b * span + n_in + j for b in range(batch)]))
         times.append((time.perf_counter() - t) * 1e3)
-    g = graphs.graphs[1].graph  # planned for the last step: context n_in + n_dec
+    g = graphs.graphs[graphs.bucket_for(batch)].graph  # planned for the last step
     replay = _replay_ms(g)
     kernels, ksum = _kernels(lambda i: g.replay())
     source = "graph replay"
@@ -141,27 +148,29 @@ def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes
         base = n_in + n_dec
 
         def eager(i: int) -> None:
-            runner.step(StepOps(100 + i, decode_handles=[handle], decode_slots=[base + i]))
+            runner.step(StepOps(100 + i, decode_handles=handles,
+                                decode_slots=[b * span + base + i for b in range(batch)]))
 
         kernels, ksum = _kernels(eager, reps=5)
         runner.decode_graphs = graphs
         source = "eager steps (no kernels seen inside the graph)"
-    runner.step(StepOps(2 + n_dec, releases=[handle]))
+    runner.step(StepOps(2 + n_dec, releases=handles))
     cats: dict[str, float] = {}
     for k in kernels:
         cats[k["category"]] = cats.get(k["category"], 0.0) + k["us_per_step"] / 1e3
     floor = weight_bytes / (bw * 1e9) * 1e3
-    need = weight_bytes - embed_bytes + (n_in + n_dec) * kv_per_tok
+    need = weight_bytes - embed_bytes + batch * (n_in + n_dec) * kv_per_tok
     bytes_floor = need / (bw * 1e9) * 1e3
     step = statistics.median(times)
-    res = {"form": label, "graph_replay_gpu_ms": replay, "decode_step_ms_median": step,
-           "tok_s": 1e3 / step, "host_ms_per_step": step - replay, "kernel_sum_ms": ksum,
+    res = {"form": label, "batch": batch, "graph_replay_gpu_ms": replay,
+           "decode_step_ms_median": step, "tok_s": batch * 1e3 / step, "host_ms_per_step": step - replay, "kernel_sum_ms": ksum,
            "kernels_per_step": sum(k["calls_per_step"] for k in kernels),
            "categories_ms": cats, "weight_floor_ms": floor, "bytes_floor_ms": bytes_floor,
            "roofline_fraction_gpu_forward": floor / replay,
            "roofline_fraction_step": floor / step, "kernel_source": source,
            "kernels": kernels[:40]}
-    log(f"{label}: replay {replay:.3f} ms, step {step:.3f} ms ({1e3 / step:.1f} tok/s), "
+    log(f"{label} batch {batch}: replay {replay:.3f} ms, step {step:.3f} ms "
+        f"({batch * 1e3 / step:.1f} tok/s), "
         f"{res['kernels_per_step']:.0f} kernels, kernel sum {ksum:.3f} ms, floor {floor:.3f} ms")
     for c, v in sorted(cats.items(), key=lambda kv: -kv[1]):
         log(f"   {c:14s} {v:7.3f} ms")
@@ -178,7 +187,7 @@ def worker_profile() -> dict[str, Any]:
     bw = copy_bandwidth_gbps()
     eng = build_engine(ModelServiceConfig(random_weights=MODEL, device="cuda",
                                           dtype="bfloat16", attention="flashinfer",
-                                          kv_tokens=4096))
+                                          kv_tokens=16384))
     runner = eng.runner
     model = runner.model
     a = model.args
@@ -211,6 +220,14 @@ def worker_profile() -> dict[str, Any]:
         if kernels == "torch":
             fused["gemv"] = _gemv(model, bw)
         res["forms"].append(fused)
+        if kernels == "triton":  # the batch-64 step: where its time goes against its floor
+            runner.decode_graphs = None
+            torch.cuda.empty_cache()
+            graphs = capture_decode_graphs(model, attn, scratch_slot=runner.pool.capacity,
+                                           max_kv_tokens=runner.pool.capacity, buckets=[64])
+            runner.decode_graphs = graphs
+            res["forms"].append(_measure(runner, graphs, bw, weight_bytes, embed_bytes,
+                                         kv_per_tok, f"fused, {kernels} ops", batch=64))
     for f in res["forms"]:
         for gm in f.get("gemv", []):
             log(f"{f['form']:18s} {gm['proj']:13s} {str(gm['shape']):15s} {gm['MB']:7.1f} MB "

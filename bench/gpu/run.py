@@ -139,7 +139,7 @@ def part_test(out: Path) -> bool:
     doc = new_doc("test")
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/gpu", "-rs"], cwd=ROOT, capture_output=True, text=True,
+                           "tests/gpu", "tests/unit/test_runner_pipeline.py", "-rs"], cwd=ROOT, capture_output=True, text=True,
                           timeout=400)
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail, flush=True)

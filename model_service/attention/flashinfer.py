@@ -77,7 +77,8 @@ class FlashInferAttention:
         self.out_slots = torch.empty(0, dtype=torch.int64, device=dev)
         self.decode_only = False
 
-    def plan(self, rows: Sequence[RowPlan], out_slots: torch.Tensor) -> None:
+    def plan(self, rows: Sequence[RowPlan], out_slots: torch.Tensor,
+             kv_flat: torch.Tensor | None = None) -> None:
         if not rows:
             raise ValueError("a step with no rows has nothing to attend")
         qo = [0]
@@ -87,7 +88,7 @@ class FlashInferAttention:
             kv.append(kv[-1] + int(r.kv_slots.numel()))
         qo_indptr = torch.tensor(qo, dtype=torch.int32)
         kv_indptr = torch.tensor(kv, dtype=torch.int32)
-        indices = kv_indices(rows, self.device)
+        indices = kv_indices(rows, self.device, flat=kv_flat)
         last_page_len = torch.ones(len(rows), dtype=torch.int32)  # page size 1: always full
         self.out_slots = out_slots.to(self.device, torch.int64)
         self.decode_only = qo[-1] == len(rows)
@@ -108,10 +109,12 @@ class FlashInferAttention:
 
 
 def kv_indices(rows: Sequence[RowPlan], device: torch.device,
-               pad: torch.Tensor | None = None) -> torch.Tensor:
+               pad: torch.Tensor | None = None, flat: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """All rows' KV slots in row order as one int32 tensor on `device` (flashinfer's
-    paged_kv_indices for page size 1), optionally followed by `pad`."""
-    parts = [r.kv_slots for r in rows]
+    paged_kv_indices for page size 1), optionally followed by `pad`. `flat`: the rows' slots
+    already concatenated on the device (the runner builds them so; saves a cat of B views)."""
+    parts = [flat] if flat is not None else [r.kv_slots for r in rows]
     if pad is not None:
         parts.append(pad)
     flat = torch.cat([p.to(device, non_blocking=True) for p in parts])

@@ -149,7 +149,7 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
         eager_k = pool.k.clone()
         pool.k.copy_(snapshot_k)
         pool.v.copy_(snapshot_v)
-        replay = graphs.run(dec_ids, dec_pos, dec_slots, dec_rows)
+        replay = graphs.run(torch.tensor(dec_ids, device=DEV), dec_pos, dec_slots, dec_rows)
         assert replay is not None and replay.shape == eager.shape
         replay = replay.clone()
         torch.cuda.synchronize()
@@ -166,4 +166,5 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
     a, b = pool.k[:, other], eager_k[:, other]
     same = (a == b) | (a.isnan() & b.isnan())
     assert same.all(), "graph replay wrote outside the step's slots and the scratch slot"
-    assert graphs.run(list(range(5)), [0] * 5, [0] * 5, dec_rows[:1] * 5) is None  # no bucket
+    no_bucket = graphs.run(torch.arange(5, device=DEV), [0] * 5, [0] * 5, dec_rows[:1] * 5)
+    assert no_bucket is None

@@ -20,7 +20,7 @@ machine replays exactly these ids (`bench/gpu/serving.py --part sharegpt`).
 
 The 0.1.0 wheel's JSON is cut short (125,509,632 bytes, the size its RECORD names, ending
 inside a string): the sampler keeps every complete conversation before the cut and records how
-many that was, so the shuffle runs over those rather than over the full file's ~94k.
+many that was, so the shuffle runs over those rather than over the whole file's.
 """
 
 from __future__ import annotations

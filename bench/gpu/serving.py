@@ -56,7 +56,7 @@ QUICK_SHAREGPT = 12  # quick CPU runs: requests, and their output lengths capped
 QUICK_MAX_OUTPUT = 12
 
 
-# -- measurements in a subprocess (the parent never holds a CUDA context) -----------------------
+# -- measurements in a subprocess (the parent runs no GPU work; each system gets the GPU alone) --
 def measure_worker() -> dict[str, float]:
     import torch
 
@@ -239,7 +239,7 @@ def part_sharegpt(args: argparse.Namespace) -> bool:
     from bench.gpu.sample_sharegpt import load_sample
 
     sample = load_sample(args.sample)
-    limit = QUICK_SHAREGPT if args.quick else None
+    limit = args.requests or (QUICK_SHAREGPT if args.quick else None)
     reqs = wl.sharegpt_requests(sample, limit, QUICK_MAX_OUTPUT if args.quick else None)
     n_sub = min(args.hf_subset, len(reqs))
     subset = reqs[:n_sub]
@@ -339,6 +339,12 @@ def parser() -> argparse.ArgumentParser:
         help="scheduler --max-running; CUDA graphs are captured up to it",
     )
     ap.add_argument("--sample", type=Path, default=wl.default_sample_path())
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="sharegpt: the first N requests of the sample (default: all)",
+    )
     ap.add_argument("--hf-subset", type=int, default=HF_SUBSET)
     ap.add_argument("--hf-batch", type=int, default=HF_SUBSET)
     ap.add_argument("--hf-timeout", type=float, default=300)

@@ -7,6 +7,7 @@ names the document's part, device and date, so runs from several machines or day
 one table. Rows with latency figures (`itl_ms_p50`: part `stack`, in-process and through the
 gRPC stack) also form a latency table with the stack's overhead against the in-process run, and
 `profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step.
+Rows marked `"table": "serving"` (parts sharegpt, gsp, mmlu) form the serving-workloads table.
 """
 
 from __future__ import annotations
@@ -103,13 +104,50 @@ def _profile(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+SERVING_HEADER = ["part", "system", "variant", "workload", "requests", "in / out tokens",
+                  "req/s", "out tok/s", "in tok/s (computed)", "TTFT p50 / p99 ms",
+                  "ITL p50 / p99 ms", "hit rate (optimal)", "radix share", "roofline", "device",
+                  "date"]
+
+
+def _serving_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    """A row of parts sharegpt / gsp / mmlu (bench/gpu/serving.py)."""
+    opt = r.get("optimal_hit_rate")
+    return [d["part"], r.get("system", ""), r.get("variant", ""), str(r.get("workload", "")),
+            _fmt(r.get("requests")),
+            f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",
+            _fmt(r.get("req_s"), 2), _fmt(r.get("output_tok_s")),
+            f"{_fmt(r.get('input_tok_s'), 0)} ({_fmt(r.get('computed_prefill_tok_s'), 0)})",
+            f"{_fmt(r.get('ttft_ms_p50'))} / {_fmt(r.get('ttft_ms_p99'))}",
+            f"{_fmt(r.get('itl_ms_p50'), 2)} / {_fmt(r.get('itl_ms_p99'), 2)}",
+            f"{_fmt(r.get('hit_rate'), 3)}" + (f" ({_fmt(opt, 3)})" if opt is not None else ""),
+            "-" if r.get("radix_share") is None else f"{r['radix_share'] * 100:.4f} %",
+            _fmt(r.get("roofline_fraction"), 3), dev, date]
+
+
+def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for d in docs:
+        sp = d.get("speedup_radix_tree_vs_off") or {}
+        if sp:
+            out.append(f"- {d['part']} ({str(d.get('date', ''))[:10]}): radix tree vs off "
+                       f"{_fmt(sp.get('req_s'), 2)}x requests/s, "
+                       f"{_fmt(sp.get('output_tok_s'), 2)}x output tok/s")
+        if d.get("speedup_vs_hf_on_subset"):
+            out.append(f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
+                       f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s")
+    return out
+
+
 def render(docs: list[dict[str, Any]]) -> str:
-    perf, nums, other, lat = [], [], [], []
+    perf, nums, other, lat, serving = [], [], [], [], []
     for d in docs:
         date = str(d.get("date", ""))[:10]
         dev = str(d.get("device", "")).split(" (")[0]
         for r in d["rows"]:
-            if "tok_s" in r:
+            if r.get("table") == "serving":
+                serving.append(_serving_row(d, r, dev, date))
+            elif "tok_s" in r:
                 perf.append([d["part"], r.get("system", ""), r.get("variant", ""),
                              r.get("path", ""), _fmt(r.get("batch")),
                              f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
@@ -158,6 +196,16 @@ def render(docs: list[dict[str, Any]]) -> str:
                   "1 - busy / wall (the worker waits on scheduler and transport between "
                   "steps). In-process TTFT is the step that admits every request; its ITL "
                   "samples are decode steps.", ""]
+    if serving:
+        lines += ["## Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)", ""]
+        lines += _table(SERVING_HEADER, serving)
+        lines += ["", "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
+                  "tokens / wall (computed: those not served from the cache). hit rate: cached "
+                  "/ prompt tokens from GetStats (offline optimum). radix share: radix "
+                  "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
+                  "max(bandwidth floor, compute floor) for the steps taken / wall "
+                  "(bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
+                  "estimated per batch.", *_serving_notes(docs), ""]
     for d in docs:
         if d.get("part") == "profile":
             lines += _profile(d)

@@ -7,6 +7,10 @@
     python bench/gpu/run.py --part profile --out DIR   # batch-1 decode step: kernels, GEMVs,
                                                        # separate vs fused layers
     python bench/gpu/run.py --part stack   --out DIR   # 4 services over gRPC vs in-process
+    python bench/gpu/run.py --part sharegpt --out DIR  # ShareGPT 2,000 prompts, rate inf; HF
+    python bench/gpu/run.py --part gsp     --out DIR   # generated-shared-prefix, radix on/off
+    python bench/gpu/run.py --part mmlu    --out DIR   # 5-shot MMLU-style, radix on/off
+                                                       # (these three: bench/gpu/serving.py)
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -39,6 +43,9 @@ PARTS = {
     "batch64": {"batch": 64, "input_len": 128, "output_len": 256},
     "profile": {},
     "stack": {},
+    "sharegpt": {},
+    "gsp": {},
+    "mmlu": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -195,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.stack import part_stack
 
             ok &= part_stack(args.out)
+        elif p in ("sharegpt", "gsp", "mmlu"):
+            from bench.gpu.serving import run_part
+
+            ok &= run_part(p, args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

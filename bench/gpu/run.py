@@ -7,6 +7,8 @@
     python bench/gpu/run.py --part profile --out DIR   # batch-1 decode step: kernels, GEMVs,
                                                        # separate vs fused layers
     python bench/gpu/run.py --part stack   --out DIR   # 4 services over gRPC vs in-process
+    python bench/gpu/run.py --part constrained --out DIR  # JSON-schema batches 1/16/64 vs
+                                                       # unconstrained, jump-forward off/on
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -39,6 +41,7 @@ PARTS = {
     "batch64": {"batch": 64, "input_len": 128, "output_len": 256},
     "profile": {},
     "stack": {},
+    "constrained": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -195,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.stack import part_stack
 
             ok &= part_stack(args.out)
+        elif p == "constrained":
+            from bench.gpu.constrained_gpu import part_constrained
+
+            ok &= part_constrained(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

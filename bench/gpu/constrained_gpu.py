@@ -197,7 +197,15 @@ def measure_batch(
             )
         )
         ratio = round(c["tok_s"] / u["tok_s"], 4) if u["tok_s"] else None
-        runs.append({"constrained": c, "unconstrained_length_matched": u, "ratio": ratio})
+        samples = [o.text for o in c_outs[:2]]  # to read: what random weights wrote
+        runs.append(
+            {
+                "constrained": c,
+                "unconstrained_length_matched": u,
+                "ratio": ratio,
+                "samples": samples,
+            }
+        )
     ordered = sorted(runs, key=lambda r: r["ratio"] or 0.0)
     median = ordered[len(ordered) // 2]
     return {
@@ -208,6 +216,7 @@ def measure_batch(
         "ratio_constrained_over_unconstrained": median["ratio"],
         "ratio_rounds": [r["ratio"] for r in runs],
         "validity": valid | {"examples_not_strict": examples},
+        "sample_outputs": median["samples"],
         "rounds": runs,
     }
 

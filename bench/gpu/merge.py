@@ -8,6 +8,8 @@ one table. Rows with latency figures (`itl_ms_p50`: part `stack`, in-process and
 gRPC stack) also form a latency table with the stack's overhead against the in-process run, and
 `profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step.
 Rows marked `"table": "serving"` (parts sharegpt, gsp, mmlu) form the serving-workloads table.
+`profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step;
+`constrained` documents render their own tables (bench/gpu/constrained_report.py).
 """
 
 from __future__ import annotations
@@ -137,11 +139,20 @@ def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
             out.append(f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
                        f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s")
     return out
+def _constrained(d: dict[str, Any]) -> list[str]:
+    root = str(Path(__file__).resolve().parents[2])  # run as a script: bench/ is not on the path
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.gpu.constrained_report import render_tables
+
+    return render_tables(d, _fmt, _table)
 
 
 def render(docs: list[dict[str, Any]]) -> str:
     perf, nums, other, lat, serving = [], [], [], [], []
     for d in docs:
+        if d.get("part") == "constrained":  # its own tables, below
+            continue
         date = str(d.get("date", ""))[:10]
         dev = str(d.get("device", "")).split(" (")[0]
         for r in d["rows"]:
@@ -209,6 +220,8 @@ def render(docs: list[dict[str, Any]]) -> str:
     for d in docs:
         if d.get("part") == "profile":
             lines += _profile(d)
+        elif d.get("part") == "constrained":
+            lines += _constrained(d)
     if nums:
         lines += ["## Numerics (teacher-forced logits vs HF fp32)", ""]
         lines += _table(["part", "system", "variant", "rel err", "prefill", "decode",

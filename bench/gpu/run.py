@@ -11,6 +11,8 @@
     python bench/gpu/run.py --part gsp     --out DIR   # generated-shared-prefix, radix on/off
     python bench/gpu/run.py --part mmlu    --out DIR   # 5-shot MMLU-style, radix on/off
                                                        # (these three: bench/gpu/serving.py)
+    python bench/gpu/run.py --part constrained --out DIR  # JSON-schema batches 1/16/64 vs
+                                                       # unconstrained, jump-forward off/on
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -46,6 +48,7 @@ PARTS = {
     "sharegpt": {},
     "gsp": {},
     "mmlu": {},
+    "constrained": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -206,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.serving import run_part
 
             ok &= run_part(p, args.out)
+        elif p == "constrained":
+            from bench.gpu.constrained_gpu import part_constrained
+
+            ok &= part_constrained(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

@@ -7,6 +7,7 @@
     python bench/gpu/run.py --part profile --out DIR   # batch-1 decode step: kernels, GEMVs,
                                                        # separate vs fused layers
     python bench/gpu/run.py --part stack   --out DIR   # 4 services over gRPC vs in-process
+    python bench/gpu/run.py --part model_load --out DIR  # the model service alone, batch 1-256
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -39,6 +40,7 @@ PARTS = {
     "batch64": {"batch": 64, "input_len": 128, "output_len": 256},
     "profile": {},
     "stack": {},
+    "model_load": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -195,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.stack import part_stack
 
             ok &= part_stack(args.out)
+        elif p == "model_load":
+            from bench.gpu.model_load_part import part_model_load
+
+            ok &= part_model_load(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

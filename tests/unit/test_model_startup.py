@@ -24,7 +24,6 @@ from model_service.__main__ import main
 from model_service.attention import flashinfer as fi
 from model_service.config import ModelServiceConfig
 from model_service.engine import build_engine
-from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.random_configs import config_dict, hf_config
 from services.config import parse_config
@@ -309,12 +308,3 @@ def test_explicit_flashinfer_on_cpu_starts_with_the_reference_and_a_warning(
     assert build_engine(parse_config(ModelServiceConfig, argv)).attention_backend == "reference"
     assert [e for e, _ in warnings] == ["attention_fallback"]
     assert "not on a CUDA device" in warnings[0][1]["reason"]
-
-
-@pytest.mark.skipif(not fi.flashinfer_available()[0], reason="needs CUDA and flashinfer")
-def test_warm_up_runs_flashinfer_and_leaves_real_slots_alone() -> None:
-    pool = KVPool(2, 17, 2, 64, torch.bfloat16, "cuda", nan_fill=True)
-    pool.capacity = 16
-    attn, note = fi.choose_attention("auto", pool, 8, 2, 64)
-    assert attn.name == "flashinfer" and note == ""
-    assert torch.isnan(pool.k).all() and torch.isnan(pool.v).all()

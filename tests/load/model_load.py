@@ -30,14 +30,17 @@ import argparse
 import asyncio
 import json
 import os
+import queue
 import random
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: this checkout's modules first
@@ -49,6 +52,8 @@ from services.launcher import check_ready, free_port  # noqa: E402
 from services.packing import pack_i32, unpack_i32  # noqa: E402
 
 MAX_PROMPT_ID = 32000  # random prompt ids stay below every supported vocabulary's specials
+BURST_PAUSE_S = 0.7  # longer than model_service.runner.BURST_IDLE_S (0.5 s): ends a burst
+_KV = re.compile(r"(\w+)=([-\d.]+)(?=\s|$)")  # key=number in a structlog key-value line
 
 
 def pct(values: list[float], q: float) -> float:
@@ -65,7 +70,7 @@ def service_command(ns: argparse.Namespace, port: int, kv_tokens: int) -> list[s
         "--port",
         str(port),
         "--log-level",
-        "warning",
+        "info",
         "--device",
         ns.device,
         "--kv-tokens",
@@ -134,23 +139,97 @@ def _result(reply: model_pb2.StepReply, want_id: int, batch: int) -> model_pb2.S
     return res
 
 
+class ServiceLog:
+    """Reads the service's stderr on a thread: `step_burst` lines (the worker's own split of a
+    burst of steps, model_service/runner.py) and `session_closed` markers go to a queue,
+    warnings and errors are echoed."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.events: queue.Queue[dict[str, float] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace")
+            if "step_burst" in line:
+                self.events.put({k: float(v) for k, v in _KV.findall(line)})
+            elif "session_closed" in line:
+                self.events.put(None)
+            elif "level='info'" not in line:
+                sys.stderr.write(line)
+
+    def session_bursts(self, timeout: float = 30.0) -> list[dict[str, float]]:
+        """The bursts logged up to the end of the next closed session, in order."""
+        out: list[dict[str, float]] = []
+        while True:
+            try:
+                ev = self.events.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError("the worker did not log the end of the session") from None
+            if ev is None:
+                return out
+            out.append(ev)
+
+
+async def run_decodes(
+    call: Any,
+    first: int,
+    count: int,
+    inflight: int,
+    batch: int,
+    ns: argparse.Namespace,
+    vocab: int,
+    tokens: list[list[int]],
+) -> tuple[float, list[float], list[float], list[float]]:
+    """Decode steps first..first+count-1, up to `inflight` written before a result is read.
+    Returns (time the first was written, result times, round trips ms, worker forward_ms)."""
+    region = ns.prompt_len + ns.warmup + ns.steps + 1
+    pending: deque[tuple[int, float]] = deque()  # (step id, time written)
+    done_at: list[float] = []
+    rtt: list[float] = []
+    fwd: list[float] = []
+    first_sent = 0.0
+    next_id = first
+    while len(done_at) < count:
+        while next_id < first + count and len(pending) < inflight:
+            pos = ns.prompt_len + next_id - 1  # the KV of the token sampled by step next_id - 1
+            await call.write(model_pb2.StepRequest(step=decode_step(next_id, batch, region, pos)))
+            pending.append((next_id, time.perf_counter()))
+            first_sent = first_sent or pending[-1][1]
+            next_id += 1
+        sid, sent = pending.popleft()
+        res = _result(await call.read(), sid, batch)
+        now = time.perf_counter()
+        for i, t in enumerate(unpack_i32(res.tokens)):
+            if not 0 <= t < vocab:
+                raise RuntimeError(f"step {sid}: token {t} outside the vocabulary")
+            tokens[i].append(t)
+        done_at.append(now)
+        rtt.append((now - sent) * 1e3)
+        fwd.append(res.forward_ms)
+    return first_sent, done_at, rtt, fwd
+
+
 async def run_case(
     stub: model_pb2_grpc.ModelWorkerStub,
     batch: int,
     inflight: int,
     ns: argparse.Namespace,
     vocab: int,
+    service_log: ServiceLog,
 ) -> dict[str, Any]:
+    """Admit, `--warmup` decodes, a pause, the measured decodes, a pause, one more decode.
+    The pauses end the worker's bursts (runner.BURST_IDLE_S), so its `step_burst` line for
+    the measured steps holds exactly them; the last decode makes the worker log it."""
     rng = random.Random(1000 + batch)  # the same prompts at every depth for one batch size
     hi = min(vocab, MAX_PROMPT_ID)
     prompts = [[rng.randrange(100, hi) for _ in range(ns.prompt_len)] for _ in range(batch)]
-    region = ns.prompt_len + ns.warmup + ns.steps
-    total = ns.warmup + ns.steps
+    region = ns.prompt_len + ns.warmup + ns.steps + 1
     tokens: list[list[int]] = [[] for _ in range(batch)]
     call = stub.Steps()
-    await call.write(
-        model_pb2.StepRequest(open=model_pb2.OpenSession(session_id=f"load-b{batch}-d{inflight}"))
-    )
+    sid = f"load-b{batch}-d{inflight}"
+    await call.write(model_pb2.StepRequest(open=model_pb2.OpenSession(session_id=sid)))
     opened = await call.read()
     if opened.WhichOneof("kind") != "opened":
         raise RuntimeError("the worker did not open the session")
@@ -162,44 +241,31 @@ async def run_case(
     prefill_fwd = res.forward_ms
     for i, t in enumerate(unpack_i32(res.tokens)):
         tokens[i].append(t)
-
-    pending: deque[tuple[int, float]] = deque()  # (step id, time written)
-    rtt, fwd, done_at = [], [], []
-    next_id = 1
-    while len(done_at) < total:
-        while next_id <= total and len(pending) < inflight:
-            pos = ns.prompt_len + next_id - 1  # the KV of the token sampled by step next_id - 1
-            msg = decode_step(next_id, batch, region, pos)
-            await call.write(model_pb2.StepRequest(step=msg))
-            pending.append((next_id, time.perf_counter()))
-            next_id += 1
-        sid, sent = pending.popleft()
-        res = _result(await call.read(), sid, batch)
-        now = time.perf_counter()
-        for i, t in enumerate(unpack_i32(res.tokens)):
-            if not 0 <= t < vocab:
-                raise RuntimeError(f"step {sid}: token {t} outside the vocabulary")
-            tokens[i].append(t)
-        done_at.append(now)
-        if sid > ns.warmup:
-            rtt.append((now - sent) * 1e3)
-            fwd.append(res.forward_ms)
+    w, n = ns.warmup, ns.steps
+    await run_decodes(call, 1, w, inflight, batch, ns, vocab, tokens)
+    await asyncio.sleep(BURST_PAUSE_S)
+    start, done_at, rtt, fwd = await run_decodes(call, w + 1, n, inflight, batch, ns, vocab, tokens)
+    await asyncio.sleep(BURST_PAUSE_S)
+    await run_decodes(call, w + n + 1, 1, 1, batch, ns, vocab, tokens)
     await call.done_writing()
     while await call.read() != grpc.aio.EOF:  # the worker ends the stream after our close
         pass
+    # The last burst before the session ended is the measured steps, logged by the last
+    # decode; a stall over the burst pause inside them (a loaded host) splits it: then the
+    # figures cover only its last part, and `worker_burst_steps` says how many steps that is.
+    bursts = service_log.session_bursts()
+    burst = bursts[-1] if bursts else {}
 
-    # Measured window: from the last warm-up result to the last result.
-    start = done_at[ns.warmup - 1] if ns.warmup else t0 + prefill_ms / 1e3
     wall = done_at[-1] - start
-    window = [start * 1e3] + [t * 1e3 for t in done_at[ns.warmup :]]
-    intervals = [b - a for a, b in zip(window[:-1], window[1:], strict=True)]
-    mean_interval = wall * 1e3 / ns.steps
-    return {
+    window = [start, *done_at]
+    intervals = [(b - a) * 1e3 for a, b in zip(window[:-1], window[1:], strict=True)]
+    mean_interval = wall * 1e3 / n
+    out: dict[str, Any] = {
         "batch": batch,
         "inflight": inflight,
-        "steps": ns.steps,
-        "steps_per_s": round(ns.steps / wall, 2),
-        "decode_tok_s": round(batch * ns.steps / wall, 1),
+        "steps": n,
+        "steps_per_s": round(n / wall, 2),
+        "decode_tok_s": round(batch * n / wall, 1),
         "step_ms_p50": round(statistics.median(intervals), 3),
         "step_ms_p99": round(pct(intervals, 99), 3),
         "step_ms_mean": round(mean_interval, 3),
@@ -207,12 +273,21 @@ async def run_case(
         "rtt_ms_p99": round(pct(rtt, 99), 3),
         "forward_ms_p50": round(statistics.median(fwd), 3),
         "forward_ms_p99": round(pct(fwd, 99), 3),
-        "idle_ms_per_step": round(mean_interval - statistics.fmean(fwd), 3),
+        "worker_burst_steps": int(burst.get("steps", 0)),
+        "worker_busy_ms_per_step": burst.get("busy_ms_per_step"),
+        "worker_between_ms_per_step": burst.get("between_ms_per_step"),
         "prefill_tokens": batch * ns.prompt_len,
         "prefill_ms": round(prefill_ms, 2),
         "prefill_forward_ms": round(prefill_fwd, 2),
         "_tokens": tokens,
     }
+    if inflight == 1:  # forward_ms is the whole step only when steps do not overlap
+        out["outside_worker_ms_per_step"] = round(mean_interval - statistics.fmean(fwd), 3)
+    if burst.get("gpu_busy_ms_per_step"):
+        out["gpu_busy_ms_per_step"] = burst["gpu_busy_ms_per_step"]
+        out["gpu_idle_ms_per_step"] = burst["gpu_idle_ms_per_step"]
+        out["gpu_idle_fraction"] = burst["gpu_idle_fraction"]
+    return out
 
 
 async def wait_ready(proc: subprocess.Popen[bytes], addr: str, timeout: float) -> float:
@@ -232,9 +307,11 @@ async def wait_ready(proc: subprocess.Popen[bytes], addr: str, timeout: float) -
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
     batches = [int(x) for x in ns.batches.split(",") if x.strip()]
     depths = [int(x) for x in ns.inflight.split(",") if x.strip()]
-    if not batches or not depths or min(batches + depths) < 1 or ns.steps < 2:
-        raise SystemExit("--batches and --inflight need positive sizes, --steps at least 2")
-    need = max(batches) * (ns.prompt_len + ns.warmup + ns.steps)
+    if not batches or not depths or min(batches + depths) < 1 or ns.steps < 2 or ns.warmup < 1:
+        raise SystemExit(
+            "--batches and --inflight need positive sizes, --steps at least 2, --warmup at least 1"
+        )
+    need = max(batches) * (ns.prompt_len + ns.warmup + ns.steps + 1)
     kv_tokens = ns.kv_tokens or need
     if kv_tokens < need:
         raise SystemExit(
@@ -245,7 +322,9 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.cuda_graph_max_bs is not None:
         env["RADIXMESH_CUDA_GRAPH_MAX_BS"] = str(ns.cuda_graph_max_bs)
     cmd = service_command(ns, port, kv_tokens)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    service_log = ServiceLog(proc.stderr)
     try:
         addr = f"127.0.0.1:{port}"
         ready_s = await wait_ready(proc, addr, ns.start_timeout)
@@ -269,20 +348,25 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
                 "cases": [],
             }
             for b in batches:
-                first: list[list[int]] | None = None
+                first: dict[str, Any] | None = None
                 for d in depths:
-                    case = await run_case(stub, b, d, ns, info.vocab_size)
+                    case = await run_case(stub, b, d, ns, info.vocab_size, service_log)
                     toks = case.pop("_tokens")
                     if first is None:
-                        first = toks
+                        first = {**case, "_tokens": toks}
                     else:  # greedy: the pipelined run must produce the very same tokens
-                        case["tokens_match"] = toks == first
+                        case["tokens_match"] = toks == first["_tokens"]
+                        case["speedup_vs_first_depth"] = round(
+                            case["decode_tok_s"] / first["decode_tok_s"], 3
+                        )
                     report["cases"].append(case)
+                    gpu = case.get("gpu_idle_fraction")
                     print(
                         f"batch {b:4d} inflight {d}: {case['decode_tok_s']:10.1f} tok/s, "
-                        f"step p50 {case['step_ms_p50']:.2f} ms, forward p50 "
-                        f"{case['forward_ms_p50']:.2f} ms, idle "
-                        f"{case['idle_ms_per_step']:.2f} ms/step",
+                        f"step p50 {case['step_ms_p50']:.2f} ms, worker busy "
+                        f"{case['worker_busy_ms_per_step']:.2f} / between "
+                        f"{case['worker_between_ms_per_step']:.2f} ms per step"
+                        + (f", GPU idle {gpu:.3f}" if gpu is not None else ""),
                         file=sys.stderr,
                     )
             return report

@@ -7,21 +7,27 @@ only the worker's costs count: step decoding, the forward pass, sampling, the re
 gRPC hop. For each batch size and each pipelining depth it reports:
 
 - steps/s and decode tok/s over the measured steps (after `--warmup` decode steps);
-- step time p50/p99: the interval between consecutive results (what a scheduler sees),
-  the round trip of each step (write -> its result) and the worker's own `forward_ms`;
-- idle_ms_per_step: mean interval minus mean `forward_ms`, the time per step the worker
-  waits on transport and the client (pipelining should take it to about 0);
-- tokens_match: with `--inflight 1,2` the greedy tokens of depth 2 must equal depth 1's.
+- step time p50/p99: the interval between consecutive results (what a scheduler sees), the
+  round trip of each step (write -> its result) and the worker's `forward_ms` (launch to
+  finish of the step on the worker; with 2 in flight that includes waiting for the step
+  before it);
+- the worker's own `step_burst` figures for exactly the measured steps (pauses isolate them):
+  time per step inside the runner, host time between a step's finish and the next launch,
+  and on CUDA the GPU's busy and idle time per step from CUDA events (`gpu_idle_fraction`);
+- outside_worker_ms_per_step (1 in flight only): mean interval minus mean `forward_ms`, the
+  transport and client time per step that pipelining can hide;
+- tokens_match and speedup_vs_first_depth: with `--inflight 1,2` the greedy tokens of depth 2
+  must equal depth 1's.
 
 `--inflight 2` keeps two steps in flight: step N+1 is written before step N's result is read
-(its decode inputs are resolved on the worker, which reads steps ahead into a queue).
+(its decode inputs are resolved on the worker, which launches step N+1 while N runs).
 
     python tests/load/model_load.py                        # CPU: tiny-llama, batches 1,4,16
     python tests/load/model_load.py --model default --batches 1,8
     python tests/load/model_load.py --random-weights llama-3.1-8b --device cuda \\
         --batches 1,8,32,64,128,256 --prompt-len 128 --steps 64 --cuda-graph-max-bs 256
 
-JSON on stdout (and `--out FILE`); the service's log goes to stderr.
+JSON on stdout (and `--out FILE`); the service's warnings and errors go to stderr.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ class ModelServiceConfig:
     kv_tokens: int = field(0, "KV pool size in tokens (0: from the memory budget)")
     kv_memory_gb: float = field(0.5, "KV memory budget on CPU, GiB")
     kv_memory_fraction: float = field(0.85, "fraction of free GPU memory for the KV pool")
+    min_kv_tokens: int = field(
+        0,
+        "smallest KV pool sized from the memory budget that is worth serving, in tokens "
+        "(0: min(context length, 4096)); below it start-up fails. --kv-tokens bypasses it",
+    )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
     log_level: str = field("info", "log level")
@@ -33,3 +38,5 @@ class ModelServiceConfig:
             raise ValueError("--kv-memory-fraction must be in (0, 1]")
         if self.kv_tokens < 0:
             raise ValueError("--kv-tokens must be >= 0")
+        if self.min_kv_tokens < 0:
+            raise ValueError("--min-kv-tokens must be >= 0")

@@ -11,7 +11,16 @@ import torch
 from model_service.attention.flashinfer import choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
-from model_service.models.llama import LlamaForCausalLM
+from model_service.models.llama import LlamaArgs, LlamaForCausalLM
+from model_service.preflight import (
+    GIB,
+    check_architecture,
+    check_kv_capacity,
+    check_kv_fits,
+    check_weights_fit,
+    min_kv_tokens,
+    out_of_memory_as_model_error,
+)
 from model_service.runner import ModelRunner
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
@@ -53,20 +62,26 @@ def _eos_ids(cfg: object) -> list[int]:
 
 def kv_capacity(cfg: ModelServiceConfig, model: LlamaForCausalLM, dtype: torch.dtype,
                 device: torch.device) -> int:
+    """Token slots of the KV pool: `--kv-tokens` outright (it must fit in free memory), else
+    the memory budget over the bytes per token, which must hold one request
+    (`preflight.min_kv_tokens`)."""
     a = model.args
     per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
     if cfg.kv_tokens:
+        check_kv_fits(cfg.kv_tokens, per_token, device)
         return cfg.kv_tokens
     if device.type == "cuda":
         torch.cuda.empty_cache()  # blocks freed while building the weights count as free
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * cfg.kv_memory_fraction)
+        source = (f"--kv-memory-fraction {cfg.kv_memory_fraction} of {free / GIB:.2f} GiB "
+                  f"free after the weights")
     else:
         budget = int(cfg.kv_memory_gb * (1 << 30))
+        source = f"--kv-memory-gb {cfg.kv_memory_gb}"
     cap = budget // per_token
-    if cap < 16:
-        raise ModelError(f"KV budget {budget / 2**20:.1f} MiB holds only {cap} tokens "
-                         f"({per_token} B each): raise the KV memory budget")
+    check_kv_capacity(cap, min_kv_tokens(cfg.min_kv_tokens, a.max_position), budget, per_token,
+                      source)
     return cap
 
 
@@ -82,20 +97,33 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         from model_service.random_configs import random_config
 
         hf_cfg, model_dir = random_config(cfg.random_weights, cfg.tokenizer)
-        from model_service.models.llama import LlamaArgs
-
-        model = random_model(LlamaArgs.from_hf_config(hf_cfg), dtype, device)
         name = f"random-{cfg.random_weights}"
     else:
         model_dir = resolve_model(cfg.model)
         hf_cfg = load_hf_config(model_dir)
-        model = load_model(model_dir, dtype, device)
         name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
+    # Checks before any large allocation: a clear ModelError instead of a traceback or an OOM.
+    check_architecture(hf_cfg)
+    args = LlamaArgs.from_hf_config(hf_cfg)
+    check_weights_fit(args, dtype, device, str(name), random=bool(cfg.random_weights))
+    with out_of_memory_as_model_error(
+        "building the weights", device,
+        "they were estimated to fit, so something else took the memory: free the device or "
+        "use a smaller model or dtype",
+    ):
+        if cfg.random_weights:
+            model = random_model(args, dtype, device)
+        else:
+            model = load_model(model_dir, dtype, device)
     capacity = kv_capacity(cfg, model, dtype, device)
     a = model.args
-    # One slot more than the scheduler's index space: CUDA-graph padding rows write there.
-    pool = KVPool(a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device,
-                  nan_fill=cfg.nan_fill)
+    with out_of_memory_as_model_error(
+        f"allocating the KV pool ({capacity} tokens)", device,
+        "lower --kv-memory-fraction or --kv-tokens",
+    ):
+        # One slot more than the scheduler's index space: CUDA-graph padding rows write there.
+        pool = KVPool(a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device,
+                      nan_fill=cfg.nan_fill)
     pool.capacity = capacity
     attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads,
                                        a.head_dim)
@@ -107,8 +135,13 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
     if attention.name == "flashinfer":
         from model_service.cuda_graphs import capture_decode_graphs
 
-        graphs = capture_decode_graphs(model, attention, scratch_slot=capacity,
-                                       max_kv_tokens=capacity)
+        with out_of_memory_as_model_error(
+            "capturing decode CUDA graphs", device,
+            "lower --kv-memory-fraction to leave them room, or capture fewer batch sizes "
+            "(RADIXMESH_CUDA_GRAPH_MAX_BS)",
+        ):
+            graphs = capture_decode_graphs(model, attention, scratch_slot=capacity,
+                                           max_kv_tokens=capacity)
     log.info("engine_ready", model=name, device=str(device), dtype=str(dtype),
              kv_tokens=capacity, layers=a.num_layers, attention=attention.name,
              fused=model.fused, kernels=model.ops.name if model.ops else "-",

@@ -390,6 +390,7 @@ class ModelRunner:
             gap = fl.t0 - self._last_end
             if gap > BURST_IDLE_S:
                 self.log_burst()
+                b = self._burst  # log_burst starts a new list: count this step in it
                 self._last_done = None
             else:
                 b[2] += max(gap, 0.0)

@@ -16,12 +16,13 @@ import torch
 from safetensors import safe_open
 
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, rope_inv_freq
+from services.model_store import ModelError
 
 log = structlog.get_logger(__name__)
 
 
-class WeightsError(Exception):
-    pass
+class WeightsError(ModelError):
+    """A checkpoint that cannot be loaded (start-up reports it like any ModelError)."""
 
 
 ENV_FUSE = "RADIXMESH_FUSE"

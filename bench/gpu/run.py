@@ -13,6 +13,7 @@
                                                        # (these three: bench/gpu/serving.py)
     python bench/gpu/run.py --part constrained --out DIR  # JSON-schema batches 1/16/64 vs
                                                        # unconstrained, jump-forward off/on
+    python bench/gpu/run.py --part model_load --out DIR  # the model service alone, batch 1-256
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -49,6 +50,7 @@ PARTS = {
     "gsp": {},
     "mmlu": {},
     "constrained": {},
+    "model_load": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -213,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.constrained_gpu import part_constrained
 
             ok &= part_constrained(args.out)
+        elif p == "model_load":
+            from bench.gpu.model_load_part import part_model_load
+
+            ok &= part_model_load(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

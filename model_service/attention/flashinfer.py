@@ -121,13 +121,34 @@ def kv_indices(rows: Sequence[RowPlan], device: torch.device,
     return flat.to(torch.int32)
 
 
+def warm_up(attn: FlashInferAttention) -> None:
+    """Plan and run one prefill and one decode on the pool's last slot, at start-up: flashinfer
+    JIT-compiles (and may reject a shape) on first use, and that must happen here, where a
+    failure falls back to the reference path, never inside a request's step. The last slot is
+    the CUDA-graph scratch slot (outside the scheduler's index space); it is refilled after."""
+    pool = attn.pool
+    slot = pool.k.shape[1] - 1
+    dev, dt = attn.device, attn.dtype
+    for q_len in (2, 1):  # a prefill chunk, then a decode-only step
+        slots = torch.full((q_len,), slot, dtype=torch.int64, device=dev)
+        attn.plan([RowPlan(q_len, slots)], slots)
+        q = torch.zeros(q_len, attn.nh, attn.hd, dtype=dt, device=dev)
+        kv = torch.zeros(q_len, attn.nkv, attn.hd, dtype=dt, device=dev)
+        attn.forward(0, q, kv, kv)
+    torch.cuda.synchronize(dev)
+    fill = float("nan") if pool.nan_fill else 0.0
+    pool.k[:, slot] = fill
+    pool.v[:, slot] = fill
+
+
 def choose_attention(choice: str, pool: KVPool, num_heads: int, num_kv_heads: int,
                      head_dim: int) -> tuple[Any, str]:
     """(backend, note) for `--attention auto|reference|flashinfer`.
 
-    `auto` takes flashinfer where it can run (CUDA, flashinfer importable, a 16-bit KV dtype)
-    and the reference otherwise. An explicit `flashinfer` that cannot run falls back to the
-    reference with a note for the log: a serving process never fails to start over this.
+    `auto` takes flashinfer where it can run (CUDA, flashinfer importable, a 16-bit KV dtype,
+    a warm-up step that compiles and runs its kernels) and the reference otherwise. An explicit
+    `flashinfer` that cannot run falls back to the reference with a note for the log: a serving
+    process never fails to start over this, nor fails mid-request over a kernel never tried.
     """
     from model_service.attention.reference import ReferenceAttention
 
@@ -143,8 +164,10 @@ def choose_attention(choice: str, pool: KVPool, num_heads: int, num_kv_heads: in
         ok, why = flashinfer_available()
         if ok:
             try:
-                return FlashInferAttention(pool, num_heads, num_kv_heads, head_dim), ""
-            except Exception as exc:  # a broken install or an unsupported shape
+                attn = FlashInferAttention(pool, num_heads, num_kv_heads, head_dim)
+                warm_up(attn)
+                return attn, ""
+            except Exception as exc:  # a broken install, a failed JIT, an unsupported shape
                 why = f"flashinfer failed to start: {exc!r}"
     note = ""
     if choice == "flashinfer" or pool.k.device.type == "cuda":

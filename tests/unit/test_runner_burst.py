@@ -1,0 +1,40 @@
+"""The worker's `step_burst` accounting (ModelRunner._account): a pause longer than
+BURST_IDLE_S ends a burst, and the step after the pause is the first of the next burst (the
+load test and the stack bench read per-step figures from these lines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from model_service import runner as runner_mod
+from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner
+
+
+def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logged: list[dict[str, Any]] = []
+
+    class Recorder:
+        def info(self, event: str, **kw: Any) -> None:
+            logged.append({"event": event, **kw})
+
+    monkeypatch.setattr(runner_mod, "log", Recorder())
+    r = ModelRunner.__new__(ModelRunner)  # only the accounting state is needed
+    r._burst = [0, 0.0, 0.0, 0.0, 0.0]
+    r._last_end = None
+    r._last_done = None
+    t = 100.0
+    for burst, steps in enumerate((3, 5, 2)):
+        if burst:
+            t += BURST_IDLE_S + 0.1  # the pause that ends the previous burst
+        for i in range(steps):
+            r._account(InFlight(i, t), t + 0.010)  # 10 ms inside the step
+            t += 0.012  # 2 ms between steps
+    r.log_burst()
+    assert [e["steps"] for e in logged] == [3, 5, 2]
+    for e in logged:
+        assert e["busy_ms_per_step"] == pytest.approx(10.0, abs=1e-6)
+        assert e["between_ms_per_step"] == pytest.approx(2.0, abs=1e-6)

@@ -119,9 +119,8 @@ class BatchBuilder:
             del r.kv_slots[keep:]
             r.kv_len = keep
             kept_out = len(r.output) - rollback
-            d = st.delta(r)
-            d.rollback += rollback
-            d.token_ids.extend(new_out[kept_out:])
+            r.outbox.rollback(r.key, rollback)
+            r.outbox.tokens(r.key, new_out[kept_out:])
             r.output = new_out
             r.fill = r.prompt + new_out
             st.grammar_ops.rollback(r.handle, rollback)
@@ -245,7 +244,7 @@ class BatchBuilder:
             r.first_cached = len(prefix)
             st.stats.prompt_tokens += len(r.prompt)
             st.stats.cached_prompt_tokens += min(len(prefix), len(r.prompt))
-            st.delta(r).cached_tokens = len(prefix)
+            st.extra(r).cached_tokens = len(prefix)
         st.running[r.handle] = r
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)

@@ -6,6 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from scheduler_service.outbox import Outbox
 from scheduler_service.prefix_cache import MatchResult
 
 _arrivals = itertools.count()
@@ -68,6 +69,9 @@ class Request:
     # applies to the incarnation (handle, epoch) it was built for.
     pending: int = 0
     epoch: int = 0
+    key: int = 0  # the session's id for it on the wire (SubmitRequest.key)
+    # Where its output goes: the session's shared outbox once submitted (Scheduler.submit).
+    outbox: Outbox = field(default_factory=lambda: Outbox(""))
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output

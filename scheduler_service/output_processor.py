@@ -57,7 +57,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
         r = _current(plan, h)
         if r is None or r.phase is not Phase.DECODE:
             continue  # aborted, retracted or stopped while the step ran
-        _on_token(st, r, tok, lp, extras.get(h))
+        _on_token(st, r, tok, lp, extras.get(h) if extras else None)
     for r in plan.prefill_only:
         if r.handle >= 0:
             finish(st, r, "length")
@@ -66,21 +66,22 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
 def _on_token(
     st: SchedState, r: Request, tok: int, lp: float, ex: model_pb2.RowExtras | None
 ) -> None:
-    spec = r.spec
+    # Once per running request per step: attribute lookups are kept to the minimum.
     st.stats.generated_tokens += 1
-    if (tok in r.eos_ids and not spec.ignore_eos) or tok in spec.stop_token_ids:
+    if tok in r.stop_ids:
         finish(st, r, "stop", tok)  # the stop token itself is not part of the output
         return
-    r.output.append(tok)
-    r.fill.append(tok)
-    if r.grammar is not None:
-        st.grammar_ops.accept(r.handle, tok)
-    box = r.outbox  # two appends, no object: the per-request per-step hot path
+    out, fill = r.output, r.fill
+    out.append(tok)
+    fill.append(tok)
+    box = r.outbox  # two appends, no object per request
     box.keys.append(r.key)
     box.events.append(tok)
-    if spec.return_logprob or spec.top_logprobs:
+    if r.grammar is not None:
+        st.grammar_ops.accept(r.handle, tok)
+    if r.wants_logprobs:
         top_ids = unpack_i32(ex.top_ids) if ex is not None else []
         top_lps = unpack_f32(ex.top_logprobs) if ex is not None else []
         st.extra(r).logprobs.append((tok, lp, top_ids, top_lps))
-    if len(r.output) >= spec.max_new_tokens or len(r.fill) >= st.context_length:
+    if len(out) >= r.spec.max_new_tokens or len(fill) >= st.context_length:
         finish(st, r, "length")

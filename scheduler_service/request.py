@@ -75,6 +75,12 @@ class Request:
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output
+        # Token ids that end it (the model's EOS unless ignore_eos, and the stop ids): checked
+        # for every sampled token, so computed once.
+        spec = self.spec
+        eos = frozenset() if spec.ignore_eos else self.eos_ids
+        self.stop_ids: frozenset[int] = eos | frozenset(spec.stop_token_ids)
+        self.wants_logprobs = bool(spec.return_logprob or spec.top_logprobs)
 
     @property
     def tokens(self) -> list[int]:

@@ -54,7 +54,7 @@ def _sampling(req: Request) -> model_pb2.RequestSampling:
         top_logprobs=s.top_logprobs,
         prompt_logprobs_from=s.prompt_logprobs_from,
         min_new_tokens=s.min_new_tokens,
-        stop_ids=pack_i32(sorted(set(s.stop_token_ids) | (set() if s.ignore_eos else req.eos_ids))),
+        stop_ids=pack_i32(sorted(req.stop_ids)),
     )
 
 
@@ -119,9 +119,8 @@ class BatchBuilder:
             del r.kv_slots[keep:]
             r.kv_len = keep
             kept_out = len(r.output) - rollback
-            d = st.delta(r)
-            d.rollback += rollback
-            d.token_ids.extend(new_out[kept_out:])
+            r.outbox.rollback(r.key, rollback)
+            r.outbox.tokens(r.key, new_out[kept_out:])
             r.output = new_out
             r.fill = r.prompt + new_out
             st.grammar_ops.rollback(r.handle, rollback)
@@ -138,12 +137,16 @@ class BatchBuilder:
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep, skip: set[int]) -> None:
         st, cache = self.st, self.st.cache
-        ctx = st.context_length
+        # Runs over every running request each step: st.runnable() inlined.
+        ctx, decode, grammar_up = st.context_length, Phase.DECODE, st.grammar_up
         decoders = [
             r
             for r in st.running.values()
-            if r.phase is Phase.DECODE and st.runnable(r) and r.jump is None
-            and r.handle not in skip and r.can_decode(ctx)
+            if r.phase is decode
+            and r.jump is None
+            and (grammar_up or r.grammar is None)
+            and r.handle not in skip
+            and r.can_decode(ctx)
         ]
         if decoders:
             self.ratio.step()
@@ -165,11 +168,10 @@ class BatchBuilder:
         if got is None:  # retraction could not free enough: those without a slot wait a step
             got = cache.alloc(cache.free_size + cache.evictable_size) or []
             decoders = decoders[: len(got)]
-        handles = []
         for r, slot in zip(decoders, got, strict=True):
             r.kv_slots.append(slot)
             r.kv_len += 1
-            handles.append(r.handle)
+        handles = [r.handle for r in decoders]
         plan.decoded = handles
         plan.msg.decode_handles = pack_i32(handles)
         plan.msg.decode_slots = pack_i32(got)
@@ -245,7 +247,7 @@ class BatchBuilder:
             r.first_cached = len(prefix)
             st.stats.prompt_tokens += len(r.prompt)
             st.stats.cached_prompt_tokens += min(len(prefix), len(r.prompt))
-            st.delta(r).cached_tokens = len(prefix)
+            st.extra(r).cached_tokens = len(prefix)
         st.running[r.handle] = r
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)

@@ -1,5 +1,6 @@
-"""The scheduler's gRPC face: front-door sessions (submit/abort in, per-step deltas out) and
-GetStats. Protobuf stops here: submissions become `Request` dataclasses."""
+"""The scheduler's gRPC face: front-door sessions (submit/abort in, one packed message of
+output per step out) and GetStats. Protobuf stops here: submissions become `Request`
+dataclasses, outbox `Batch`es become `SchedulerMessage`s."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import structlog
 
 from client.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.grammar_link import GrammarUnavailable
+from scheduler_service.outbox import Batch, Extra
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
-from scheduler_service.state import Delta
+from services.packing import pack_i32
 
 log = structlog.get_logger(__name__)
 
@@ -52,23 +54,31 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         output=list(msg.output_ids),
         resumed_output=len(msg.output_ids),
         grammar=(kind, getattr(s, kind)) if kind else None,
+        key=msg.key,
     )
 
 
-def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
-    # Only non-default fields: this runs once per request per step (the scheduler's hot path).
-    out = scheduler_pb2.RequestDelta(rid=d.rid, token_ids=d.token_ids,
-                                     matched_stop_token=d.matched_stop_token)
-    if d.finish:
-        out.finish_reason = _FINISH[d.finish]
-    if d.error_code:
-        out.error_code = d.error_code
-        out.error_message = d.error_message
-    if d.rollback:
-        out.rollback = d.rollback
-    if d.cached_tokens >= 0:
-        out.cached_tokens = d.cached_tokens
-    for tok, lp, top_ids, top_lps in d.logprobs:
+def batch_to_proto(b: Batch) -> scheduler_pb2.SchedulerMessage:
+    # Two bytes fields for the common case; a message object only per request with extras.
+    return scheduler_pb2.SchedulerMessage(
+        keys=pack_i32(b.keys),
+        events=pack_i32(b.events),
+        extras=[_extra_to_proto(ex) for ex in b.extras],
+    )
+
+
+def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:
+    out = scheduler_pb2.DeltaExtras(key=ex.key)
+    if ex.finish:
+        out.finish_reason = _FINISH[ex.finish]
+    if ex.matched_stop_token >= 0:
+        out.matched_stop_token = ex.matched_stop_token
+    if ex.error_code:
+        out.error_code = ex.error_code
+        out.error_message = ex.error_message
+    if ex.cached_tokens >= 0:
+        out.cached_tokens = ex.cached_tokens
+    for tok, lp, top_ids, top_lps in ex.logprobs:
         out.logprobs.append(
             api_pb2.TokenLogprob(
                 token_id=tok,
@@ -79,9 +89,14 @@ def delta_to_proto(d: Delta) -> scheduler_pb2.RequestDelta:
                 ],
             )
         )
-    for tok, lp in d.prompt_logprobs:
+    for tok, lp in ex.prompt_logprobs:
         out.prompt_logprobs.append(api_pb2.TokenLogprob(token_id=tok, logprob=lp))
     return out
+
+
+def _error(req: Request, code: grpc.StatusCode, message: str) -> Batch:
+    """The whole output of a request refused before it reached the queue."""
+    return Batch([], [], [Extra(req.key, req.rid, error_code=code.value[0], error_message=message)])
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -101,10 +116,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         session = first.hello.session_id or uuid.uuid4().hex[:12]
         out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
 
-        def sink(deltas: list[Delta]) -> None:
-            out.put_nowait(
-                scheduler_pb2.SchedulerMessage(deltas=[delta_to_proto(d) for d in deltas])
-            )
+        def sink(batch: Batch) -> None:
+            out.put_nowait(batch_to_proto(batch))
 
         self.sched.sinks[session] = sink
         info = self.sched.info
@@ -150,32 +163,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             self.sched.submit(req)
         except SubmitError as exc:
-            sink([Delta(req.rid, error_code=exc.code.value[0], error_message=str(exc))])
+            sink(_error(req, exc.code, str(exc)))
 
     async def _compile_then_admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
         assert req.grammar is not None
         try:
             ok, error = await self.sched.grammar.compile(*req.grammar)
         except GrammarUnavailable as exc:
-            sink(
-                [
-                    Delta(
-                        req.rid,
-                        error_code=grpc.StatusCode.UNAVAILABLE.value[0],
-                        error_message=str(exc),
-                    )
-                ]
-            )
+            sink(_error(req, grpc.StatusCode.UNAVAILABLE, str(exc)))
             return
         if not ok:
             sink(
-                [
-                    Delta(
-                        req.rid,
-                        error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                        error_message=f"invalid {req.grammar[0]}: {error}",
-                    )
-                ]
+                _error(req, grpc.StatusCode.INVALID_ARGUMENT, f"invalid {req.grammar[0]}: {error}")
             )
             return
         self._admit(req, sink)

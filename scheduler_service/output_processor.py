@@ -1,5 +1,5 @@
 """Applies a step's results: appends sampled tokens, checks stop criteria, finishes requests
-(their KV enters the prefix cache) and records per-request deltas for the front door.
+(their KV enters the prefix cache) and records the output in each request's session outbox.
 
 With overlap the next step was already built and sent: a request that stops here has one more
 decode in flight, whose token is dropped (its handle or epoch no longer matches) and whose KV
@@ -15,9 +15,9 @@ from services.packing import unpack_f32, unpack_i32
 
 
 def finish(st: SchedState, r: Request, reason: str, stop_token: int = -1) -> None:
-    d = st.delta(r)
-    d.finish = reason
-    d.matched_stop_token = stop_token
+    ex = st.extra(r)
+    ex.finish = reason
+    ex.matched_stop_token = stop_token
     st.release(r, insert=True)
     st.stats.finished_requests += 1
 
@@ -44,7 +44,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
         if r is not None and ex.prompt_logprobs:
             vals = unpack_f32(ex.prompt_logprobs)
             start = ex.prompt_logprobs_start
-            st.delta(r).prompt_logprobs.extend((r.fill[start + i], v) for i, v in enumerate(vals))
+            st.extra(r).prompt_logprobs.extend((r.fill[start + i], v) for i, v in enumerate(vals))
     for r in plan.prefilled:
         if r.handle >= 0 and r.node is not None:
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
@@ -57,7 +57,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
         r = _current(plan, h)
         if r is None or r.phase is not Phase.DECODE:
             continue  # aborted, retracted or stopped while the step ran
-        _on_token(st, r, tok, lp, extras.get(h))
+        _on_token(st, r, tok, lp, extras.get(h) if extras else None)
     for r in plan.prefill_only:
         if r.handle >= 0:
             finish(st, r, "length")
@@ -66,20 +66,22 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
 def _on_token(
     st: SchedState, r: Request, tok: int, lp: float, ex: model_pb2.RowExtras | None
 ) -> None:
-    spec = r.spec
+    # Once per running request per step: attribute lookups are kept to the minimum.
     st.stats.generated_tokens += 1
-    if (tok in r.eos_ids and not spec.ignore_eos) or tok in spec.stop_token_ids:
+    if tok in r.stop_ids:
         finish(st, r, "stop", tok)  # the stop token itself is not part of the output
         return
-    r.output.append(tok)
-    r.fill.append(tok)
+    out, fill = r.output, r.fill
+    out.append(tok)
+    fill.append(tok)
+    box = r.outbox  # two appends, no object per request
+    box.keys.append(r.key)
+    box.events.append(tok)
     if r.grammar is not None:
         st.grammar_ops.accept(r.handle, tok)
-    d = st.delta(r)
-    d.token_ids.append(tok)
-    if spec.return_logprob or spec.top_logprobs:
+    if r.wants_logprobs:
         top_ids = unpack_i32(ex.top_ids) if ex is not None else []
         top_lps = unpack_f32(ex.top_logprobs) if ex is not None else []
-        d.logprobs.append((tok, lp, top_ids, top_lps))
-    if len(r.output) >= spec.max_new_tokens or len(r.fill) >= st.context_length:
+        st.extra(r).logprobs.append((tok, lp, top_ids, top_lps))
+    if len(out) >= r.spec.max_new_tokens or len(fill) >= st.context_length:
         finish(st, r, "length")

@@ -6,6 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from scheduler_service.outbox import Outbox
 from scheduler_service.prefix_cache import MatchResult
 
 _arrivals = itertools.count()
@@ -68,9 +69,18 @@ class Request:
     # applies to the incarnation (handle, epoch) it was built for.
     pending: int = 0
     epoch: int = 0
+    key: int = 0  # the session's id for it on the wire (SubmitRequest.key)
+    # Where its output goes: the session's shared outbox once submitted (Scheduler.submit).
+    outbox: Outbox = field(default_factory=lambda: Outbox(""))
 
     def __post_init__(self) -> None:
         self.fill = self.prompt + self.output
+        # Token ids that end it (the model's EOS unless ignore_eos, and the stop ids): checked
+        # for every sampled token, so computed once.
+        spec = self.spec
+        eos = frozenset() if spec.ignore_eos else self.eos_ids
+        self.stop_ids: frozenset[int] = eos | frozenset(spec.stop_token_ids)
+        self.wants_logprobs = bool(spec.return_logprob or spec.top_logprobs)
 
     @property
     def tokens(self) -> list[int]:

@@ -21,17 +21,18 @@ from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.model_link import ModelLink, ModelUnavailable
+from scheduler_service.outbox import Batch
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
-from scheduler_service.state import Delta, SchedState
+from scheduler_service.state import SchedState
 from scheduler_service.step_masks import StepMasks
 from services.server import Health
 
 log = structlog.get_logger(__name__)
 
-Sink = Callable[[list[Delta]], None]
+Sink = Callable[[Batch], None]  # one session's output of one flush
 
 
 class SubmitError(Exception):
@@ -76,7 +77,8 @@ class Scheduler:
                 f"the waiting queue is full ({self.cfg.max_queue}); retry later",
             )
         self.by_rid[req.rid] = req
-        st.sessions[req.rid] = req.session
+        req.outbox = st.outbox(req.session)
+        req.outbox.live += 1
         st.waiting.append(req)
         self.wake.set()
 
@@ -224,15 +226,15 @@ class Scheduler:
             # Its computed KV is valid (aborts land between steps): keep it as cache. A stop
             # string ends a request through this path, and the DSL continues right after it.
             st.release(r, insert=True)
-            st.delta(r).finish = "abort"
+            st.extra(r).finish = "abort"
 
     def _fail(self, r: Request, code: grpc.StatusCode, message: str) -> None:
         st = self.st
         assert st is not None
         st.release(r, insert=False)
-        d = st.delta(r)
-        d.error_code = code.value[0]
-        d.error_message = message
+        ex = st.extra(r)
+        ex.error_code = code.value[0]
+        ex.error_message = message
 
     def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
         st = self.st
@@ -248,18 +250,19 @@ class Scheduler:
         self._flush()
 
     def _flush(self) -> None:
+        """Send every session its output since the last flush; forget ended requests."""
         st = self.st
-        if st is None or not st.deltas:
+        if st is None:
             return
-        by_session: dict[str, list[Delta]] = {}
-        for rid, d in st.deltas.items():
-            session = st.sessions.get(rid, "")
-            by_session.setdefault(session, []).append(d)
-            if d.finish or d.error_code:
-                self.by_rid.pop(rid, None)
-                st.sessions.pop(rid, None)
-        st.deltas = {}
-        for session, deltas in by_session.items():
+        for session, box in list(st.outboxes.items()):
+            if not box:
+                continue
+            batch = box.drain()
+            for ex in batch.extras:
+                if ex.ended and self.by_rid.pop(ex.rid, None) is not None:
+                    box.live -= 1
+            if box.live <= 0:  # a later submit of this session opens a fresh outbox
+                del st.outboxes[session]
             sink = self.sinks.get(session)
             if sink is not None:
-                sink(deltas)
+                sink(batch)

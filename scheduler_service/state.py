@@ -10,25 +10,10 @@ from dataclasses import dataclass, field
 
 from scheduler_service.grammar_ops import GrammarOps
 from scheduler_service.handles import HandlePool
+from scheduler_service.outbox import Extra, Outbox
 from scheduler_service.prefix_cache import PrefixCache
 from scheduler_service.request import Phase, Request
 from scheduler_service.stats import SchedulerStats
-
-
-@dataclass(slots=True)
-class Delta:
-    """What one request produced in one step, for its front-door session."""
-
-    rid: str
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)
-    finish: str = ""  # "", "stop", "length", "abort"
-    matched_stop_token: int = -1
-    cached_tokens: int = -1  # >= 0 on the first delta after admission
-    prompt_logprobs: list[tuple[int, float]] = field(default_factory=list)
-    error_code: int = 0
-    error_message: str = ""
-    rollback: int = 0  # output tokens to drop before appending token_ids (jump-forward)
 
 
 @dataclass
@@ -39,18 +24,21 @@ class SchedState:
     running: dict[int, Request] = field(default_factory=dict)  # by handle
     handles: HandlePool = field(default_factory=HandlePool)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
-    deltas: dict[str, Delta] = field(default_factory=dict)  # rid -> delta of this step
-    sessions: dict[str, str] = field(default_factory=dict)  # rid -> session
+    outboxes: dict[str, Outbox] = field(default_factory=dict)  # session -> pending output
     pending_release: list[int] = field(default_factory=list)  # handles to release next step
     grammar_ops: GrammarOps = field(default_factory=GrammarOps)
     grammar_up: bool = False  # constrained requests run only while the grammar link is up
     step_id: int = 0
 
-    def delta(self, req: Request) -> Delta:
-        d = self.deltas.get(req.rid)
-        if d is None:
-            d = self.deltas[req.rid] = Delta(req.rid)
-        return d
+    def outbox(self, session: str) -> Outbox:
+        box = self.outboxes.get(session)
+        if box is None:
+            box = self.outboxes[session] = Outbox(session)
+        return box
+
+    def extra(self, req: Request) -> Extra:
+        """The request's rare output of this step (logprobs, finish, error, ...)."""
+        return req.outbox.extra(req.key, req.rid)
 
     def runnable(self, req: Request) -> bool:
         return req.grammar is None or self.grammar_up

@@ -12,6 +12,7 @@ import structlog
 from client.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.server import channel
 from tokenizer_service.config import TokenizerConfig
+from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
@@ -95,9 +96,10 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 if isinstance(item, Exception):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
                     return
-                if item.error_code:
+                ex = item.extras
+                if ex is not None and ex.error_code:
                     finished = True
-                    await context.abort(grpc.StatusCode(_code(item.error_code)), item.error_message)
+                    await context.abort(grpc.StatusCode(_code(ex.error_code)), ex.error_message)
                     return
                 chunk, done = stream.on_delta(item)
                 if chunk is not None:
@@ -105,13 +107,13 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 if done:
                     finished = True
                     if stream.stopped_by_string:
-                        self.link.abort(rid)
+                        self.link.abort(rid, submit.key)
                     yield api_pb2.GenerateResponse(request_id=rid, complete=stream.complete())
                     return
         finally:
             if not finished:  # client cancelled, deadline passed or the stream broke
-                self.link.abort(rid)
-            self.link.done(rid)
+                self.link.abort(rid, submit.key)
+            self.link.done(rid, submit.key)
 
     async def Tokenize(
         self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -213,24 +215,27 @@ class _Stream:
         self.matched_stop = ""
         self.stopped_by_string = False
 
-    def on_delta(self, d: scheduler_pb2.RequestDelta) -> tuple[api_pb2.GenerateChunk | None, bool]:
-        if d.HasField("cached_tokens"):
-            self.cached = d.cached_tokens
-        if d.rollback:
-            self._rollback(d.rollback)
-        self.prompt_logprobs.extend(d.prompt_logprobs)
-        self.ids.extend(d.token_ids)
-        self.logprobs.extend(d.logprobs)
-        self.unsent_ids.extend(d.token_ids)
-        self.unsent_lps.extend(d.logprobs)
+    def on_delta(self, u: Update) -> tuple[api_pb2.GenerateChunk | None, bool]:
+        ex = u.extras
+        if u.rollback:
+            self._rollback(u.rollback)
+        self.ids.extend(u.token_ids)
+        self.unsent_ids.extend(u.token_ids)
         old = len(self.text)
-        self.text += self.detok.push(d.token_ids)
-        done = d.finish_reason != api_pb2.FINISH_REASON_UNSPECIFIED
-        if done:
-            self.text += self.detok.flush()
-            self.finish = d.finish_reason
-            if d.matched_stop_token >= 0:
-                self.matched_stop = str(d.matched_stop_token)
+        self.text += self.detok.push(u.token_ids)
+        done = False
+        if ex is not None:
+            if ex.HasField("cached_tokens"):
+                self.cached = ex.cached_tokens
+            self.prompt_logprobs.extend(ex.prompt_logprobs)
+            self.logprobs.extend(ex.logprobs)
+            self.unsent_lps.extend(ex.logprobs)
+            done = ex.finish_reason != api_pb2.FINISH_REASON_UNSPECIFIED
+            if done:
+                self.text += self.detok.flush()
+                self.finish = ex.finish_reason
+                if ex.HasField("matched_stop_token"):
+                    self.matched_stop = str(ex.matched_stop_token)
         hit = self.stops.find(self.text, old)
         if hit is not None:
             self.text = self.text[: hit[0]]

@@ -15,20 +15,22 @@ class FrontendHello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("rid", "input_ids", "sampling", "logprobs", "output_ids", "eos_token_ids")
+    __slots__ = ("rid", "input_ids", "sampling", "logprobs", "output_ids", "eos_token_ids", "key")
     RID_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     rid: str
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _api_pb2.SamplingParams
     logprobs: _api_pb2.LogprobOptions
     output_ids: _containers.RepeatedScalarFieldContainer[int]
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rid: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_api_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_api_pb2.LogprobOptions, _Mapping]] = ..., output_ids: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    key: int
+    def __init__(self, rid: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_api_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_api_pb2.LogprobOptions, _Mapping]] = ..., output_ids: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., key: _Optional[int] = ...) -> None: ...
 
 class AbortRequestInternal(_message.Message):
     __slots__ = ("rid",)
@@ -56,10 +58,9 @@ class SchedulerHello(_message.Message):
     context_length: int
     def __init__(self, session_id: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
 
-class RequestDelta(_message.Message):
-    __slots__ = ("rid", "token_ids", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message", "rollback")
-    RID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+class DeltaExtras(_message.Message):
+    __slots__ = ("key", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message")
+    KEY_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -67,9 +68,7 @@ class RequestDelta(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
-    rid: str
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    key: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_api_pb2.TokenLogprob]
     finish_reason: _api_pb2.FinishReason
     matched_stop_token: int
@@ -77,13 +76,16 @@ class RequestDelta(_message.Message):
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_api_pb2.TokenLogprob]
     error_code: int
     error_message: str
-    rollback: int
-    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_api_pb2.FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., rollback: _Optional[int] = ...) -> None: ...
+    def __init__(self, key: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_api_pb2.FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("hello", "deltas")
+    __slots__ = ("hello", "keys", "events", "extras")
     HELLO_FIELD_NUMBER: _ClassVar[int]
-    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EXTRAS_FIELD_NUMBER: _ClassVar[int]
     hello: SchedulerHello
-    deltas: _containers.RepeatedCompositeFieldContainer[RequestDelta]
-    def __init__(self, hello: _Optional[_Union[SchedulerHello, _Mapping]] = ..., deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ...) -> None: ...
+    keys: bytes
+    events: bytes
+    extras: _containers.RepeatedCompositeFieldContainer[DeltaExtras]
+    def __init__(self, hello: _Optional[_Union[SchedulerHello, _Mapping]] = ..., keys: _Optional[bytes] = ..., events: _Optional[bytes] = ..., extras: _Optional[_Iterable[_Union[DeltaExtras, _Mapping]]] = ...) -> None: ...

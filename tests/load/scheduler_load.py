@@ -51,6 +51,7 @@ import grpc
 from client.pb import api_pb2, model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.launcher import check_ready, free_port
 from services.packing import pack_i32, unpack_i32
+from tokenizer_service.deltas import unpack_message
 
 EOS = 2
 VOCAB = 49152
@@ -294,6 +295,7 @@ class FrontDoor:
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.chan)
         self.out: asyncio.Queue[scheduler_pb2.FrontendMessage | None] = asyncio.Queue()
         self.reqs: dict[str, Tracked] = {}
+        self.by_key: dict[int, Tracked] = {}
         self.tokens = 0
         self.messages = 0
         self._reader: asyncio.Task[None] | None = None
@@ -314,27 +316,34 @@ class FrontDoor:
     async def _read(self) -> None:
         while (msg := await self.call.read()) is not grpc.aio.EOF:
             self.messages += 1
-            for d in msg.deltas:
-                r = self.reqs.get(d.rid)
+            for key, u in unpack_message(msg).items():
+                r = self.by_key.get(key)
                 if r is None:
                     continue
-                r.tokens.extend(d.token_ids)
-                self.tokens += len(d.token_ids)
-                if d.HasField("cached_tokens"):
-                    r.cached = d.cached_tokens
-                if d.error_code:
-                    r.error = f"{d.error_code}: {d.error_message}"
+                if u.rollback:
+                    del r.tokens[len(r.tokens) - u.rollback :]
+                r.tokens.extend(u.token_ids)
+                self.tokens += len(u.token_ids)
+                ex = u.extras
+                if ex is None:
+                    continue
+                if ex.HasField("cached_tokens"):
+                    r.cached = ex.cached_tokens
+                if ex.error_code:
+                    r.error = f"{ex.error_code}: {ex.error_message}"
                     r.done.set()
-                elif d.finish_reason:
-                    r.finish = d.finish_reason
+                elif ex.finish_reason:
+                    r.finish = ex.finish_reason
                     r.done.set()
 
     def submit(self, rid: str, prompt: list[int], max_new: int) -> Tracked:
         t = self.reqs[rid] = Tracked(prompt, max_new)
+        key = len(self.by_key) + 1
+        self.by_key[key] = t
         s = api_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new, ignore_eos=True)
         self.out.put_nowait(
             scheduler_pb2.FrontendMessage(
-                submit=scheduler_pb2.SubmitRequest(rid=rid, input_ids=prompt, sampling=s)
+                submit=scheduler_pb2.SubmitRequest(rid=rid, input_ids=prompt, sampling=s, key=key)
             )
         )
         return t

@@ -23,6 +23,7 @@ import grpc
 from bench.stack import pct
 from client.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.launcher import check_ready, free_port
+from services.packing import pack_i32
 
 TOKENS = [504, 3575, 282, 4649, 314, 7042, 30, 198] * 4  # 32 tokens of real text
 
@@ -47,16 +48,15 @@ class StubScheduler(scheduler_pb2_grpc.SchedulerServicer):
             async for msg in request_iterator:
                 if msg.WhichOneof("kind") != "submit":
                     continue
-                rid = msg.submit.rid
+                key = msg.submit.key
                 for i in range(0, len(TOKENS), 4):
                     last = i + 4 >= len(TOKENS)
-                    d = scheduler_pb2.RequestDelta(
-                        rid=rid,
-                        token_ids=TOKENS[i : i + 4],
-                        matched_stop_token=-1,
-                        finish_reason=api_pb2.FINISH_REASON_LENGTH if last else 0,
+                    m = scheduler_pb2.SchedulerMessage(
+                        keys=pack_i32([key] * 4), events=pack_i32(TOKENS[i : i + 4])
                     )
-                    out.put_nowait(scheduler_pb2.SchedulerMessage(deltas=[d]))
+                    if last:
+                        m.extras.add(key=key, finish_reason=api_pb2.FINISH_REASON_LENGTH)
+                    out.put_nowait(m)
 
         task = asyncio.create_task(read())
         try:

@@ -82,16 +82,16 @@ class BatchBuilder:
         return plan
 
     def _track_samplers(self, plan: PlannedStep) -> None:
+        """Owners and pending counts of the admits/extends (decodes: done in `_decodes`)."""
         st, m = self.st, plan.msg
-        for h in [*(a.handle for a in m.admits), *(e.handle for e in m.extends), *plan.decoded]:
-            r = st.running[h]
-            plan.owners[h] = (r, r.epoch)
-        plan.sampling = [a.handle for a in m.admits if a.sample]
-        plan.sampling += [e.handle for e in m.extends if e.sample]
-        plan.sampling += plan.decoded
-        for h in plan.sampling:
-            st.running[h].pending += 1
-        plan.late = [h for h in plan.decoded if st.running[h].grammar is not None]
+        sampling = []
+        for op in (*m.admits, *m.extends):
+            r = st.running[op.handle]
+            plan.owners[op.handle] = (r, r.epoch)
+            if op.sample:
+                r.pending += 1
+                sampling.append(op.handle)
+        plan.sampling = sampling + plan.decoded
         m.masks_follow = bool(plan.late)
 
     # -- jump-forward (compressed FSM) -----------------------------------------------------
@@ -146,7 +146,10 @@ class BatchBuilder:
             and r.jump is None
             and (grammar_up or r.grammar is None)
             and r.handle not in skip
-            and r.can_decode(ctx)
+            # room for one more token after those still in flight (inlined: runs per request
+            # per step)
+            and len(r.output) + r.pending < r.spec.max_new_tokens
+            and len(r.fill) + r.pending < ctx
         ]
         if decoders:
             self.ratio.step()
@@ -168,10 +171,17 @@ class BatchBuilder:
         if got is None:  # retraction could not free enough: those without a slot wait a step
             got = cache.alloc(cache.free_size + cache.evictable_size) or []
             decoders = decoders[: len(got)]
+        owners, late = plan.owners, plan.late
+        handles = []
         for r, slot in zip(decoders, got, strict=True):
             r.kv_slots.append(slot)
             r.kv_len += 1
-        handles = [r.handle for r in decoders]
+            r.pending += 1
+            h = r.handle
+            handles.append(h)
+            owners[h] = (r, r.epoch)
+            if r.grammar is not None:
+                late.append(h)
         plan.decoded = handles
         plan.msg.decode_handles = pack_i32(handles)
         plan.msg.decode_slots = pack_i32(got)

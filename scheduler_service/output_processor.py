@@ -32,9 +32,6 @@ def _current(plan: PlannedStep, handle: int) -> Request | None:
 
 
 def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -> None:
-    for h in plan.sampling:
-        if (r := _current(plan, h)) is not None:
-            r.pending -= 1
     extras = {e.handle: e for e in res.extras}
     handles = unpack_i32(res.handles)
     tokens = unpack_i32(res.tokens)
@@ -53,11 +50,22 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             cached = st.cache.cache_unfinished(r.fill[:n], r.kv_slots[:n], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
+    owners, decode = plan.owners, Phase.DECODE
     for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
-        r = _current(plan, h)
-        if r is None or r.phase is not Phase.DECODE:
-            continue  # aborted, retracted or stopped while the step ran
-        _on_token(st, r, tok, lp, extras.get(h) if extras else None)
+        entry = owners.get(h)
+        if entry is None:
+            continue
+        r, epoch = entry
+        if r.handle != h or r.epoch != epoch:
+            continue  # released (aborted, retracted, stopped) while the step ran
+        r.pending -= 1
+        if r.phase is decode:
+            _on_token(st, r, tok, lp, extras.get(h) if extras else None)
+    if len(handles) != len(plan.sampling):  # rows skipped by late masks, or a failed step
+        got = set(handles)
+        for h in plan.sampling:
+            if h not in got and (r := _current(plan, h)) is not None:
+                r.pending -= 1
     for r in plan.prefill_only:
         if r.handle >= 0:
             finish(st, r, "length")

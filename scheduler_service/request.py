@@ -113,10 +113,6 @@ class Request:
         """Tokens of `fill` whose KV slots are assigned (excludes a pending token's decode)."""
         return min(self.kv_len, len(self.fill))
 
-    def can_decode(self, context_length: int) -> bool:
-        n = len(self.output) + self.pending
-        return n < self.spec.max_new_tokens and len(self.fill) + self.pending < context_length
-
     @property
     def owned(self) -> int:
         return len(self.kv_slots) - self.cached_len

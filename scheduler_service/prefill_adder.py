@@ -14,8 +14,10 @@ chunked request) claimed. While the batch has other work (something running or a
 this step), ``cache.protected_size`` is left out of ``evictable``: freshly inserted context
 whose follow-up request is likely milliseconds away is not given to an unrelated request
 (a request that matched it has locked it, so it no longer counts as protected). With nothing
-else to run, protection never holds a request back: the model is not left idle. Admission stops at the first candidate that does not fit, so a large
-request is never starved by smaller ones behind it in policy order.
+else to run, protection never holds a request back: the model is not left idle.
+
+Admission stops at the first candidate that does not fit, so a large request is never starved
+by smaller ones behind it in policy order.
 
 Per step at most ``chunk_budget`` prompt tokens are prefilled: the last admitted request may be
 *chunked* (fewer tokens this step than it has left), and it continues in later steps first,

@@ -561,9 +561,8 @@ class RadixCache:
                     f" at {node!r}"
                 )
             parent = node.parent
-            if parent is not root and parent is not None:
-                if parent.protect_until < node.protect_until:
-                    fail(f"{node!r} is protected longer than its parent")
+            if parent is not root and parent.protect_until < node.protect_until:
+                fail(f"{node!r} is protected longer than its parent")
             if node.lock_ref:
                 locked += len(node.key)
             else:

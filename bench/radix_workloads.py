@@ -444,14 +444,44 @@ def run_workload(
     return prompts, computed, out_tokens, wall
 
 
-CONFIGS = [("tree", "lpm"), ("off", "lpm"), ("table", "lpm"), ("tree", "fcfs"), ("tree", "random")]
-QUICK_CONFIGS = [("tree", "lpm"), ("off", "lpm"), ("tree", "fcfs")]
+@dataclass(frozen=True)
+class RunConfig:
+    """One scheduler configuration; ``eviction``/``protect_ms`` empty: the scheduler default."""
+
+    radix: str
+    policy: str = "lpm"
+    eviction: str = ""
+    protect_ms: str = ""
+
+    def args(self) -> list[str]:
+        out = ["--radix", self.radix, "--policy", self.policy]
+        if self.eviction:
+            out += ["--eviction", self.eviction]
+        if self.protect_ms:
+            out += ["--protect-ms", self.protect_ms]
+        return out
+
+
+def parse_configs(specs: Sequence[str]) -> list[RunConfig]:
+    """``RADIX[:POLICY[:EVICTION[:PROTECT_MS]]]``, e.g. ``tree:lpm:lfu:0``, ``off``."""
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if not 1 <= len(parts) <= 4:
+            raise ValueError(f"bad config {spec!r}")
+        parts += [""] * (4 - len(parts))
+        out.append(RunConfig(parts[0], parts[1] or "lpm", parts[2], parts[3]))
+    return out
+
+
+CONFIGS = parse_configs(["tree:lpm", "off", "table", "tree:fcfs", "tree:random"])
+QUICK_CONFIGS = parse_configs(["tree:lpm", "off", "tree:fcfs"])
 
 
 def run_config(
-    stack: BenchStack, w: Workload, radix: str, policy: str, concurrency: int, extra: Sequence[str]
+    stack: BenchStack, w: Workload, cfg: RunConfig, concurrency: int, extra: Sequence[str]
 ) -> dict:
-    stack.use_scheduler(["--radix", radix, "--policy", policy, *extra])
+    stack.use_scheduler([*cfg.args(), *extra])
     with Client(stack.endpoint) as c:
         _gen(c, [1, 2, 3, 4], 1)  # warm-up through the new scheduler (excluded by deltas)
         s0 = c.stats()
@@ -464,8 +494,10 @@ def run_config(
     radix_s = s1.radix_seconds - s0.radix_seconds
     hit = dc / dp if dp else 0.0
     return {
-        "radix": radix,
-        "policy": policy,
+        "radix": cfg.radix,
+        "policy": cfg.policy,
+        "eviction": cfg.eviction or "default",
+        "protect_ms": cfg.protect_ms or "default",
         "requests": len(prompts),
         "wall_s": round(wall, 2),
         "output_tokens": out_tokens,
@@ -499,7 +531,7 @@ def run(ns: argparse.Namespace) -> dict:
     workloads = build_workloads(encode, quick=ns.quick, max_new=ns.max_new)
     if ns.only:
         workloads = [w for w in workloads if w.name in ns.only]
-    configs = QUICK_CONFIGS if ns.quick else CONFIGS
+    configs = parse_configs(ns.configs) if ns.configs else QUICK_CONFIGS if ns.quick else CONFIGS
     report: dict = {
         "bench": "radix_workloads",
         "model": folder.name,
@@ -535,9 +567,9 @@ def run(ns: argparse.Namespace) -> dict:
         )
         stack = BenchStack(kv, Path(tempfile.mkdtemp(prefix=f"radix-bench-{w.name}-")), ns.model)
         try:
-            for radix, policy in configs:
-                progress(f"  {w.name}: --radix {radix} --policy {policy}")
-                r = run_config(stack, w, radix, policy, ns.concurrency, ns.sched_arg)
+            for cfg in configs:
+                progress(f"  {w.name}: {' '.join(cfg.args())}")
+                r = run_config(stack, w, cfg, ns.concurrency, ns.sched_arg)
                 progress(
                     f"    hit {r['hit_rate']:.3f} (optimal {r['optimal_hit_rate']:.3f}), "
                     f"{r['output_tok_s']} tok/s, {r['wall_s']} s"
@@ -563,6 +595,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--concurrency", type=int, default=64, help="most requests in flight")
     p.add_argument("--only", nargs="*", default=[], help="workload names to run")
+    p.add_argument(
+        "--configs",
+        nargs="*",
+        default=[],
+        help="RADIX[:POLICY[:EVICTION[:PROTECT_MS]]] runs instead of the default set "
+        "(e.g. tree:lpm off tree:lpm:lfu:0; omitted parts: lpm and the scheduler defaults)",
+    )
     p.add_argument(
         "--sched-arg",
         action="append",

@@ -20,10 +20,25 @@ class SchedulerConfig:
         "prefix cache: tree, table (flat exact-prefix) or off",
         choices=["tree", "table", "off"],
     )
+    eviction: str = field(
+        "lru",
+        "radix cache eviction order: lru, or lfu (fewest uses first, ties LRU)",
+        choices=["lru", "lfu"],
+    )
+    protect_ms: float = field(
+        100.0,
+        "keep freshly inserted cache (a finished request's context) out of admission's reach "
+        "for this long while other work runs, so a follow-up call finds it; 0 disables",
+    )
     policy: str = field(
         "lpm", "waiting-queue order", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
     )
     lpm_fallback_queue_len: int = field(128, "above this many waiting, LPM becomes FCFS")
+    in_batch_prefix_tokens: int = field(
+        8,
+        "in-batch prefix sharing: of waiting requests sharing at least this many uncached "
+        "tokens after the same cached prefix, admit one now and the rest next round; 0 disables",
+    )
     chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
     max_running: int = field(256, "most requests decoding at once")
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
@@ -47,5 +62,9 @@ class SchedulerConfig:
     def validate(self) -> None:
         if self.chunk_tokens < 1:
             raise ValueError("--chunk-tokens must be >= 1")
+        if self.in_batch_prefix_tokens < 0:
+            raise ValueError("--in-batch-prefix-tokens must be >= 0")
+        if self.protect_ms < 0:
+            raise ValueError("--protect-ms must be >= 0")
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

@@ -47,6 +47,10 @@ class NoCache:
     def free_size(self) -> int:
         return self.allocator.free_count
 
+    @property
+    def protected_size(self) -> int:
+        return 0  # no insert protection
+
     def total_cached(self) -> int:
         return 0
 

@@ -10,8 +10,14 @@ decode fits in::
 where ``reserved`` is the expected future decode of the running batch (remaining
 ``max_new_tokens`` x ``new_token_ratio``; see :func:`decode_reservation` and
 :class:`NewTokenRatio`) and ``committed`` is what earlier admissions this step (and the in-flight
-chunked request) claimed. Admission stops at the first candidate that does not fit, so a large
-request is never starved by smaller ones behind it in policy order.
+chunked request) claimed. While the batch has other work (something running or already admitted
+this step), ``cache.protected_size`` is left out of ``evictable``: freshly inserted context
+whose follow-up request is likely milliseconds away is not given to an unrelated request
+(a request that matched it has locked it, so it no longer counts as protected). With nothing
+else to run, protection never holds a request back: the model is not left idle.
+
+Admission stops at the first candidate that does not fit, so a large request is never starved
+by smaller ones behind it in policy order.
 
 Per step at most ``chunk_budget`` prompt tokens are prefilled: the last admitted request may be
 *chunked* (fewer tokens this step than it has left), and it continues in later steps first,
@@ -174,7 +180,10 @@ def admit_prefills(
         cache.lock(m.node)
         extend = len(toks) - m.length
         need = extend + min(w.max_new_tokens, clip_max_new_tokens) * new_token_ratio
-        budget = cache.free_size + cache.evictable_size - reserved_tokens - committed
+        usable = cache.evictable_size
+        if num_running or picked or cont:  # other work exists: never idle the model for this
+            usable -= cache.protected_size
+        budget = cache.free_size + usable - reserved_tokens - committed
         if need > budget:
             cache.unlock(m.node)
             reason = "memory"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from scheduler_service.allocator import SlotAllocator
 
 CACHE_MODES = ("tree", "table", "off")
+EVICTION_POLICIES = ("lru", "lfu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,13 @@ class PrefixCache(Protocol):
     @property
     def free_size(self) -> int: ...
 
+    @property
+    def protected_size(self) -> int:
+        """Evictable tokens that eviction takes only as a last resort (recently inserted: a
+        follow-up request is likely on its way). Admission should not count on them while it
+        has other work; always 0 for caches without protection."""
+        ...
+
     def total_cached(self) -> int: ...
 
     def reset(self) -> None:
@@ -164,13 +172,21 @@ class PrefixCache(Protocol):
         ...
 
 
-def make_prefix_cache(mode: str, allocator: SlotAllocator) -> PrefixCache:
-    """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``)."""
+def make_prefix_cache(
+    mode: str, allocator: SlotAllocator, *, eviction: str = "lru", protect_s: float = 0.0
+) -> PrefixCache:
+    """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``).
+
+    ``eviction`` (``--eviction``) and ``protect_s`` (``--protect-ms``) configure the tree's
+    eviction order and insert protection; ``table`` and ``off`` ignore them.
+    """
+    if eviction not in EVICTION_POLICIES:
+        raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
     # Imported here: the implementations import MatchResult from this module.
     if mode == "tree":
         from scheduler_service.radix_cache import RadixCache
 
-        return RadixCache(allocator)
+        return RadixCache(allocator, eviction=eviction, protect_s=protect_s)
     if mode == "table":
         from scheduler_service.table_cache import TableCache
 

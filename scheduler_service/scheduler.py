@@ -47,7 +47,11 @@ class Scheduler:
         self.link = ModelLink(cfg.model_address)
         self.grammar = GrammarLink(cfg.grammar_address)
         self.grammar.on_reconnect = self._rebind_grammars
-        self.policy = SchedulePolicy(cfg.policy, lpm_fallback_queue_len=cfg.lpm_fallback_queue_len)
+        self.policy = SchedulePolicy(
+            cfg.policy,
+            lpm_fallback_queue_len=cfg.lpm_fallback_queue_len,
+            in_batch_prefix_threshold=cfg.in_batch_prefix_tokens,
+        )
         self.st: SchedState | None = None
         self.info: model_pb2.WorkerInfo | None = None
         self.sinks: dict[str, Sink] = {}
@@ -145,7 +149,12 @@ class Scheduler:
         if self.st is None or self.st.cache.allocator.capacity != cap:
             alloc = SlotAllocator(cap, track_freed=info.nan_fill)
             self.st = SchedState(
-                cache=make_prefix_cache(self.cfg.radix, alloc),
+                cache=make_prefix_cache(
+                    self.cfg.radix,
+                    alloc,
+                    eviction=self.cfg.eviction,
+                    protect_s=self.cfg.protect_ms / 1e3,
+                ),
                 context_length=int(info.context_length),
             )
         else:

@@ -78,6 +78,10 @@ class TableCache:
     def free_size(self) -> int:
         return self.allocator.free_count
 
+    @property
+    def protected_size(self) -> int:
+        return 0  # no insert protection
+
     def total_cached(self) -> int:
         return self._evictable + self._locked
 

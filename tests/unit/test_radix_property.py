@@ -53,11 +53,14 @@ class RadixMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.alloc = SlotAllocator(CAPACITY, debug=True)
-        self.cache = RadixCache(self.alloc)
+        self.cache = self.make_cache(self.alloc)
         self.model: dict[Prefix, int] = {}
         self.owned: list[list[int]] = []  # request-owned slot chunks
         self.locks: list[tuple[object, Prefix, list[int]]] = []  # node, tokens, slots
         self.running: list[InFlight] = []
+
+    def make_cache(self, alloc: SlotAllocator) -> RadixCache:
+        return RadixCache(alloc)
 
     # -- reference model ----------------------------------------------------------------------
     def longest(self, toks: list[int], limit: int | None) -> int:
@@ -232,6 +235,28 @@ class RadixMachine(RuleBasedStateMachine):
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = SETTINGS
+
+
+class LfuProtectMachine(RadixMachine):
+    """The same model and rules with LFU eviction order and insert protection on a fake clock
+    that a rule advances: neither may change what is cached, only which leaf goes first, so
+    every model check still holds; protected tokens are always evictable tokens."""
+
+    def make_cache(self, alloc: SlotAllocator) -> RadixCache:
+        self.now = 0.0
+        return RadixCache(alloc, eviction="lfu", protect_s=1.0, clock=lambda: self.now)
+
+    @rule(dt=st.sampled_from([0.25, 0.5, 1.0]))
+    def advance_clock(self, dt: float) -> None:
+        self.now += dt
+
+    @invariant()
+    def protected_is_evictable(self) -> None:
+        assert 0 <= self.cache.protected_size <= self.cache.evictable_size
+
+
+TestLfuProtectMachine = LfuProtectMachine.TestCase
+TestLfuProtectMachine.settings = SETTINGS
 
 
 class TableMachine(RuleBasedStateMachine):

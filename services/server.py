@@ -45,6 +45,11 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
+    # Calls that arrived but that the asyncio server has not picked up yet: past gRPC's
+    # default of 1,000 the core cancels them (CANCELLED), which a burst of 2,000 streams at
+    # request rate inf hits. Admission is bounded by the scheduler's --max-queue instead.
+    ("grpc.server.max_pending_requests", 65_536),
+    ("grpc.server.max_pending_requests_hard_limit", 65_536),
 ]
 LIVENESS = "liveness"
 READINESS = "readiness"

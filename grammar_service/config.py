@@ -20,7 +20,10 @@ class GrammarConfig:
     max_cache_bytes: int = field(1 << 30, "bytes of compiled grammars kept (0: no byte bound)")
     compile_threads: int = field(2, "concurrent compiles (and xgrammar threads per compile)")
     mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
-    batch_fill_min_rows: int = field(32, "rows from which xgrammar's threaded batch fill is used")
+    batch_fill_min_rows: int = field(8, "rows from which xgrammar's threaded batch fill is used")
+    fill_threads: int = field(
+        0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))"
+    )
     inline_step_weight: int = field(4, "steps this light (rows + tokens) skip the thread hop")
     any_whitespace: bool = field(False, "JSON grammars allow free whitespace (off: compact JSON)")
     disable_xgrammar_cache: bool = field(False, "turn off xgrammar's own cache (cold benchmarks)")
@@ -32,6 +35,8 @@ class GrammarConfig:
     def validate(self) -> None:
         if self.max_cache_entries < 1:
             raise ValueError("--max-cache-entries must be >= 1")
+        if self.fill_threads < 0:
+            raise ValueError("--fill-threads must be >= 0 (0: automatic)")
         if self.compile_threads < 1 or self.mask_threads < 1:
             raise ValueError("--compile-threads and --mask-threads must be >= 1")
         if self.vocab_size < 0 or self.max_cache_bytes < 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -73,7 +74,9 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             retok,
             stop_token_ids=[int(t) for t in self.tokenizer_info.stop_token_ids],
             batch_fill_min_rows=config.batch_fill_min_rows,
-            fill_threads=config.mask_threads,
+            # 128k-vocabulary masks for a batch of 64 are milliseconds of work per step, and
+            # the model waits for them: use the cores (xgrammar fills rows in native threads)
+            fill_threads=config.fill_threads or min(8, os.cpu_count() or 1),
         )
         self._pool = ThreadPoolExecutor(config.mask_threads, thread_name_prefix="masks")
         self._sessions: dict[int, SessionState] = {}  # keyed by id(): session ids may repeat

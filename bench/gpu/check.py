@@ -94,7 +94,7 @@ def run_ours(model: Any, attn_kind: str, seqs_tokens: list[list[int]], capacity:
                 sq.done = e
             out = None
             if graphs is not None and len(ids) == len(rows):
-                out = graphs.run(ids, pos, out_slots, rows)
+                out = graphs.run(torch.tensor(ids, device=device), pos, out_slots, rows)
                 if out is not None:
                     out = out.clone()
                     info["graph_replays"] += 1

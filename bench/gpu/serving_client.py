@@ -17,13 +17,19 @@ from bench.gpu.common import percentile
 
 
 async def _one(client: Any, req: wl.Req) -> dict[str, Any]:
+    return await timed_stream(client, req.ids, req.max_new)
+
+
+async def timed_stream(client: Any, ids: list[int], max_new: int) -> dict[str, Any]:
+    """One greedy, EOS-ignoring stream with its arrival times: TTFT, ITL samples, end to end,
+    the output tokens and the token counts the server reported."""
     from client.api import Chunk, GenerateResult
 
     t0 = time.perf_counter()
     arrivals: list[tuple[float, int]] = []
     final = None
     async for item in client.stream(
-        input_ids=req.ids, max_new_tokens=req.max_new, ignore_eos=True, temperature=0.0
+        input_ids=ids, max_new_tokens=max_new, ignore_eos=True, temperature=0.0
     ):
         if isinstance(item, Chunk):
             arrivals.append((time.perf_counter(), len(item.token_ids)))
@@ -35,9 +41,12 @@ async def _one(client: Any, req: wl.Req) -> dict[str, Any]:
         k = max(n, 1)  # a chunk of k tokens counts as k gaps of 1/k
         itl.extend([(tb - ta) / k] * k)
     return {
+        "t0": t0,
+        "t1": t1,
         "ttft": (arrivals[0][0] if arrivals else t1) - t0,
         "e2e": t1 - t0,
         "itl": itl,
+        "tokens": final.output_ids if final else [],
         "completion_tokens": final.completion_tokens if final else 0,
         "prompt_tokens": final.prompt_tokens if final else 0,
         "finish": final.finish_reason if final else "none",

@@ -155,27 +155,9 @@ def run_inprocess(model: str, device: str, workloads: list[dict[str, Any]], tmp:
 
 # -- 2. through the stack ---------------------------------------------------------------------
 async def _one(client: Any, ids: list[int], output_len: int) -> dict[str, Any]:
-    from client.api import Chunk, GenerateResult
+    from bench.gpu.serving_client import timed_stream
 
-    t0 = time.perf_counter()
-    arrivals: list[tuple[float, int]] = []
-    final = None
-    async for item in client.stream(input_ids=ids, max_new_tokens=output_len,
-                                    ignore_eos=True, temperature=0.0):
-        if isinstance(item, Chunk):
-            arrivals.append((time.perf_counter(), len(item.token_ids)))
-        elif isinstance(item, GenerateResult):
-            final = item
-    t1 = time.perf_counter()
-    itl: list[float] = []
-    for (ta, _), (tb, n) in zip(arrivals, arrivals[1:], strict=False):
-        k = max(n, 1)
-        itl.extend([(tb - ta) / k] * k)
-    return {"t0": t0, "t1": t1, "ttft": (arrivals[0][0] - t0) if arrivals else t1 - t0,
-            "itl": itl, "tokens": final.output_ids if final else [],
-            "completion_tokens": final.completion_tokens if final else 0,
-            "prompt_tokens": final.prompt_tokens if final else 0,
-            "finish": final.finish_reason if final else "none"}
+    return await timed_stream(client, ids, output_len)
 
 
 async def _workload_stack(endpoint: str, w: dict[str, Any]) -> dict[str, Any]:

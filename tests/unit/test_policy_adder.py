@@ -15,19 +15,11 @@ from scheduler_service.prefill_adder import (
     admit_prefills,
     decode_reservation,
 )
-from scheduler_service.prefix_cache import MatchResult, PrefixCache
+from scheduler_service.prefix_cache import PrefixCache
 from scheduler_service.radix_cache import RadixCache
 from scheduler_service.retraction import plan_retraction, retraction_order
 from scheduler_service.table_cache import TableCache
-
-
-@dataclass(eq=False)
-class Item:
-    tokens: list[int]
-    arrival: int
-    max_new_tokens: int = 0
-    prefix_limit: int | None = None
-    match: MatchResult | None = None
+from tests.unit.queue_item import Item
 
 
 @dataclass

@@ -8,23 +8,13 @@ keeps it for the follow-up. Hits are exact token counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.prefill_adder import admit_prefills
-from scheduler_service.prefix_cache import MatchResult, make_prefix_cache
+from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.radix_cache import RadixCache
-
-
-@dataclass(eq=False)
-class Item:
-    tokens: list[int]
-    arrival: int
-    max_new_tokens: int = 0
-    prefix_limit: int | None = None
-    match: MatchResult | None = None
+from tests.unit.queue_item import Item
 
 
 class Clock:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,17 +34,8 @@ from hypothesis import strategies as st
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefill_adder import admit_prefills
-from scheduler_service.prefix_cache import MatchResult
 from scheduler_service.radix_cache import RadixCache
-
-
-@dataclass(eq=False)
-class Item:
-    tokens: list[int]
-    arrival: int
-    max_new_tokens: int = 0
-    prefix_limit: int | None = None
-    match: MatchResult | None = None
+from tests.unit.queue_item import Item
 
 
 def edge_sum(prompts: Sequence[Sequence[int]]) -> int:

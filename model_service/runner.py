@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 import torch
 
-from grammar_service.mask_packing import EncodedRow, MaskEncoding, bitmask_to_bool, decode_rows
+from grammar_service.mask_packing import EncodedRow, MaskEncoding, allowed_on_device
 from model_service.attention.reference import ReferenceAttention, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
@@ -289,11 +289,7 @@ class ModelRunner:
             return
         rows = [EncodedRow(MaskEncoding(e), d)
                 for e, d in (masks[sampled[i].handle] for i in idx)]
-        width = lg.shape[-1]
-        words = decode_rows(rows, width)
-        if self.cuda:
-            words = words.pin_memory().to(lg.device, non_blocking=True)
-        allowed = bitmask_to_bool(words, width)
+        allowed = allowed_on_device(rows, lg.shape[-1], lg.device)
         sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
 

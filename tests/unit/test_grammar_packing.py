@@ -12,6 +12,7 @@ from client.pb import grammar_pb2 as pb
 from grammar_service.mask_packing import (
     EncodedRow,
     MaskEncoding,
+    allowed_on_device,
     bitmask_to_bool,
     bitmask_words,
     choose_encoding,
@@ -58,6 +59,25 @@ def test_round_trip_all_forms(vocab: int) -> None:
     assert batch.dtype == torch.int32 and batch.shape == (4, bitmask_words(vocab))
     for i, ids in enumerate([few, most, half]):
         assert _allowed(batch[i], vocab).tolist() == ids.tolist()
+
+
+@pytest.mark.parametrize("vocab", [128256, 1001])
+def test_allowed_on_device_equals_the_decoded_bitmask(vocab: int) -> None:
+    """The model's path (id lists scattered on the device) gives exactly the bitmask view."""
+    rng = np.random.default_rng(vocab + 1)
+    few = np.sort(rng.choice(vocab, 5, replace=False))
+    most = np.setdiff1d(np.arange(vocab), few)
+    half = np.sort(rng.choice(vocab, vocab // 2, replace=False))
+    sets = [half, few, most, np.array([], int), few[:1]]
+    rows = encode_rows(_bitmask(sets, vocab), vocab)
+    assert {r.encoding for r in rows} == {MaskEncoding.BITMASK, MaskEncoding.ALLOWED,
+                                          MaskEncoding.DISALLOWED}
+    got = allowed_on_device(rows, vocab, torch.device("cpu"))
+    assert torch.equal(got, bitmask_to_bool(decode_rows(rows, vocab), vocab))
+    for i, ids in enumerate(sets):
+        assert torch.nonzero(got[i]).flatten().tolist() == ids.tolist()
+    with pytest.raises(ValueError):
+        allowed_on_device([EncodedRow(MaskEncoding.NONE, b"")], vocab, torch.device("cpu"))
 
 
 def test_shortest_form_is_chosen_with_ties_to_bitmask() -> None:

@@ -269,15 +269,21 @@ def allowed_on_device(rows: Sequence[RowLike], vocab_size: int, device: torch.de
             return t.pin_memory().to(device, non_blocking=True)
         return t.to(device)
 
+    # Values as device tensors (or index_fill_'s scalar argument): `t[idx] = True` would copy a
+    # host scalar to the device synchronously, stalling the host until the queued forward pass
+    # is done (measured: +2.4 ms per batch-1 step).
     if bit_rows:
-        allowed[dev(np.asarray(bit_rows, dtype=np.int64))] = bitmask_to_bool(
-            dev(np.stack(words)), vocab_size
+        allowed.index_copy_(
+            0, dev(np.asarray(bit_rows, dtype=np.int64)),
+            bitmask_to_bool(dev(np.stack(words)), vocab_size),
         )
     if set_r:
-        allowed[dev(np.concatenate(set_r)), dev(np.concatenate(set_i))] = True
+        true = torch.ones((), dtype=torch.bool, device=device)
+        allowed.index_put_((dev(np.concatenate(set_r)), dev(np.concatenate(set_i))), true)
     if clear_rows:
-        allowed[dev(np.asarray(clear_rows, dtype=np.int64))] = True
-        allowed[dev(np.concatenate(clear_r)), dev(np.concatenate(clear_i))] = False
+        allowed.index_fill_(0, dev(np.asarray(clear_rows, dtype=np.int64)), True)
+        false = torch.zeros((), dtype=torch.bool, device=device)
+        allowed.index_put_((dev(np.concatenate(clear_r)), dev(np.concatenate(clear_i))), false)
     return allowed
 
 

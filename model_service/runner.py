@@ -317,7 +317,8 @@ class ModelRunner:
         sp = [r.state.sampling for r in sampled]
         for i, r in enumerate(sampled):
             if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
-                lg[i, list(r.state.sampling.stop_ids)] = float("-inf")
+                banned = to_device(list(r.state.sampling.stop_ids), torch.int64, dev)
+                lg[i].index_fill_(0, banned, float("-inf"))  # no host scalar copy (a sync)
         if masks:
             self._apply_masks(sampled, lg, masks)
         temp = [s.temperature for s in sp]

@@ -21,9 +21,7 @@ class GrammarConfig:
     compile_threads: int = field(2, "concurrent compiles (and xgrammar threads per compile)")
     mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
     batch_fill_min_rows: int = field(8, "rows from which xgrammar's threaded batch fill is used")
-    fill_threads: int = field(
-        0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))"
-    )
+    fill_threads: int = field(0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))")
     inline_step_weight: int = field(4, "steps this light (rows + tokens) skip the thread hop")
     any_whitespace: bool = field(False, "JSON grammars allow free whitespace (off: compact JSON)")
     disable_xgrammar_cache: bool = field(False, "turn off xgrammar's own cache (cold benchmarks)")

@@ -55,8 +55,9 @@ class _GraphAttention:
         self.slots = slots
         self.wrapper = wrapper
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         self.pool.write(layer, self.slots, k, v)
         return self.wrapper.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
 
@@ -75,8 +76,14 @@ class _Captured:
 
 
 class DecodeCudaGraphs:
-    def __init__(self, model: LlamaForCausalLM, attn: FlashInferAttention,
-                 buckets: Sequence[int], scratch_slot: int, max_kv_tokens: int) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        attn: FlashInferAttention,
+        buckets: Sequence[int],
+        scratch_slot: int,
+        max_kv_tokens: int,
+    ) -> None:
         if not buckets:
             raise ValueError("no batch-size buckets to capture")
         if not 0 <= scratch_slot < attn.pool.k.shape[1]:
@@ -114,11 +121,14 @@ class DecodeCudaGraphs:
 
         dev = self.device
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.attn.workspace, "NHD", use_cuda_graph=True,
+            self.attn.workspace,
+            "NHD",
+            use_cuda_graph=True,
             use_tensor_cores=self.attn.tensor_cores,
             paged_kv_indptr_buffer=torch.arange(bs + 1, dtype=torch.int32, device=dev),
             paged_kv_indices_buffer=self.indices_buf,
-            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
+            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev),
+        )
         inputs = torch.zeros(3, bs, dtype=torch.int64, device=dev)
         inputs[2].fill_(self.scratch)
         logit_rows = torch.arange(bs, device=dev)
@@ -139,8 +149,14 @@ class DecodeCudaGraphs:
             logits = fwd()
         return _Captured(bs, inputs, wrapper, graph, logits, keep=(logit_rows, shim))
 
-    def _plan(self, wrapper: Any, bs: int, rows: Sequence[RowPlan], n: int,
-              flat: torch.Tensor | None = None) -> None:
+    def _plan(
+        self,
+        wrapper: Any,
+        bs: int,
+        rows: Sequence[RowPlan],
+        n: int,
+        flat: torch.Tensor | None = None,
+    ) -> None:
         lens = [int(r.kv_slots.numel()) for r in rows] + [1] * (bs - n)
         indptr = torch.zeros(bs + 1, dtype=torch.int32)
         indptr[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
@@ -150,8 +166,17 @@ class DecodeCudaGraphs:
         else:
             indices = self.scratch_pad[:bs].to(torch.int32)
         a = self.attn
-        wrapper.plan(indptr, indices, torch.ones(bs, dtype=torch.int32), a.nh, a.nkv, a.hd, 1,
-                     q_data_type=a.dtype, kv_data_type=a.dtype)
+        wrapper.plan(
+            indptr,
+            indices,
+            torch.ones(bs, dtype=torch.int32),
+            a.nh,
+            a.nkv,
+            a.hd,
+            1,
+            q_data_type=a.dtype,
+            kv_data_type=a.dtype,
+        )
 
     # -- per step -----------------------------------------------------------------------------
     def bucket_for(self, n: int) -> int | None:
@@ -160,9 +185,15 @@ class DecodeCudaGraphs:
                 return b
         return None
 
-    def run(self, ids: torch.Tensor, positions: Sequence[int], out_slots: Sequence[int],
-            rows: Sequence[RowPlan], started: torch.cuda.Event | None = None,
-            kv_flat: torch.Tensor | None = None) -> torch.Tensor | None:
+    def run(
+        self,
+        ids: torch.Tensor,
+        positions: Sequence[int],
+        out_slots: Sequence[int],
+        rows: Sequence[RowPlan],
+        started: torch.cuda.Event | None = None,
+        kv_flat: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Logits [n, vocab] (fp32) of a decode-only step by graph replay, or None when no
         bucket fits (the caller then runs the step eagerly). `ids` is on the device (decode
         inputs may not have reached the host); `started` is recorded just before the replay.
@@ -176,8 +207,9 @@ class DecodeCudaGraphs:
             return None
         g = self.graphs[bs]
         pad = bs - n
-        host = torch.tensor([list(positions) + [0] * pad,
-                             list(out_slots) + [self.scratch] * pad], dtype=torch.int64)
+        host = torch.tensor(
+            [list(positions) + [0] * pad, list(out_slots) + [self.scratch] * pad], dtype=torch.int64
+        )
         g.inputs[1:].copy_(host.pin_memory(), non_blocking=True)
         g.inputs[0, :n].copy_(ids)
         if pad:
@@ -190,9 +222,13 @@ class DecodeCudaGraphs:
         return g.logits[:n]
 
 
-def capture_decode_graphs(model: LlamaForCausalLM, attn: FlashInferAttention,
-                          scratch_slot: int, max_kv_tokens: int,
-                          buckets: Sequence[int] | None = None) -> DecodeCudaGraphs | None:
+def capture_decode_graphs(
+    model: LlamaForCausalLM,
+    attn: FlashInferAttention,
+    scratch_slot: int,
+    max_kv_tokens: int,
+    buckets: Sequence[int] | None = None,
+) -> DecodeCudaGraphs | None:
     """Capture decode graphs at start-up; None when turned off (bucket list empty)."""
     bl = list(buckets) if buckets is not None else buckets_from_env()
     if not bl:

@@ -60,8 +60,9 @@ def _eos_ids(cfg: object) -> list[int]:
     return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
-def kv_capacity(cfg: ModelServiceConfig, model: LlamaForCausalLM, dtype: torch.dtype,
-                device: torch.device) -> int:
+def kv_capacity(
+    cfg: ModelServiceConfig, model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device
+) -> int:
     """Token slots of the KV pool: `--kv-tokens` outright (it must fit in free memory), else
     the memory budget over the bytes per token, which must hold one request
     (`preflight.min_kv_tokens`)."""
@@ -74,14 +75,17 @@ def kv_capacity(cfg: ModelServiceConfig, model: LlamaForCausalLM, dtype: torch.d
         torch.cuda.empty_cache()  # blocks freed while building the weights count as free
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * cfg.kv_memory_fraction)
-        source = (f"--kv-memory-fraction {cfg.kv_memory_fraction} of {free / GIB:.2f} GiB "
-                  f"free after the weights")
+        source = (
+            f"--kv-memory-fraction {cfg.kv_memory_fraction} of {free / GIB:.2f} GiB "
+            f"free after the weights"
+        )
     else:
         budget = int(cfg.kv_memory_gb * (1 << 30))
         source = f"--kv-memory-gb {cfg.kv_memory_gb}"
     cap = budget // per_token
-    check_kv_capacity(cap, min_kv_tokens(cfg.min_kv_tokens, a.max_position), budget, per_token,
-                      source)
+    check_kv_capacity(
+        cap, min_kv_tokens(cfg.min_kv_tokens, a.max_position), budget, per_token, source
+    )
     return cap
 
 
@@ -107,7 +111,8 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
     args = LlamaArgs.from_hf_config(hf_cfg)
     check_weights_fit(args, dtype, device, str(name), random=bool(cfg.random_weights))
     with out_of_memory_as_model_error(
-        "building the weights", device,
+        "building the weights",
+        device,
         "they were estimated to fit, so something else took the memory: free the device or "
         "use a smaller model or dtype",
     ):
@@ -118,15 +123,22 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
     capacity = kv_capacity(cfg, model, dtype, device)
     a = model.args
     with out_of_memory_as_model_error(
-        f"allocating the KV pool ({capacity} tokens)", device,
+        f"allocating the KV pool ({capacity} tokens)",
+        device,
         "lower --kv-memory-fraction or --kv-tokens",
     ):
         # One slot more than the scheduler's index space: CUDA-graph padding rows write there.
-        pool = KVPool(a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device,
-                      nan_fill=cfg.nan_fill)
+        pool = KVPool(
+            a.num_layers,
+            capacity + 1,
+            a.num_kv_heads,
+            a.head_dim,
+            dtype,
+            device,
+            nan_fill=cfg.nan_fill,
+        )
     pool.capacity = capacity
-    attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads,
-                                       a.head_dim)
+    attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads, a.head_dim)
     if note:
         log.warning("attention_fallback", reason=note)
     if model.ops_note:
@@ -136,16 +148,26 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         from model_service.cuda_graphs import capture_decode_graphs
 
         with out_of_memory_as_model_error(
-            "capturing decode CUDA graphs", device,
+            "capturing decode CUDA graphs",
+            device,
             "lower --kv-memory-fraction to leave them room, or capture fewer batch sizes "
             "(RADIXMESH_CUDA_GRAPH_MAX_BS)",
         ):
-            graphs = capture_decode_graphs(model, attention, scratch_slot=capacity,
-                                           max_kv_tokens=capacity)
-    log.info("engine_ready", model=name, device=str(device), dtype=str(dtype),
-             kv_tokens=capacity, layers=a.num_layers, attention=attention.name,
-             fused=model.fused, kernels=model.ops.name if model.ops else "-",
-             cuda_graph_buckets=graphs.buckets if graphs else [])
+            graphs = capture_decode_graphs(
+                model, attention, scratch_slot=capacity, max_kv_tokens=capacity
+            )
+    log.info(
+        "engine_ready",
+        model=name,
+        device=str(device),
+        dtype=str(dtype),
+        kv_tokens=capacity,
+        layers=a.num_layers,
+        attention=attention.name,
+        fused=model.fused,
+        kernels=model.ops.name if model.ops else "-",
+        cuda_graph_buckets=graphs.buckets if graphs else [],
+    )
     return Engine(
         runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),
         model_name=str(name),

@@ -100,8 +100,10 @@ def parse_name(spec: str) -> tuple[str, dict[str, Any]]:
 def config_dict(spec: str, **overrides: Any) -> dict[str, Any]:
     name, from_name = parse_name(spec)
     if name not in CONFIGS:
-        raise ModelError(f"--random-weights {name!r}: unknown architecture; "
-                         f"choose one of {', '.join(sorted(CONFIGS))}")
+        raise ModelError(
+            f"--random-weights {name!r}: unknown architecture; "
+            f"choose one of {', '.join(sorted(CONFIGS))}"
+        )
     fields = dict(CONFIGS[name])
     for key, value in {**from_name, **overrides}.items():
         if key not in fields:
@@ -137,9 +139,11 @@ def _unpack_asset(dest: Path) -> None:
         for name in TOKENIZER_FILES:
             src = ASSET_DIR / f"{name}.gz"
             if not src.exists():
-                raise ModelError(f"{src} is missing: the bundled Llama-3.1 tokenizer is "
-                                 "incomplete (see model_service/assets/llama3_1_tokenizer/"
-                                 "SOURCE.md to rebuild it)")
+                raise ModelError(
+                    f"{src} is missing: the bundled Llama-3.1 tokenizer is "
+                    "incomplete (see model_service/assets/llama3_1_tokenizer/"
+                    "SOURCE.md to rebuild it)"
+                )
             with gzip.open(src, "rb") as f_in, (tmp / name).open("wb") as f_out:
                 shutil.copyfileobj(f_in, f_out)
         try:
@@ -159,8 +163,7 @@ def bundled_tokenizer_dir() -> Path:
     return dest
 
 
-def random_config(name: str, tokenizer_dir: str | Path = "", **overrides: Any
-                  ) -> tuple[Any, Path]:
+def random_config(name: str, tokenizer_dir: str | Path = "", **overrides: Any) -> tuple[Any, Path]:
     """(HF LlamaConfig, model folder) for `--random-weights name`.
 
     The folder (under the project cache) holds config.json and the tokenizer files, so it
@@ -170,8 +173,11 @@ def random_config(name: str, tokenizer_dir: str | Path = "", **overrides: Any
     fields = config_dict(name, **overrides)
     cfg = hf_config(fields)
     tok = Path(tokenizer_dir).expanduser() if tokenizer_dir else bundled_tokenizer_dir()
-    files = [p for p in tok.iterdir() if p.is_file() and p.name != "config.json"] \
-        if tok.is_dir() else []
+    files = (
+        [p for p in tok.iterdir() if p.is_file() and p.name != "config.json"]
+        if tok.is_dir()
+        else []
+    )
     if not any(p.name in ("tokenizer.json", "tokenizer.model", "vocab.json") for p in files):
         raise ModelError(f"--tokenizer {tok}: no tokenizer.json / tokenizer.model there")
     _check_vocab(tok, fields["vocab_size"])
@@ -203,5 +209,7 @@ def _check_vocab(tok: Path, vocab_size: int) -> None:
     ids = list((data.get("model") or {}).get("vocab", {}).values())
     ids += [t["id"] for t in data.get("added_tokens", [])]
     if ids and max(ids) >= vocab_size:
-        raise ModelError(f"tokenizer {tok} has ids up to {max(ids)}, more than the model's "
-                         f"vocabulary of {vocab_size}")
+        raise ModelError(
+            f"tokenizer {tok} has ids up to {max(ids)}, more than the model's "
+            f"vocabulary of {vocab_size}"
+        )

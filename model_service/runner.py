@@ -94,8 +94,14 @@ class InFlight:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, pool: KVPool, attention: ReferenceAttention,
-                 device: torch.device, decode_graphs: DecodeCudaGraphs | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        pool: KVPool,
+        attention: ReferenceAttention,
+        device: torch.device,
+        decode_graphs: DecodeCudaGraphs | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.attn = attention
@@ -228,20 +234,28 @@ class ModelRunner:
         ids = self._input_ids(rows, cursor)
         # One copy for every row's KV slots, split into per-row views on the device.
         kv_flat = array_to_device(np.concatenate(kv_views), dev)
-        plans = [RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, kv_lens),
-                                                   strict=True)]
+        plans = [
+            RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, kv_lens), strict=True)
+        ]
         if self.cuda:
             fl.gpu_start = torch.cuda.Event(enable_timing=True)
         logits = None
-        if (self.decode_graphs is not None and cursor == len(rows)
-                and logit_rows == list(range(cursor))):
+        if (
+            self.decode_graphs is not None
+            and cursor == len(rows)
+            and logit_rows == list(range(cursor))
+        ):
             logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start, kv_flat)
         if logits is None:
             self.attn.plan(plans, to_device(out_slots, torch.int64, dev), kv_flat)
             if fl.gpu_start is not None:
                 fl.gpu_start.record()
-            logits = self.model(ids, to_device(pos, torch.int64, dev), self.attn,
-                                to_device(logit_rows, torch.int64, dev))
+            logits = self.model(
+                ids,
+                to_device(pos, torch.int64, dev),
+                self.attn,
+                to_device(logit_rows, torch.int64, dev),
+            )
         fl.prompt_lps = self._prompt_logprobs(rows, lp_spans, logits)
         masks, skip = self._masks_for(ops)
         self._sample(rows, sample_rows, logits, masks, skip, fl)
@@ -254,8 +268,9 @@ class ModelRunner:
         masks, skip = self.mask_source(ops.step_id)  # blocks while the forward pass runs
         return {**ops.masks, **masks}, skip
 
-    def _prompt_logprobs(self, rows: list[_Row], spans: list[tuple[int, int, int] | None],
-                         logits: torch.Tensor) -> list[PromptLogprobs]:
+    def _prompt_logprobs(
+        self, rows: list[_Row], spans: list[tuple[int, int, int] | None], logits: torch.Tensor
+    ) -> list[PromptLogprobs]:
         """Rare (asked per request): reads values back at once, so no launch-ahead here."""
         out: list[PromptLogprobs] = []
         for r, span in zip(rows, spans, strict=True):
@@ -272,8 +287,9 @@ class ModelRunner:
                 values.append(float(st.pending_lp[r.input_ids[0]]))  # across a chunk boundary
                 abs_start = start
             # logits at absolute i (first..end-2) score the token at i + 1 in this chunk
-            nxt = torch.tensor(r.input_ids[first + 1 - start :], dtype=torch.int64,
-                               device=lp.device)
+            nxt = torch.tensor(
+                r.input_ids[first + 1 - start :], dtype=torch.int64, device=lp.device
+            )
             if nxt.numel():
                 values.extend(lp[: nxt.numel()].gather(1, nxt[:, None]).squeeze(1).tolist())
             st.pending_lp = lp[-1] if not r.sample else None
@@ -281,14 +297,14 @@ class ModelRunner:
                 out.append(PromptLogprobs(r.handle, abs_start, values))
         return out
 
-    def _apply_masks(self, sampled: list[_Row], lg: torch.Tensor,
-                     masks: dict[int, tuple[int, bytes]]) -> None:
+    def _apply_masks(
+        self, sampled: list[_Row], lg: torch.Tensor, masks: dict[int, tuple[int, bytes]]
+    ) -> None:
         """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
         idx = [i for i, r in enumerate(sampled) if r.handle in masks]
         if not idx:
             return
-        rows = [EncodedRow(MaskEncoding(e), d)
-                for e, d in (masks[sampled[i].handle] for i in idx)]
+        rows = [EncodedRow(MaskEncoding(e), d) for e, d in (masks[sampled[i].handle] for i in idx)]
         allowed = allowed_on_device(rows, lg.shape[-1], lg.device)
         sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
@@ -300,8 +316,15 @@ class ModelRunner:
             raise StepError(f"handle {r.handle}: only decode rows can be skipped")
         r.state.slots.pop()
 
-    def _sample(self, rows: list[_Row], sample_rows: list[int], logits: torch.Tensor,
-                masks: dict[int, tuple[int, bytes]], skip: set[int], fl: InFlight) -> None:
+    def _sample(
+        self,
+        rows: list[_Row],
+        sample_rows: list[int],
+        logits: torch.Tensor,
+        masks: dict[int, tuple[int, bytes]],
+        skip: set[int],
+        fl: InFlight,
+    ) -> None:
         sampled: list[_Row] = []
         keep: list[int] = []
         for r, lrow in zip((r for r in rows if r.sample), sample_rows, strict=True):
@@ -405,12 +428,15 @@ class ModelRunner:
         steps, busy, gap, gpu_busy, gpu_idle = self._burst
         if steps >= 2:
             n = int(steps)
-            log.info("step_burst", steps=n, busy_ms=round(busy * 1e3, 2),
-                     between_ms=round(gap * 1e3, 2),
-                     busy_ms_per_step=round(busy * 1e3 / n, 3),
-                     between_ms_per_step=round(gap * 1e3 / (n - 1), 3),
-                     gpu_busy_ms_per_step=round(gpu_busy / n, 3),
-                     gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
-                     gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4)
-                     if gpu_busy else 0.0)
+            log.info(
+                "step_burst",
+                steps=n,
+                busy_ms=round(busy * 1e3, 2),
+                between_ms=round(gap * 1e3, 2),
+                busy_ms_per_step=round(busy * 1e3 / n, 3),
+                between_ms_per_step=round(gap * 1e3 / (n - 1), 3),
+                gpu_busy_ms_per_step=round(gpu_busy / n, 3),
+                gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
+                gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4) if gpu_busy else 0.0,
+            )
         self._burst = [0, 0.0, 0.0, 0.0, 0.0]

@@ -74,8 +74,9 @@ class SamplingFlags:
     min_p: bool
 
     @staticmethod
-    def of(temperature: list[float], top_k: list[int], top_p: list[float],
-           min_p: list[float]) -> SamplingFlags:
+    def of(
+        temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float]
+    ) -> SamplingFlags:
         return SamplingFlags(
             all_greedy=all(t <= 0 for t in temperature),
             top_k=any(k > 0 for k in top_k),

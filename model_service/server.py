@@ -53,8 +53,12 @@ class MaskMailbox:
     def deliver(self, msg: model_pb2.StepMasks) -> None:
         box = self._box(msg.step_id)
         if not box.done():
-            box.set_result(({m.handle: (m.encoding, m.data) for m in msg.rows},
-                            set(unpack_i32(msg.skip_handles))))
+            box.set_result(
+                (
+                    {m.handle: (m.encoding, m.data) for m in msg.rows},
+                    set(unpack_i32(msg.skip_handles)),
+                )
+            )
 
     def wait(self, step_id: int) -> Masks:
         box = self._box(step_id)
@@ -148,10 +152,18 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 out = await loop.run_in_executor(self.waiter, runner.finish, fl)
             except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
                 kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
-                log.error(kind, session=sid, step=step.step_id, error=repr(exc),
-                          exc_info=not isinstance(exc, StepError))
-                return model_pb2.StepReply(result=model_pb2.StepResult(
-                    step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"))
+                log.error(
+                    kind,
+                    session=sid,
+                    step=step.step_id,
+                    error=repr(exc),
+                    exc_info=not isinstance(exc, StepError),
+                )
+                return model_pb2.StepReply(
+                    result=model_pb2.StepResult(
+                        step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
+                    )
+                )
             return model_pb2.StepReply(result=encode_output(out))
 
         reader = asyncio.create_task(read())

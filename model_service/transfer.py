@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
+def to_device(
+    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -41,8 +41,9 @@ def load_hf_config(folder: Path):  # type: ignore[no-untyped-def]
     return AutoConfig.from_pretrained(folder)
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device,
-               fuse: bool | None = None) -> LlamaForCausalLM:
+def load_model(
+    folder: Path, dtype: torch.dtype, device: torch.device, fuse: bool | None = None
+) -> LlamaForCausalLM:
     args = LlamaArgs.from_hf_config(load_hf_config(folder))
     with torch.device("meta"):
         model = LlamaForCausalLM(args)
@@ -56,8 +57,9 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device,
                 state[name] = st.get_tensor(name).to(dtype)
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    expected = {k for k in model.state_dict() if not (
-        args.tie_word_embeddings and k == "lm_head.weight")}
+    expected = {
+        k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")
+    }
     missing = expected - state.keys()
     if missing:
         raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
@@ -71,8 +73,13 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device,
     return model
 
 
-def random_model(args: LlamaArgs, dtype: torch.dtype, device: torch.device,
-                 seed: int = 0, fuse: bool | None = None) -> LlamaForCausalLM:
+def random_model(
+    args: LlamaArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    fuse: bool | None = None,
+) -> LlamaForCausalLM:
     """Seeded normal(0, 0.02) weights, norms 1 (DESIGN.md section 3): same speed as trained.
     Weights are drawn in the separate form (HF parameter order), then fused where wanted, so
     a fused and an unfused model of the same seed hold the same weights. RoPE frequencies stay

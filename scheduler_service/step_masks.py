@@ -42,15 +42,17 @@ Fail = Callable[[Request, grpc.StatusCode, str], None]
 
 
 class StepMasks:
-    def __init__(self, cfg: SchedulerConfig, st: SchedState, grammar: GrammarLink,
-                 fail: Fail) -> None:
+    def __init__(
+        self, cfg: SchedulerConfig, st: SchedState, grammar: GrammarLink, fail: Fail
+    ) -> None:
         self.cfg = cfg
         self.st = st
         self.grammar = grammar
         self.fail = fail
 
-    async def _fetch(self, step_id: int, want: list[int], jump: list[int]
-                     ) -> grammar_pb2.MaskStepResult | None:
+    async def _fetch(
+        self, step_id: int, want: list[int], jump: list[int]
+    ) -> grammar_pb2.MaskStepResult | None:
         st = self.st
         t0 = time.perf_counter()
         try:
@@ -61,8 +63,9 @@ class StepMasks:
         finally:
             st.stats.mask_wait_seconds += time.perf_counter() - t0
 
-    def _failed_rows(self, res: grammar_pb2.MaskStepResult
-                     ) -> dict[int, tuple[grpc.StatusCode, str]]:
+    def _failed_rows(
+        self, res: grammar_pb2.MaskStepResult
+    ) -> dict[int, tuple[grpc.StatusCode, str]]:
         failed: dict[int, tuple[grpc.StatusCode, str]] = {}
         for err in res.errors:
             r = self.st.running.get(err.handle)
@@ -133,6 +136,6 @@ class StepMasks:
                     skip.add(row.handle)
                 else:
                     rows.append(row)
-        return model_pb2.StepMasks(step_id=plan.msg.step_id, rows=rows,
-                                   skip_handles=pack_i32(sorted(skip)))
-
+        return model_pb2.StepMasks(
+            step_id=plan.msg.step_id, rows=rows, skip_handles=pack_i32(sorted(skip))
+        )

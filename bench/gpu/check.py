@@ -41,8 +41,10 @@ class Seq:
 def schedule() -> list[list[tuple[int, int, int]]]:
     """Steps as lists of (sequence, start, end) token ranges."""
     lens = [p + TEACHER for p in PROMPTS]
-    steps = [[(0, 0, CHUNK0), (1, 0, PROMPTS[1])],
-             [(0, CHUNK0, PROMPTS[0]), (2, 0, PROMPTS[2]), (1, PROMPTS[1], PROMPTS[1] + 1)]]
+    steps = [
+        [(0, 0, CHUNK0), (1, 0, PROMPTS[1])],
+        [(0, CHUNK0, PROMPTS[0]), (2, 0, PROMPTS[2]), (1, PROMPTS[1], PROMPTS[1] + 1)],
+    ]
     done = [PROMPTS[0], PROMPTS[1] + 1, PROMPTS[2]]
     while any(d < n for d, n in zip(done, lens, strict=True)):
         step = []
@@ -54,9 +56,14 @@ def schedule() -> list[list[tuple[int, int, int]]]:
     return steps
 
 
-def run_ours(model: Any, attn_kind: str, seqs_tokens: list[list[int]], capacity: int,
-             slot_perm: list[int], device: str = "cuda"
-             ) -> tuple[list[torch.Tensor], dict[str, Any]]:
+def run_ours(
+    model: Any,
+    attn_kind: str,
+    seqs_tokens: list[list[int]],
+    capacity: int,
+    slot_perm: list[int],
+    device: str = "cuda",
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
     from model_service.attention.flashinfer import FlashInferAttention
     from model_service.attention.reference import ReferenceAttention, RowPlan
     from model_service.cuda_graphs import DecodeCudaGraphs
@@ -64,20 +71,22 @@ def run_ours(model: Any, attn_kind: str, seqs_tokens: list[list[int]], capacity:
 
     a = model.args
     dtype = model.model.embed_tokens.weight.dtype
-    pool = KVPool(a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device,
-                  nan_fill=True)
+    pool = KVPool(
+        a.num_layers, capacity + 1, a.num_kv_heads, a.head_dim, dtype, device, nan_fill=True
+    )
     graphs = None
     if attn_kind == "reference":
         attn: Any = ReferenceAttention(pool, a.num_heads, a.head_dim)
     else:
         attn = FlashInferAttention(pool, a.num_heads, a.num_kv_heads, a.head_dim)
         if attn_kind == "flashinfer+graphs":
-            graphs = DecodeCudaGraphs(model, attn, [1, 2, 4], scratch_slot=capacity,
-                                      max_kv_tokens=capacity)
+            graphs = DecodeCudaGraphs(
+                model, attn, [1, 2, 4], scratch_slot=capacity, max_kv_tokens=capacity
+            )
             graphs.capture()
     seqs, off = [], 0
     for toks in seqs_tokens:
-        seqs.append(Seq(toks, slot_perm[off: off + len(toks)]))
+        seqs.append(Seq(toks, slot_perm[off : off + len(toks)]))
         off += len(toks)
     logits: list[list[torch.Tensor]] = [[] for _ in seqs]
     info = {"graph_replays": 0, "eager_steps": 0}
@@ -101,11 +110,15 @@ def run_ours(model: Any, attn_kind: str, seqs_tokens: list[list[int]], capacity:
             if out is None:
                 info["eager_steps"] += 1
                 attn.plan(rows, torch.tensor(out_slots, device=device))
-                out = model(torch.tensor(ids, device=device), torch.tensor(pos, device=device),
-                            attn, torch.arange(len(ids), device=device))
+                out = model(
+                    torch.tensor(ids, device=device),
+                    torch.tensor(pos, device=device),
+                    attn,
+                    torch.arange(len(ids), device=device),
+                )
             c = 0
             for i, s, e in step:
-                logits[i].append(out[c: c + e - s].float())
+                logits[i].append(out[c : c + e - s].float())
                 c += e - s
     if device == "cuda":
         torch.cuda.synchronize()
@@ -121,12 +134,21 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
-VARIANTS = ("reference", "flashinfer", "flashinfer+graphs", "flashinfer torch-ops",
-            "flashinfer unfused")
+VARIANTS = (
+    "reference",
+    "flashinfer",
+    "flashinfer+graphs",
+    "flashinfer torch-ops",
+    "flashinfer unfused",
+)
 
 
-def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4",
-              device: str = "cuda", variants: tuple[str, ...] = VARIANTS) -> bool:
+def run_check(
+    doc: dict[str, Any],
+    spec: str = "llama-3.1-8b:num_hidden_layers=4",
+    device: str = "cuda",
+    variants: tuple[str, ...] = VARIANTS,
+) -> bool:
     from model_service.models.llama import LlamaArgs
     from model_service.random_configs import random_config
     from model_service.weights import random_model
@@ -139,8 +161,9 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     ours32 = random_model(args, torch.float32, torch.device(device), seed=0, fuse=False)
     state = {k: v for k, v in ours32.state_dict().items()}
     g = torch.Generator().manual_seed(1234)
-    seqs = [torch.randint(0, args.vocab_size, (p + TEACHER,), generator=g).tolist()
-            for p in PROMPTS]
+    seqs = [
+        torch.randint(0, args.vocab_size, (p + TEACHER,), generator=g).tolist() for p in PROMPTS
+    ]
 
     log("HF fp32 reference")
     refs: list[torch.Tensor] = []
@@ -150,8 +173,9 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
         raise RuntimeError(f"HF state mismatch: {missing[:3]} {unexpected[:3]}")
     with torch.inference_mode():
         for s in seqs:
-            refs.append(hf32(input_ids=torch.tensor([s], device=device),
-                             use_cache=False).logits[0].float())
+            refs.append(
+                hf32(input_ids=torch.tensor([s], device=device), use_cache=False).logits[0].float()
+            )
     del hf32, ours32
     _empty_cache(device)
 
@@ -162,8 +186,9 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     hf16_logits = []
     with torch.inference_mode():
         for s in seqs:
-            hf16_logits.append(hf16(input_ids=torch.tensor([s], device=device),
-                                    use_cache=False).logits[0].float())
+            hf16_logits.append(
+                hf16(input_ids=torch.tensor([s], device=device), use_cache=False).logits[0].float()
+            )
     del hf16
     _empty_cache(device)
 
@@ -171,8 +196,11 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     doc["fused_kernels"] = ours16.ops.name
     doc["fused_kernels_note"] = ours16.ops_note
     log(f"fused model element-wise kernels: {ours16.ops.name} {ours16.ops_note}")
-    unfused16 = (ours_from_state(args, state, torch.bfloat16, device, fuse=False)
-                 if "flashinfer unfused" in variants else None)
+    unfused16 = (
+        ours_from_state(args, state, torch.bfloat16, device, fuse=False)
+        if "flashinfer unfused" in variants
+        else None
+    )
     del state
     _empty_cache(device)
     capacity = 1024
@@ -190,12 +218,19 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
     hf_err = rel(torch.cat(hf16_logits), ref_all)
     hp, hd = split_err(hf16_logits)
     ref_top = ref_all.argmax(-1)
-    doc["rows"].append({
-        "system": "hf-transformers", "variant": f"bf16 sdpa (RoPE buffer {rope_dtype})",
-        "rel_err": hf_err, "rel_err_prefill": hp, "rel_err_decode": hd,
-        "ratio_vs_hf_bf16": 1.0, "nan": bool(torch.cat(hf16_logits).isnan().any()),
-        "argmax_agree": float((torch.cat(hf16_logits).argmax(-1) == ref_top).float().mean()),
-        "positions": int(ref_all.shape[0])})
+    doc["rows"].append(
+        {
+            "system": "hf-transformers",
+            "variant": f"bf16 sdpa (RoPE buffer {rope_dtype})",
+            "rel_err": hf_err,
+            "rel_err_prefill": hp,
+            "rel_err_decode": hd,
+            "ratio_vs_hf_bf16": 1.0,
+            "nan": bool(torch.cat(hf16_logits).isnan().any()),
+            "argmax_agree": float((torch.cat(hf16_logits).argmax(-1) == ref_top).float().mean()),
+            "positions": int(ref_all.shape[0]),
+        }
+    )
     ok = True
     outs: dict[str, torch.Tensor] = {}
     for kind in variants:
@@ -226,11 +261,21 @@ def run_check(doc: dict[str, Any], spec: str = "llama-3.1-8b:num_hidden_layers=4
         ratio = err / hf_err if hf_err > 0 else float("inf")
         passed = (not nan) and ratio <= 1.5
         ok &= passed
-        doc["rows"].append({
-            "system": "radixmesh", "variant": kind, "rel_err": err, "rel_err_prefill": p_err,
-            "rel_err_decode": d_err, "ratio_vs_hf_bf16": ratio, "nan": nan,
-            "argmax_agree": float((allv.argmax(-1) == ref_top).float().mean()),
-            "positions": int(allv.shape[0]), "pass": passed, **info})
+        doc["rows"].append(
+            {
+                "system": "radixmesh",
+                "variant": kind,
+                "rel_err": err,
+                "rel_err_prefill": p_err,
+                "rel_err_decode": d_err,
+                "ratio_vs_hf_bf16": ratio,
+                "nan": nan,
+                "argmax_agree": float((allv.argmax(-1) == ref_top).float().mean()),
+                "positions": int(allv.shape[0]),
+                "pass": passed,
+                **info,
+            }
+        )
     if "reference" in outs and "flashinfer" in outs:
         doc["flashinfer_vs_reference_rel"] = rel(outs["flashinfer"], outs["reference"])
     if "flashinfer" in outs and "flashinfer unfused" in outs:

@@ -30,8 +30,11 @@ SCHEMA = 1
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "cuda": str(torch.version.cuda)}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+    }
     for mod in ("transformers", "flashinfer"):
         try:
             out[mod] = __import__(mod).__version__
@@ -48,10 +51,17 @@ def device_name() -> str:
 
 
 def new_doc(part: str) -> dict[str, Any]:
-    return {"schema": SCHEMA, "part": part, "device": device_name(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "versions": versions(), "host": platform.node(), "rows": [], "notes": [],
-            "errors": []}
+    return {
+        "schema": SCHEMA,
+        "part": part,
+        "device": device_name(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "host": platform.node(),
+        "rows": [],
+        "notes": [],
+        "errors": [],
+    }
 
 
 def write_json(doc: dict[str, Any], path: Path) -> None:
@@ -101,8 +111,7 @@ def strict_fp32() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
-def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda",
-             attn: str = "sdpa") -> Any:
+def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda", attn: str = "sdpa") -> Any:
     """HF transformers' LlamaForCausalLM built directly in `dtype` on `device` (its own random
     init; load a state dict on top for shared weights). Building under a default dtype, as
     from_pretrained(dtype=...) does, keeps HF's RoPE buffers in fp32."""
@@ -119,8 +128,13 @@ def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda",
     return model.eval()
 
 
-def ours_from_state(args: Any, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                    device: str = "cuda", fuse: bool = True) -> Any:
+def ours_from_state(
+    args: Any,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: str = "cuda",
+    fuse: bool = True,
+) -> Any:
     """Our LlamaForCausalLM holding `state` (HF names) cast to `dtype`, fused as the model
     service fuses it on CUDA unless `fuse` is False; RoPE frequencies in fp32."""
     from model_service.models.llama import LlamaForCausalLM, rope_inv_freq

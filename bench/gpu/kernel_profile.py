@@ -34,13 +34,18 @@ from bench.gpu.common import copy_bandwidth_gbps, log
 
 MODEL = "llama-3.1-8b"
 CATEGORIES = (
-    ("attention", re.compile(r"flashinfer|BatchDecode|BatchPrefill|Persistent|attention|"
-                             r"MergeStates|VariableLength", re.I)),
+    (
+        "attention",
+        re.compile(
+            r"flashinfer|BatchDecode|BatchPrefill|Persistent|attention|"
+            r"MergeStates|VariableLength",
+            re.I,
+        ),
+    ),
     ("matmul", re.compile(r"gemv|gemm|nvjet|cutlass|xmma|splitk|cublas", re.I)),
     ("norm", re.compile(r"rms|norm", re.I)),
     ("copy/index", re.compile(r"index|copy|memcpy|memset|gather|scatter|flip|cat", re.I)),
-    ("element-wise", re.compile(r"rope|elementwise|Functor|unrolled|silu|mul|add|reduce",
-                                re.I)),
+    ("element-wise", re.compile(r"rope|elementwise|Functor|unrolled|silu|mul|add|reduce", re.I)),
 )
 
 
@@ -82,9 +87,15 @@ def _kernels(run: Any, reps: int = 10) -> tuple[list[dict[str, Any]], float]:
         acc[0] += 1
         acc[1] += us
     rows: list[dict[str, Any]] = [
-        {"kernel": name[:160], "category": _category(name), "calls_per_step": n / reps,
-         "us_per_step": us / reps}
-        for name, (n, us) in sorted(sums.items(), key=lambda kv: -kv[1][1]) if us > 0]
+        {
+            "kernel": name[:160],
+            "category": _category(name),
+            "calls_per_step": n / reps,
+            "us_per_step": us / reps,
+        }
+        for name, (n, us) in sorted(sums.items(), key=lambda kv: -kv[1][1])
+        if us > 0
+    ]
     return rows, sum(float(r["us_per_step"]) for r in rows) / 1e3
 
 
@@ -112,14 +123,31 @@ def _gemv(model: Any, bw_gbps: float) -> list[dict[str, Any]]:
         del ys, g
         nbytes = ws[0].numel() * ws[0].element_size()
         floor = nbytes / (bw_gbps * 1e9) * 1e3
-        out.append({"proj": name, "shape": list(ws[0].shape), "MB": nbytes / 1e6,
-                    "ms_per_call": ms, "floor_ms": floor, "fraction_of_floor": floor / ms,
-                    "GBps": nbytes / ms / 1e6, "calls_per_step": len(ws)})
+        out.append(
+            {
+                "proj": name,
+                "shape": list(ws[0].shape),
+                "MB": nbytes / 1e6,
+                "ms_per_call": ms,
+                "floor_ms": floor,
+                "fraction_of_floor": floor / ms,
+                "GBps": nbytes / ms / 1e6,
+                "calls_per_step": len(ws),
+            }
+        )
     return out
 
 
-def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes: int,
-             kv_per_tok: int, label: str, batch: int = 1) -> dict[str, Any]:
+def _measure(
+    runner: Any,
+    graphs: Any,
+    bw: float,
+    weight_bytes: int,
+    embed_bytes: int,
+    kv_per_tok: int,
+    label: str,
+    batch: int = 1,
+) -> dict[str, Any]:
     from model_service.step_ops import AdmitOp, Sampling, StepOps
 
     n_in, n_dec = 128, 64
@@ -128,16 +156,30 @@ def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes
     admits = []
     for b in range(batch):
         ids = torch.randint(0, 128000, (n_in,), generator=gen).tolist()
-        admits.append(AdmitOp(1 + b, Sampling(temperature=0.0), 0, [], ids,
-                              list(range(b * span, b * span + n_in)), True))
+        admits.append(
+            AdmitOp(
+                1 + b,
+                Sampling(temperature=0.0),
+                0,
+                [],
+                ids,
+                list(range(b * span, b * span + n_in)),
+                True,
+            )
+        )
     handles = [1 + b for b in range(batch)]
     runner.step(StepOps(1, admits=admits))
     times = []
     for j in range(n_dec):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        runner.step(StepOps(2 + j, decode_handles=handles,
-                            decode_slots=[b * span + n_in + j for b in range(batch)]))
+        runner.step(
+            StepOps(
+                2 + j,
+                decode_handles=handles,
+                decode_slots=[b * span + n_in + j for b in range(batch)],
+            )
+        )
         times.append((time.perf_counter() - t) * 1e3)
     g = graphs.graphs[graphs.bucket_for(batch)].graph  # planned for the last step
     replay = _replay_ms(g)
@@ -148,8 +190,13 @@ def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes
         base = n_in + n_dec
 
         def eager(i: int) -> None:
-            runner.step(StepOps(100 + i, decode_handles=handles,
-                                decode_slots=[b * span + base + i for b in range(batch)]))
+            runner.step(
+                StepOps(
+                    100 + i,
+                    decode_handles=handles,
+                    decode_slots=[b * span + base + i for b in range(batch)],
+                )
+            )
 
         kernels, ksum = _kernels(eager, reps=5)
         runner.decode_graphs = graphs
@@ -162,16 +209,28 @@ def _measure(runner: Any, graphs: Any, bw: float, weight_bytes: int, embed_bytes
     need = weight_bytes - embed_bytes + batch * (n_in + n_dec) * kv_per_tok
     bytes_floor = need / (bw * 1e9) * 1e3
     step = statistics.median(times)
-    res = {"form": label, "batch": batch, "graph_replay_gpu_ms": replay,
-           "decode_step_ms_median": step, "tok_s": batch * 1e3 / step, "host_ms_per_step": step - replay, "kernel_sum_ms": ksum,
-           "kernels_per_step": sum(k["calls_per_step"] for k in kernels),
-           "categories_ms": cats, "weight_floor_ms": floor, "bytes_floor_ms": bytes_floor,
-           "roofline_fraction_gpu_forward": floor / replay,
-           "roofline_fraction_step": floor / step, "kernel_source": source,
-           "kernels": kernels[:40]}
-    log(f"{label} batch {batch}: replay {replay:.3f} ms, step {step:.3f} ms "
+    res = {
+        "form": label,
+        "batch": batch,
+        "graph_replay_gpu_ms": replay,
+        "decode_step_ms_median": step,
+        "tok_s": batch * 1e3 / step,
+        "host_ms_per_step": step - replay,
+        "kernel_sum_ms": ksum,
+        "kernels_per_step": sum(k["calls_per_step"] for k in kernels),
+        "categories_ms": cats,
+        "weight_floor_ms": floor,
+        "bytes_floor_ms": bytes_floor,
+        "roofline_fraction_gpu_forward": floor / replay,
+        "roofline_fraction_step": floor / step,
+        "kernel_source": source,
+        "kernels": kernels[:40],
+    }
+    log(
+        f"{label} batch {batch}: replay {replay:.3f} ms, step {step:.3f} ms "
         f"({batch * 1e3 / step:.1f} tok/s), "
-        f"{res['kernels_per_step']:.0f} kernels, kernel sum {ksum:.3f} ms, floor {floor:.3f} ms")
+        f"{res['kernels_per_step']:.0f} kernels, kernel sum {ksum:.3f} ms, floor {floor:.3f} ms"
+    )
     for c, v in sorted(cats.items(), key=lambda kv: -kv[1]):
         log(f"   {c:14s} {v:7.3f} ms")
     return res
@@ -185,9 +244,15 @@ def worker_profile() -> dict[str, Any]:
     os.environ["RADIXMESH_FUSE"] = "0"
     os.environ["RADIXMESH_CUDA_GRAPH_MAX_BS"] = "1"
     bw = copy_bandwidth_gbps()
-    eng = build_engine(ModelServiceConfig(random_weights=MODEL, device="cuda",
-                                          dtype="bfloat16", attention="flashinfer",
-                                          kv_tokens=16384))
+    eng = build_engine(
+        ModelServiceConfig(
+            random_weights=MODEL,
+            device="cuda",
+            dtype="bfloat16",
+            attention="flashinfer",
+            kv_tokens=16384,
+        )
+    )
     runner = eng.runner
     model = runner.model
     a = model.args
@@ -195,11 +260,11 @@ def worker_profile() -> dict[str, Any]:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     embed_bytes = model.model.embed_tokens.weight.numel() * 2
     kv_per_tok = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2
-    res: dict[str, Any] = {"copy_bandwidth_GBps": bw, "weight_bytes": weight_bytes,
-                           "forms": []}
+    res: dict[str, Any] = {"copy_bandwidth_GBps": bw, "weight_bytes": weight_bytes, "forms": []}
     log(f"copy bandwidth {bw:.0f} GB/s; weights {weight_bytes / 1e9:.2f} GB")
-    sep = _measure(runner, runner.decode_graphs, bw, weight_bytes, embed_bytes, kv_per_tok,
-                   "separate (before)")
+    sep = _measure(
+        runner, runner.decode_graphs, bw, weight_bytes, embed_bytes, kv_per_tok, "separate (before)"
+    )
     sep["gemv"] = _gemv(model, bw)
     res["forms"].append(sep)
     for kernels in ("torch", "triton"):
@@ -212,25 +277,48 @@ def worker_profile() -> dict[str, Any]:
             continue
         torch.cuda.empty_cache()
         attn: Any = runner.attn
-        graphs = capture_decode_graphs(model, attn, scratch_slot=runner.pool.capacity,
-                                       max_kv_tokens=runner.pool.capacity, buckets=[1])
+        graphs = capture_decode_graphs(
+            model,
+            attn,
+            scratch_slot=runner.pool.capacity,
+            max_kv_tokens=runner.pool.capacity,
+            buckets=[1],
+        )
         runner.decode_graphs = graphs
-        fused = _measure(runner, graphs, bw, weight_bytes, embed_bytes, kv_per_tok,
-                         f"fused, {kernels} ops")
+        fused = _measure(
+            runner, graphs, bw, weight_bytes, embed_bytes, kv_per_tok, f"fused, {kernels} ops"
+        )
         if kernels == "torch":
             fused["gemv"] = _gemv(model, bw)
         res["forms"].append(fused)
         if kernels == "triton":  # the batch-64 step: where its time goes against its floor
             runner.decode_graphs = None
             torch.cuda.empty_cache()
-            graphs = capture_decode_graphs(model, attn, scratch_slot=runner.pool.capacity,
-                                           max_kv_tokens=runner.pool.capacity, buckets=[64])
+            graphs = capture_decode_graphs(
+                model,
+                attn,
+                scratch_slot=runner.pool.capacity,
+                max_kv_tokens=runner.pool.capacity,
+                buckets=[64],
+            )
             runner.decode_graphs = graphs
-            res["forms"].append(_measure(runner, graphs, bw, weight_bytes, embed_bytes,
-                                         kv_per_tok, f"fused, {kernels} ops", batch=64))
+            res["forms"].append(
+                _measure(
+                    runner,
+                    graphs,
+                    bw,
+                    weight_bytes,
+                    embed_bytes,
+                    kv_per_tok,
+                    f"fused, {kernels} ops",
+                    batch=64,
+                )
+            )
     for f in res["forms"]:
         for gm in f.get("gemv", []):
-            log(f"{f['form']:18s} {gm['proj']:13s} {str(gm['shape']):15s} {gm['MB']:7.1f} MB "
+            log(
+                f"{f['form']:18s} {gm['proj']:13s} {str(gm['shape']):15s} {gm['MB']:7.1f} MB "
                 f"{gm['ms_per_call'] * 1e3:7.1f} us  floor {gm['floor_ms'] * 1e3:6.1f} us "
-                f"({gm['fraction_of_floor']:.2f}, {gm['GBps']:.0f} GB/s)")
+                f"({gm['fraction_of_floor']:.2f}, {gm['GBps']:.0f} GB/s)"
+            )
     return res

@@ -76,55 +76,125 @@ def _profile(d: dict[str, Any]) -> list[str]:
     date, dev = str(d.get("date", ""))[:10], str(d.get("device", "")).split(" (")[0]
     lines = [f"## Batch-1 decode step, kernel by kernel ({dev}, {date})", ""]
     cats = sorted({c for f in forms for c in f.get("categories_ms", {})})
-    lines += _table(["form", "GPU fwd ms", "step ms", "kernels/step", "kernel sum ms",
-                     *[f"{c} ms" for c in cats], "weight floor ms", "floor / GPU fwd"],
-                    [[f["form"], _fmt(f["graph_replay_gpu_ms"], 3),
-                      _fmt(f["decode_step_ms_median"], 3), _fmt(f["kernels_per_step"], 0),
-                      _fmt(f["kernel_sum_ms"], 3),
-                      *[_fmt(f.get("categories_ms", {}).get(c, 0.0), 3) for c in cats],
-                      _fmt(f["weight_floor_ms"], 3),
-                      _fmt(f["roofline_fraction_gpu_forward"], 3)] for f in forms])
+    lines += _table(
+        [
+            "form",
+            "GPU fwd ms",
+            "step ms",
+            "kernels/step",
+            "kernel sum ms",
+            *[f"{c} ms" for c in cats],
+            "weight floor ms",
+            "floor / GPU fwd",
+        ],
+        [
+            [
+                f["form"],
+                _fmt(f["graph_replay_gpu_ms"], 3),
+                _fmt(f["decode_step_ms_median"], 3),
+                _fmt(f["kernels_per_step"], 0),
+                _fmt(f["kernel_sum_ms"], 3),
+                *[_fmt(f.get("categories_ms", {}).get(c, 0.0), 3) for c in cats],
+                _fmt(f["weight_floor_ms"], 3),
+                _fmt(f["roofline_fraction_gpu_forward"], 3),
+            ]
+            for f in forms
+        ],
+    )
     lines.append("")
-    gem = [[f["form"], g["proj"], "x".join(str(x) for x in g["shape"]), _fmt(g["MB"], 1),
-            _fmt(g["calls_per_step"], 0), _fmt(g["ms_per_call"] * 1e3, 1),
-            _fmt(g["floor_ms"] * 1e3, 1), _fmt(g["fraction_of_floor"], 2), _fmt(g["GBps"], 0)]
-           for f in forms for g in f.get("gemv", [])]
+    gem = [
+        [
+            f["form"],
+            g["proj"],
+            "x".join(str(x) for x in g["shape"]),
+            _fmt(g["MB"], 1),
+            _fmt(g["calls_per_step"], 0),
+            _fmt(g["ms_per_call"] * 1e3, 1),
+            _fmt(g["floor_ms"] * 1e3, 1),
+            _fmt(g["fraction_of_floor"], 2),
+            _fmt(g["GBps"], 0),
+        ]
+        for f in forms
+        for g in f.get("gemv", [])
+    ]
     if gem:
-        lines += _table(["form", "projection", "weight", "MB", "calls/step", "us/call",
-                         "floor us", "floor / time", "GB/s"], gem)
+        lines += _table(
+            [
+                "form",
+                "projection",
+                "weight",
+                "MB",
+                "calls/step",
+                "us/call",
+                "floor us",
+                "floor / time",
+                "GB/s",
+            ],
+            gem,
+        )
         lines.append("")
     for f in forms:
         ks = f.get("kernels", [])[:15]
         if not ks:
             continue
         lines += [f"Top kernels, {f['form']} ({f.get('kernel_source', '')}):", ""]
-        lines += _table(["kernel", "category", "calls/step", "us/step"],
-                        [[k["kernel"][:90].replace("|", "/"), k["category"],
-                          _fmt(k["calls_per_step"], 0), _fmt(k["us_per_step"], 1)]
-                         for k in ks])
+        lines += _table(
+            ["kernel", "category", "calls/step", "us/step"],
+            [
+                [
+                    k["kernel"][:90].replace("|", "/"),
+                    k["category"],
+                    _fmt(k["calls_per_step"], 0),
+                    _fmt(k["us_per_step"], 1),
+                ]
+                for k in ks
+            ],
+        )
         lines.append("")
     return lines
 
 
-SERVING_HEADER = ["part", "system", "variant", "workload", "requests", "in / out tokens",
-                  "req/s", "out tok/s", "in tok/s (computed)", "TTFT p50 / p99 ms",
-                  "ITL p50 / p99 ms", "hit rate (optimal)", "radix share", "roofline", "device",
-                  "date"]
+SERVING_HEADER = [
+    "part",
+    "system",
+    "variant",
+    "workload",
+    "requests",
+    "in / out tokens",
+    "req/s",
+    "out tok/s",
+    "in tok/s (computed)",
+    "TTFT p50 / p99 ms",
+    "ITL p50 / p99 ms",
+    "hit rate (optimal)",
+    "radix share",
+    "roofline",
+    "device",
+    "date",
+]
 
 
 def _serving_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
     """A row of parts sharegpt / gsp / mmlu (bench/gpu/serving.py)."""
     opt = r.get("optimal_hit_rate")
-    return [d["part"], r.get("system", ""), r.get("variant", ""), str(r.get("workload", "")),
-            _fmt(r.get("requests")),
-            f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",
-            _fmt(r.get("req_s"), 2), _fmt(r.get("output_tok_s")),
-            f"{_fmt(r.get('input_tok_s'), 0)} ({_fmt(r.get('computed_prefill_tok_s'), 0)})",
-            f"{_fmt(r.get('ttft_ms_p50'))} / {_fmt(r.get('ttft_ms_p99'))}",
-            f"{_fmt(r.get('itl_ms_p50'), 2)} / {_fmt(r.get('itl_ms_p99'), 2)}",
-            f"{_fmt(r.get('hit_rate'), 3)}" + (f" ({_fmt(opt, 3)})" if opt is not None else ""),
-            "-" if r.get("radix_share") is None else f"{r['radix_share'] * 100:.4f} %",
-            _fmt(r.get("roofline_fraction"), 3), dev, date]
+    return [
+        d["part"],
+        r.get("system", ""),
+        r.get("variant", ""),
+        str(r.get("workload", "")),
+        _fmt(r.get("requests")),
+        f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",
+        _fmt(r.get("req_s"), 2),
+        _fmt(r.get("output_tok_s")),
+        f"{_fmt(r.get('input_tok_s'), 0)} ({_fmt(r.get('computed_prefill_tok_s'), 0)})",
+        f"{_fmt(r.get('ttft_ms_p50'))} / {_fmt(r.get('ttft_ms_p99'))}",
+        f"{_fmt(r.get('itl_ms_p50'), 2)} / {_fmt(r.get('itl_ms_p99'), 2)}",
+        f"{_fmt(r.get('hit_rate'), 3)}" + (f" ({_fmt(opt, 3)})" if opt is not None else ""),
+        "-" if r.get("radix_share") is None else f"{r['radix_share'] * 100:.4f} %",
+        _fmt(r.get("roofline_fraction"), 3),
+        dev,
+        date,
+    ]
 
 
 def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
@@ -132,13 +202,19 @@ def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
     for d in docs:
         sp = d.get("speedup_radix_tree_vs_off") or {}
         if sp:
-            out.append(f"- {d['part']} ({str(d.get('date', ''))[:10]}): radix tree vs off "
-                       f"{_fmt(sp.get('req_s'), 2)}x requests/s, "
-                       f"{_fmt(sp.get('output_tok_s'), 2)}x output tok/s")
+            out.append(
+                f"- {d['part']} ({str(d.get('date', ''))[:10]}): radix tree vs off "
+                f"{_fmt(sp.get('req_s'), 2)}x requests/s, "
+                f"{_fmt(sp.get('output_tok_s'), 2)}x output tok/s"
+            )
         if d.get("speedup_vs_hf_on_subset"):
-            out.append(f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
-                       f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s")
+            out.append(
+                f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
+                f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s"
+            )
     return out
+
+
 def _constrained(d: dict[str, Any]) -> list[str]:
     root = str(Path(__file__).resolve().parents[2])  # run as a script: bench/ is not on the path
     if root not in sys.path:
@@ -159,64 +235,157 @@ def render(docs: list[dict[str, Any]]) -> str:
             if r.get("table") == "serving":
                 serving.append(_serving_row(d, r, dev, date))
             elif "tok_s" in r:
-                perf.append([d["part"], r.get("system", ""), r.get("variant", ""),
-                             r.get("path", ""), _fmt(r.get("batch")),
-                             f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-                             _fmt(r.get("tok_s")), _fmt(r.get("decode_step_ms_median"), 2),
-                             _fmt(r.get("graph_replay_gpu_ms"), 2),
-                             _fmt(r.get("prefill_ms"), 1), _fmt(r.get("roofline_fraction"), 2),
-                             _fmt(d.get("copy_bandwidth_GBps"), 0), dev, date])
+                perf.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        r.get("path", ""),
+                        _fmt(r.get("batch")),
+                        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+                        _fmt(r.get("tok_s")),
+                        _fmt(r.get("decode_step_ms_median"), 2),
+                        _fmt(r.get("graph_replay_gpu_ms"), 2),
+                        _fmt(r.get("prefill_ms"), 1),
+                        _fmt(r.get("roofline_fraction"), 2),
+                        _fmt(d.get("copy_bandwidth_GBps"), 0),
+                        dev,
+                        date,
+                    ]
+                )
                 if "itl_ms_p50" in r:
-                    lat.append([d["part"], r.get("path", ""), str(r.get("workload", "")),
-                                _fmt(r.get("batch")),
-                                f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-                                _fmt(r.get("tok_s")), _fmt(r.get("ttft_ms_p50"), 1),
-                                _fmt(r.get("ttft_ms_p99"), 1), _fmt(r.get("itl_ms_p50"), 2),
-                                _fmt(r.get("itl_ms_p99"), 2),
-                                _fmt(r.get("overhead_vs_in_process"), 3),
-                                _fmt(r.get("worker_busy_ms_per_step"), 2),
-                                _fmt(r.get("wall_ms_per_step"), 2), _idle(r), dev, date])
+                    lat.append(
+                        [
+                            d["part"],
+                            r.get("path", ""),
+                            str(r.get("workload", "")),
+                            _fmt(r.get("batch")),
+                            f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+                            _fmt(r.get("tok_s")),
+                            _fmt(r.get("ttft_ms_p50"), 1),
+                            _fmt(r.get("ttft_ms_p99"), 1),
+                            _fmt(r.get("itl_ms_p50"), 2),
+                            _fmt(r.get("itl_ms_p99"), 2),
+                            _fmt(r.get("overhead_vs_in_process"), 3),
+                            _fmt(r.get("worker_busy_ms_per_step"), 2),
+                            _fmt(r.get("wall_ms_per_step"), 2),
+                            _idle(r),
+                            dev,
+                            date,
+                        ]
+                    )
             elif "rel_err" in r:
-                nums.append([d["part"], r.get("system", ""), r.get("variant", ""),
-                             _fmt(r.get("rel_err")), _fmt(r.get("rel_err_prefill")),
-                             _fmt(r.get("rel_err_decode")), _fmt(r.get("ratio_vs_hf_bf16"), 3),
-                             _fmt(r.get("nan")), _fmt(r.get("argmax_agree"), 3),
-                             _fmt(r.get("pass")), dev, date])
+                nums.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        _fmt(r.get("rel_err")),
+                        _fmt(r.get("rel_err_prefill")),
+                        _fmt(r.get("rel_err_decode")),
+                        _fmt(r.get("ratio_vs_hf_bf16"), 3),
+                        _fmt(r.get("nan")),
+                        _fmt(r.get("argmax_agree"), 3),
+                        _fmt(r.get("pass")),
+                        dev,
+                        date,
+                    ]
+                )
             else:
-                other.append([d["part"], r.get("system", ""), r.get("variant", ""),
-                              _fmt(r.get("returncode")), str(r.get("summary", "")), dev, date])
-    lines: list[str] = ["# GPU results", "",
-                        "Generated by `python bench/gpu/merge.py` from the JSON files beside "
-                        "this one; see docs/gpu.md.", ""]
+                other.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        _fmt(r.get("returncode")),
+                        str(r.get("summary", "")),
+                        dev,
+                        date,
+                    ]
+                )
+    lines: list[str] = [
+        "# GPU results",
+        "",
+        "Generated by `python bench/gpu/merge.py` from the JSON files beside "
+        "this one; see docs/gpu.md.",
+        "",
+    ]
     if perf:
         lines += ["## Throughput", ""]
-        lines += _table(["part", "system", "variant", "path", "batch", "in/out", "tok/s",
-                         "decode ms/step", "GPU fwd ms", "prefill ms", "roofline", "copy GB/s",
-                         "device", "date"], perf)
-        lines += ["", "roofline: (weight bytes / copy bandwidth measured in the same run) / "
-                  "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
-                  "events (the rest of a step is host work).", ""]
+        lines += _table(
+            [
+                "part",
+                "system",
+                "variant",
+                "path",
+                "batch",
+                "in/out",
+                "tok/s",
+                "decode ms/step",
+                "GPU fwd ms",
+                "prefill ms",
+                "roofline",
+                "copy GB/s",
+                "device",
+                "date",
+            ],
+            perf,
+        )
+        lines += [
+            "",
+            "roofline: (weight bytes / copy bandwidth measured in the same run) / "
+            "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
+            "events (the rest of a step is host work).",
+            "",
+        ]
     if lat:
         lines += ["## Latency: in-process vs through the gRPC stack", ""]
-        lines += _table(["part", "path", "workload", "batch", "in/out", "tok/s", "TTFT p50 ms",
-                         "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "overhead", "busy ms/step",
-                         "wall ms/step", "GPU idle", "device", "date"], lat)
-        lines += ["", "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
-                  "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
-                  "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
-                  "1 - busy / wall (the worker waits on scheduler and transport between "
-                  "steps). In-process TTFT is the step that admits every request; its ITL "
-                  "samples are decode steps.", ""]
+        lines += _table(
+            [
+                "part",
+                "path",
+                "workload",
+                "batch",
+                "in/out",
+                "tok/s",
+                "TTFT p50 ms",
+                "TTFT p99 ms",
+                "ITL p50 ms",
+                "ITL p99 ms",
+                "overhead",
+                "busy ms/step",
+                "wall ms/step",
+                "GPU idle",
+                "device",
+                "date",
+            ],
+            lat,
+        )
+        lines += [
+            "",
+            "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
+            "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
+            "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
+            "1 - busy / wall (the worker waits on scheduler and transport between "
+            "steps). In-process TTFT is the step that admits every request; its ITL "
+            "samples are decode steps.",
+            "",
+        ]
     if serving:
         lines += ["## Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)", ""]
         lines += _table(SERVING_HEADER, serving)
-        lines += ["", "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
-                  "tokens / wall (computed: those not served from the cache). hit rate: cached "
-                  "/ prompt tokens from GetStats (offline optimum). radix share: radix "
-                  "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
-                  "max(bandwidth floor, compute floor) for the steps taken / wall "
-                  "(bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
-                  "estimated per batch.", *_serving_notes(docs), ""]
+        lines += [
+            "",
+            "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
+            "tokens / wall (computed: those not served from the cache). hit rate: cached "
+            "/ prompt tokens from GetStats (offline optimum). radix share: radix "
+            "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
+            "max(bandwidth floor, compute floor) for the steps taken / wall "
+            "(bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
+            "estimated per batch.",
+            *_serving_notes(docs),
+            "",
+        ]
     for d in docs:
         if d.get("part") == "profile":
             lines += _profile(d)
@@ -224,9 +393,23 @@ def render(docs: list[dict[str, Any]]) -> str:
             lines += _constrained(d)
     if nums:
         lines += ["## Numerics (teacher-forced logits vs HF fp32)", ""]
-        lines += _table(["part", "system", "variant", "rel err", "prefill", "decode",
-                         "ratio vs HF bf16", "NaN", "argmax agree", "pass", "device", "date"],
-                        nums)
+        lines += _table(
+            [
+                "part",
+                "system",
+                "variant",
+                "rel err",
+                "prefill",
+                "decode",
+                "ratio vs HF bf16",
+                "NaN",
+                "argmax agree",
+                "pass",
+                "device",
+                "date",
+            ],
+            nums,
+        )
         lines += ["", "pass: ratio <= 1.5 and no NaN (DESIGN.md section 3).", ""]
     if other:
         lines += ["## Other", ""]
@@ -239,8 +422,9 @@ def render(docs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("paths", nargs="+", type=Path)
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args(argv)

@@ -93,16 +93,26 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: int,
-              seed: int = 0) -> dict[str, Any]:
+def _workload(
+    runner: Any, batch: int, input_len: int, output_len: int, step0: int, seed: int = 0
+) -> dict[str, Any]:
     from model_service.step_ops import AdmitOp, Sampling, StepOps
 
     ps = prompts(batch, input_len, 128256, seed)
     stride = input_len + output_len
     handles = list(range(1, batch + 1))
-    admits = [AdmitOp(h, Sampling(temperature=0.0), 0, [], ps[i],
-                      list(range(i * stride, i * stride + input_len)), True)
-              for i, h in enumerate(handles)]
+    admits = [
+        AdmitOp(
+            h,
+            Sampling(temperature=0.0),
+            0,
+            [],
+            ps[i],
+            list(range(i * stride, i * stride + input_len)),
+            True,
+        )
+        for i, h in enumerate(handles)
+    ]
     tokens: list[list[int]] = [[] for _ in handles]
     step_s: list[float] = []
     sid = step0
@@ -124,16 +134,20 @@ def _workload(runner: Any, batch: int, input_len: int, output_len: int, step0: i
     total = time.perf_counter() - t0
     runner.step(StepOps(sid + 1, releases=handles))
     dec = [s * 1e3 for s in step_s[1:]]
-    return {"total_s": total, "prefill_ms": step_s[0] * 1e3,
-            "decode_step_ms_median": statistics.median(dec) if dec else float("nan"),
-            "decode_step_ms_p90": percentile(dec, 0.9), "decode_step_ms_p99": percentile(dec, 0.99),
-            "decode_step_ms_min": min(dec or [0]),
-            "tok_s": batch * output_len / total, "tokens": tokens,
-            "steps": len(step_s)}
+    return {
+        "total_s": total,
+        "prefill_ms": step_s[0] * 1e3,
+        "decode_step_ms_median": statistics.median(dec) if dec else float("nan"),
+        "decode_step_ms_p90": percentile(dec, 0.9),
+        "decode_step_ms_p99": percentile(dec, 0.99),
+        "decode_step_ms_min": min(dec or [0]),
+        "tok_s": batch * output_len / total,
+        "tokens": tokens,
+        "steps": len(step_s),
+    }
 
 
-def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
-                ) -> dict[str, Any]:
+def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0) -> dict[str, Any]:
     from model_service.config import ModelServiceConfig
     from model_service.engine import build_engine
 
@@ -141,8 +155,13 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
     lus = launch_us()
     log(f"copy bandwidth {bw:.0f} GB/s, kernel launch {lus:.1f} us; building {MODEL}")
     t = time.perf_counter()
-    cfg = ModelServiceConfig(random_weights=MODEL, device="cuda", dtype="bfloat16",
-                             attention="flashinfer", kv_tokens=kv_tokens)
+    cfg = ModelServiceConfig(
+        random_weights=MODEL,
+        device="cuda",
+        dtype="bfloat16",
+        attention="flashinfer",
+        kv_tokens=kv_tokens,
+    )
     eng = build_engine(cfg)
     build_s = time.perf_counter() - t
     runner = eng.runner
@@ -153,14 +172,23 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
     kv_per_tok = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2
     graphs = runner.decode_graphs
     res: dict[str, Any] = {
-        "copy_bandwidth_GBps": bw, "launch_us": lus, "build_s": build_s,
-        "weight_bytes": weight_bytes, "kv_tokens": runner.pool.capacity,
-        "attention": eng.attention_backend, "fused": model.fused,
-        "kernels": model.ops.name if model.ops else "-", "kernels_note": model.ops_note,
+        "copy_bandwidth_GBps": bw,
+        "launch_us": lus,
+        "build_s": build_s,
+        "weight_bytes": weight_bytes,
+        "kv_tokens": runner.pool.capacity,
+        "attention": eng.attention_backend,
+        "fused": model.fused,
+        "kernels": model.ops.name if model.ops else "-",
+        "kernels_note": model.ops_note,
         "cuda_graph_buckets": graphs.buckets if graphs else [],
-        "cuda_graph_capture_s": graphs.capture_s if graphs else None, "rows": []}
-    log(f"built in {build_s:.1f}s, attention={eng.attention_backend}, "
-        f"kv_tokens={runner.pool.capacity}, graphs={res['cuda_graph_buckets']}")
+        "cuda_graph_capture_s": graphs.capture_s if graphs else None,
+        "rows": [],
+    }
+    log(
+        f"built in {build_s:.1f}s, attention={eng.attention_backend}, "
+        f"kv_tokens={runner.pool.capacity}, graphs={res['cuda_graph_buckets']}"
+    )
     variants = [("flashinfer+cuda-graphs", graphs), ("flashinfer eager", None)]
     if graphs is None:
         variants = [(f"{eng.attention_backend} eager", None)]
@@ -190,8 +218,10 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
             agree = None
         else:
             agree = statistics.mean(
-                float(x == y) for a_, b_ in zip(first_tokens, toks, strict=True)
-                for x, y in zip(a_, b_, strict=True))
+                float(x == y)
+                for a_, b_ in zip(first_tokens, toks, strict=True)
+                for x, y in zip(a_, b_, strict=True)
+            )
         floor_ms = weight_bytes / (bw * 1e9) * 1e3
         ctx = input_len + output_len / 2
         need = weight_bytes - embed_bytes + batch * ctx * kv_per_tok
@@ -201,15 +231,26 @@ def worker_ours(batch: int, input_len: int, output_len: int, kv_tokens: int = 0
         if gpu:
             r["roofline_fraction_gpu_forward"] = floor_ms / gpu
             r["host_overhead_ms_per_step"] = med - gpu
-        row = {"system": "radixmesh", "variant": name, "path": "in-process ModelRunner",
-               "model": f"{MODEL} random bf16", "batch": batch, "input_len": input_len,
-               "output_len": output_len, **r,
-               "weight_floor_ms": floor_ms, "roofline_fraction": floor_ms / med,
-               "bytes_floor_ms": floor2_ms, "roofline_fraction_bytes": floor2_ms / med,
-               "token_agreement_vs_first_variant": agree,
-               "graph_replays": g.replays if g else 0}
-        log(f"{name}: {r['tok_s']:.1f} tok/s, decode step {med:.2f} ms, "
-            f"roofline {floor_ms / med:.2f}")
+        row = {
+            "system": "radixmesh",
+            "variant": name,
+            "path": "in-process ModelRunner",
+            "model": f"{MODEL} random bf16",
+            "batch": batch,
+            "input_len": input_len,
+            "output_len": output_len,
+            **r,
+            "weight_floor_ms": floor_ms,
+            "roofline_fraction": floor_ms / med,
+            "bytes_floor_ms": floor2_ms,
+            "roofline_fraction_bytes": floor2_ms / med,
+            "token_agreement_vs_first_variant": agree,
+            "graph_replays": g.replays if g else 0,
+        }
+        log(
+            f"{name}: {r['tok_s']:.1f} tok/s, decode step {med:.2f} ms, "
+            f"roofline {floor_ms / med:.2f}"
+        )
         res["rows"].append(row)
     runner.decode_graphs = graphs
     return res
@@ -235,9 +276,15 @@ def worker_hf(batch: int, input_len: int, output_len: int) -> dict[str, Any]:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
         torch.cuda.synchronize()
         return time.perf_counter() - t0, int(out.shape[1] - ids.shape[1])
 
@@ -248,13 +295,27 @@ def worker_hf(batch: int, input_len: int, output_len: int) -> dict[str, Any]:
     t_short, _ = gen(short_n)
     step_ms = (total - t_short) / (output_len - short_n) * 1e3
     floor_ms = weight_bytes / (bw * 1e9) * 1e3
-    row = {"system": "hf-transformers", "variant": "generate, sdpa, bf16, greedy",
-           "path": "in-process generate", "model": f"{MODEL} random bf16", "batch": batch,
-           "input_len": input_len, "output_len": output_len, "tokens_produced": produced,
-           "total_s": total, "tok_s": batch * produced / total,
-           "decode_step_ms_median": step_ms, "decode_step_ms_note":
-           "(t(out) - t(out/4)) / (3 out/4): mean, not median",
-           "weight_floor_ms": floor_ms, "roofline_fraction": floor_ms / step_ms}
+    row = {
+        "system": "hf-transformers",
+        "variant": "generate, sdpa, bf16, greedy",
+        "path": "in-process generate",
+        "model": f"{MODEL} random bf16",
+        "batch": batch,
+        "input_len": input_len,
+        "output_len": output_len,
+        "tokens_produced": produced,
+        "total_s": total,
+        "tok_s": batch * produced / total,
+        "decode_step_ms_median": step_ms,
+        "decode_step_ms_note": "(t(out) - t(out/4)) / (3 out/4): mean, not median",
+        "weight_floor_ms": floor_ms,
+        "roofline_fraction": floor_ms / step_ms,
+    }
     log(f"HF: {row['tok_s']:.1f} tok/s, ~{step_ms:.2f} ms/step")
-    return {"copy_bandwidth_GBps": bw, "launch_us": lus, "build_s": build_s,
-            "weight_bytes": weight_bytes, "rows": [row]}
+    return {
+        "copy_bandwidth_GBps": bw,
+        "launch_us": lus,
+        "build_s": build_s,
+        "weight_bytes": weight_bytes,
+        "rows": [row],
+    }

@@ -55,12 +55,24 @@ PARTS = {
 WORKER_TIMEOUT_S = 330
 
 
-def run_worker(kind: str, batch: int, input_len: int, output_len: int, tmp: Path,
-               timeout: float) -> dict:
+def run_worker(
+    kind: str, batch: int, input_len: int, output_len: int, tmp: Path, timeout: float
+) -> dict:
     path = tmp / f"{kind}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--batch",
-           str(batch), "--input-len", str(input_len), "--output-len", str(output_len),
-           "--json", str(path)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        kind,
+        "--batch",
+        str(batch),
+        "--input-len",
+        str(input_len),
+        "--output-len",
+        str(output_len),
+        "--json",
+        str(path),
+    ]
     log(f"worker {kind}: {' '.join(cmd[1:])}")
     t = time.perf_counter()
     rc: int | str
@@ -83,8 +95,14 @@ def part_perf(name: str, out: Path, systems: list[str]) -> bool:
     ok = True
     with tempfile.TemporaryDirectory() as td:
         for kind in systems:
-            res = run_worker(kind, spec["batch"], spec["input_len"], spec["output_len"],
-                             Path(td), WORKER_TIMEOUT_S)
+            res = run_worker(
+                kind,
+                spec["batch"],
+                spec["input_len"],
+                spec["output_len"],
+                Path(td),
+                WORKER_TIMEOUT_S,
+            )
             if "error" in res:
                 doc["errors"].append(res["error"])
                 ok = False
@@ -116,12 +134,19 @@ def part_profile(out: Path) -> bool:
     doc["copy_bandwidth_GBps"] = res["copy_bandwidth_GBps"]
     doc["profile"] = res
     for f in res["forms"]:
-        doc["rows"].append({
-            "system": "radixmesh", "variant": f"flashinfer+cuda-graphs, {f['form']} layers",
-            "path": "in-process ModelRunner", "model": "llama-3.1-8b random bf16", "batch": 1,
-            "input_len": 128, "output_len": 64,
-            **{k: v for k, v in f.items() if k not in ("kernels", "gemv", "form")},
-            "roofline_fraction": f["roofline_fraction_step"]})
+        doc["rows"].append(
+            {
+                "system": "radixmesh",
+                "variant": f"flashinfer+cuda-graphs, {f['form']} layers",
+                "path": "in-process ModelRunner",
+                "model": "llama-3.1-8b random bf16",
+                "batch": 1,
+                "input_len": 128,
+                "output_len": 64,
+                **{k: v for k, v in f.items() if k not in ("kernels", "gemv", "form")},
+                "roofline_fraction": f["roofline_fraction_step"],
+            }
+        )
     write_json(doc, out / "profile.json")
     return True
 
@@ -140,31 +165,56 @@ def part_check(out: Path) -> bool:
         ok = False
     write_json(doc, out / "check.json")
     for r in doc["rows"]:
-        log(f"check {r['system']:16s} {r['variant']:36s} rel_err {r['rel_err']:.3e} "
-            f"ratio {r['ratio_vs_hf_bf16']:.3f} nan {r['nan']} argmax {r['argmax_agree']:.3f}")
-    log(f"check pass={ok} fi_vs_ref={doc.get('flashinfer_vs_reference_rel')} "
-        f"graphs_vs_eager={doc.get('graphs_vs_eager_rel')}")
+        log(
+            f"check {r['system']:16s} {r['variant']:36s} rel_err {r['rel_err']:.3e} "
+            f"ratio {r['ratio_vs_hf_bf16']:.3f} nan {r['nan']} argmax {r['argmax_agree']:.3f}"
+        )
+    log(
+        f"check pass={ok} fi_vs_ref={doc.get('flashinfer_vs_reference_rel')} "
+        f"graphs_vs_eager={doc.get('graphs_vs_eager_rel')}"
+    )
     return ok
 
 
 def part_test(out: Path) -> bool:
     doc = new_doc("test")
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/gpu", "tests/unit/test_runner_pipeline.py", "-rs"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/gpu",
+            "tests/unit/test_runner_pipeline.py",
+            "-rs",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail, flush=True)
-    doc["rows"].append({"system": "radixmesh", "variant": "pytest tests/gpu",
-                        "returncode": proc.returncode, "wall_s": time.perf_counter() - t,
-                        "summary": tail.strip().splitlines()[-1] if tail.strip() else ""})
+    doc["rows"].append(
+        {
+            "system": "radixmesh",
+            "variant": "pytest tests/gpu",
+            "returncode": proc.returncode,
+            "wall_s": time.perf_counter() - t,
+            "summary": tail.strip().splitlines()[-1] if tail.strip() else "",
+        }
+    )
     write_json(doc, out / "test.json")
     return proc.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--part", choices=[*PARTS, "all"])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/gpu")))
     ap.add_argument("--systems", default="ours,hf", help="throughput parts: ours,hf")

@@ -89,18 +89,27 @@ def inprocess(model: str, device: str, workloads: list[dict[str, Any]]) -> dict[
         res["copy_bandwidth_GBps"] = copy_bandwidth_gbps()
         res["launch_us"] = launch_us()
     t = time.perf_counter()
-    cfg = ModelServiceConfig(random_weights=model, device=device,
-                             attention="flashinfer" if device == "cuda" else "reference")
+    cfg = ModelServiceConfig(
+        random_weights=model,
+        device=device,
+        attention="flashinfer" if device == "cuda" else "reference",
+    )
     eng = build_engine(cfg)
     res["build_s"] = time.perf_counter() - t
     runner = eng.runner
     graphs = runner.decode_graphs
-    res.update(attention=eng.attention_backend, kv_tokens=runner.pool.capacity,
-               fused=runner.model.fused, kernels_note=runner.model.ops_note,
-               kernels=runner.model.ops.name if runner.model.ops else "-",
-               cuda_graph_buckets=graphs.buckets if graphs else [])
-    log(f"in-process engine built in {res['build_s']:.1f}s: {res['attention']}, "
-        f"graphs {res['cuda_graph_buckets']}, fused {res['fused']}")
+    res.update(
+        attention=eng.attention_backend,
+        kv_tokens=runner.pool.capacity,
+        fused=runner.model.fused,
+        kernels_note=runner.model.ops_note,
+        kernels=runner.model.ops.name if runner.model.ops else "-",
+        cuda_graph_buckets=graphs.buckets if graphs else [],
+    )
+    log(
+        f"in-process engine built in {res['build_s']:.1f}s: {res['attention']}, "
+        f"graphs {res['cuda_graph_buckets']}, fused {res['fused']}"
+    )
     sid = 0
     for w in workloads:
         _workload(runner, w["batch"], w["input_len"], min(8, w["output_len"]), sid, seed=999)
@@ -109,19 +118,30 @@ def inprocess(model: str, device: str, workloads: list[dict[str, Any]]) -> dict[
         r = _workload(runner, w["batch"], w["input_len"], w["output_len"], sid, seed=w["seed"])
         sid += w["output_len"] + 10
         tokens = r.pop("tokens")
-        row = {"system": "radixmesh", "variant": _variant(eng.attention_backend, graphs),
-               "path": "in-process ModelRunner", "model": f"{model} random",
-               "workload": w["name"], "batch": w["batch"], "input_len": w["input_len"],
-               "output_len": w["output_len"], **r,
-               "ttft_ms_p50": r["prefill_ms"], "ttft_ms_p99": r["prefill_ms"],
-               "itl_ms_p50": r["decode_step_ms_median"], "itl_ms_p99": r["decode_step_ms_p99"],
-               "graph_replays": (graphs.replays - replays0) if graphs else 0,
-               "first_tokens": [t[:8] for t in tokens[:4]]}
+        row = {
+            "system": "radixmesh",
+            "variant": _variant(eng.attention_backend, graphs),
+            "path": "in-process ModelRunner",
+            "model": f"{model} random",
+            "workload": w["name"],
+            "batch": w["batch"],
+            "input_len": w["input_len"],
+            "output_len": w["output_len"],
+            **r,
+            "ttft_ms_p50": r["prefill_ms"],
+            "ttft_ms_p99": r["prefill_ms"],
+            "itl_ms_p50": r["decode_step_ms_median"],
+            "itl_ms_p99": r["decode_step_ms_p99"],
+            "graph_replays": (graphs.replays - replays0) if graphs else 0,
+            "first_tokens": [t[:8] for t in tokens[:4]],
+        }
         res["rows"].append(row)
         res.setdefault("tokens", {})[w["name"]] = tokens
         row["kernels"] = res["kernels"]
-        log(f"in-process {w['name']}: {r['tok_s']:.1f} tok/s, prefill {r['prefill_ms']:.1f} ms, "
-            f"decode step p50 {r['decode_step_ms_median']:.2f} ms")
+        log(
+            f"in-process {w['name']}: {r['tok_s']:.1f} tok/s, prefill {r['prefill_ms']:.1f} ms, "
+            f"decode step p50 {r['decode_step_ms_median']:.2f} ms"
+        )
     del runner, eng
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -132,22 +152,33 @@ def _variant(attention: str, graphs: Any) -> str:
     return f"{attention}+cuda-graphs" if graphs else f"{attention} eager"
 
 
-def run_inprocess(model: str, device: str, workloads: list[dict[str, Any]], tmp: Path,
-                  timeout: float) -> dict[str, Any]:
+def run_inprocess(
+    model: str, device: str, workloads: list[dict[str, Any]], tmp: Path, timeout: float
+) -> dict[str, Any]:
     path = tmp / "inprocess.json"
     wl = tmp / "workloads.json"
     wl.write_text(json.dumps(workloads))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--inprocess-worker", str(path),
-           "--model", model, "--device", device, "--workloads-file", str(wl)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--inprocess-worker",
+        str(path),
+        "--model",
+        model,
+        "--device",
+        device,
+        "--workloads-file",
+        str(wl),
+    ]
     t = time.perf_counter()
     try:
-        rc: int | str = subprocess.run(cmd, timeout=timeout, cwd=ROOT,
-                                       env={**os.environ, **_env(workloads)}).returncode
+        rc: int | str = subprocess.run(
+            cmd, timeout=timeout, cwd=ROOT, env={**os.environ, **_env(workloads)}
+        ).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
     if rc != 0 or not path.exists():
-        return {"error": f"in-process worker exited with {rc} after "
-                         f"{time.perf_counter() - t:.0f}s"}
+        return {"error": f"in-process worker exited with {rc} after {time.perf_counter() - t:.0f}s"}
     out: dict[str, Any] = json.loads(path.read_text())
     out["worker_wall_s"] = time.perf_counter() - t
     return out
@@ -175,16 +206,25 @@ async def _workload_stack(endpoint: str, w: dict[str, Any]) -> dict[str, Any]:
     ttft = [o["ttft"] * 1e3 for o in outs]
     itl = [x * 1e3 for o in outs for x in o["itl"]]
     steps = s1.steps - s0.steps
-    return {"wall_s": wall, "output_tokens": toks, "tok_s": toks / wall,
-            "ttft_ms_p50": percentile(ttft, 0.5), "ttft_ms_p99": percentile(ttft, 0.99),
-            "itl_ms_p50": percentile(itl, 0.5), "itl_ms_p99": percentile(itl, 0.99),
-            "itl_samples": len(itl), "scheduler_steps": steps,
-            "wall_ms_per_step": wall * 1e3 / steps if steps else None,
-            "cached_prompt_tokens": s1.cached_prompt_tokens - s0.cached_prompt_tokens,
-            "all_exact_length": all(o["completion_tokens"] == w["output_len"] and
-                                    o["prompt_tokens"] == w["input_len"] for o in outs),
-            "finish_reasons": sorted({o["finish"] for o in outs}),
-            "tokens": [o["tokens"] for o in outs]}
+    return {
+        "wall_s": wall,
+        "output_tokens": toks,
+        "tok_s": toks / wall,
+        "ttft_ms_p50": percentile(ttft, 0.5),
+        "ttft_ms_p99": percentile(ttft, 0.99),
+        "itl_ms_p50": percentile(itl, 0.5),
+        "itl_ms_p99": percentile(itl, 0.99),
+        "itl_samples": len(itl),
+        "scheduler_steps": steps,
+        "wall_ms_per_step": wall * 1e3 / steps if steps else None,
+        "cached_prompt_tokens": s1.cached_prompt_tokens - s0.cached_prompt_tokens,
+        "all_exact_length": all(
+            o["completion_tokens"] == w["output_len"] and o["prompt_tokens"] == w["input_len"]
+            for o in outs
+        ),
+        "finish_reasons": sorted({o["finish"] for o in outs}),
+        "tokens": [o["tokens"] for o in outs],
+    }
 
 
 _KV = re.compile(r"(\w+)=([-\d.]+)(?=\s|$)")
@@ -218,22 +258,46 @@ async def _flush(endpoint: str) -> None:
     await asyncio.sleep(0.8)
 
 
-def run_stack(model: str, device: str, workloads: list[dict[str, Any]], warmup: dict[str, Any],
-              log_dir: Path, ready_timeout: float, overlap: str = "on") -> dict[str, Any]:
+def run_stack(
+    model: str,
+    device: str,
+    workloads: list[dict[str, Any]],
+    warmup: dict[str, Any],
+    log_dir: Path,
+    ready_timeout: float,
+    overlap: str = "on",
+) -> dict[str, Any]:
     from model_service.random_configs import random_config
     from services.launcher import Launcher, StackPorts, stack_specs
 
     _, model_dir = random_config(model)
     ports = StackPorts.free()
-    model_args = ["--random-weights", model, "--device", device,
-                  "--attention", "flashinfer" if device == "cuda" else "reference"]
-    sched_args = ["--chunk-tokens", str(CHUNK_TOKENS), "--overlap", overlap,
-                  "--max-running", str(max(256, max(w["batch"] for w in workloads)))]
+    model_args = [
+        "--random-weights",
+        model,
+        "--device",
+        device,
+        "--attention",
+        "flashinfer" if device == "cuda" else "reference",
+    ]
+    sched_args = [
+        "--chunk-tokens",
+        str(CHUNK_TOKENS),
+        "--overlap",
+        overlap,
+        "--max-running",
+        str(max(256, max(w["batch"] for w in workloads))),
+    ]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
     launcher = Launcher(specs, log_dir=log_dir, env=_env(workloads))
-    res: dict[str, Any] = {"model_dir": str(model_dir), "model_args": model_args,
-                           "scheduler_args": sched_args, "log_dir": str(log_dir), "rows": [],
-                           "tokens": {}}
+    res: dict[str, Any] = {
+        "model_dir": str(model_dir),
+        "model_args": model_args,
+        "scheduler_args": sched_args,
+        "log_dir": str(log_dir),
+        "rows": [],
+        "tokens": {},
+    }
     endpoint = f"127.0.0.1:{ports.tokenizer}"
     mlog = log_dir / "model.log"
     t = time.perf_counter()
@@ -256,25 +320,34 @@ def run_stack(model: str, device: str, workloads: list[dict[str, Any]], warmup: 
                 r["worker_between_ms_per_step"] = b["between_ms"] / max(b["steps"] - 1, 1)
                 r["worker_idle_fraction"] = b["between_ms"] / (b["busy_ms"] + b["between_ms"])
                 # CUDA events around each step's forward pass (model_service.runner._account)
-                for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step",
-                            "gpu_idle_fraction"):
+                for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "gpu_idle_fraction"):
                     if key in b:
                         r[key] = b[key]
                 if r["wall_ms_per_step"]:
-                    r["idle_ms_per_step_from_wall"] = (r["wall_ms_per_step"]
-                                                       - r["worker_busy_ms_per_step"])
+                    r["idle_ms_per_step_from_wall"] = (
+                        r["wall_ms_per_step"] - r["worker_busy_ms_per_step"]
+                    )
             res["tokens"][w["name"]] = r.pop("tokens")
-            res["rows"].append({"system": "radixmesh",
-                                "variant": f"4 services over gRPC, overlap {overlap}",
-                                "overlap": overlap,
-                                "path": "grpc-stack", "model": f"{model} random",
-                                "workload": w["name"], "batch": w["batch"],
-                                "input_len": w["input_len"], "output_len": w["output_len"],
-                                **r})
-            log(f"stack (overlap {overlap}) {w['name']}: {r['tok_s']:.1f} tok/s, TTFT p50 "
+            res["rows"].append(
+                {
+                    "system": "radixmesh",
+                    "variant": f"4 services over gRPC, overlap {overlap}",
+                    "overlap": overlap,
+                    "path": "grpc-stack",
+                    "model": f"{model} random",
+                    "workload": w["name"],
+                    "batch": w["batch"],
+                    "input_len": w["input_len"],
+                    "output_len": w["output_len"],
+                    **r,
+                }
+            )
+            log(
+                f"stack (overlap {overlap}) {w['name']}: {r['tok_s']:.1f} tok/s, TTFT p50 "
                 f"{r['ttft_ms_p50']:.1f} ms, ITL p50 {r['itl_ms_p50']:.2f} p99 "
                 f"{r['itl_ms_p99']:.2f} ms, GPU idle "
-                f"{r.get('gpu_idle_fraction', float('nan')):.3f} of step time")
+                f"{r.get('gpu_idle_fraction', float('nan')):.3f} of step time"
+            )
     finally:
         launcher.stop_all()
     return res
@@ -295,15 +368,31 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
     return {"first_token_agreement": first, "common_prefix_fraction": sum(pref) / len(pref)}
 
 
-def _stack_rows(doc: dict[str, Any], out: Path, tmp: Path, model: str, device: str,
-                workloads: list[dict[str, Any]], quick: bool, ready_timeout: float,
-                overlap: str, inproc_tokens: dict[str, Any]) -> bool:
+def _stack_rows(
+    doc: dict[str, Any],
+    out: Path,
+    tmp: Path,
+    model: str,
+    device: str,
+    workloads: list[dict[str, Any]],
+    quick: bool,
+    ready_timeout: float,
+    overlap: str,
+    inproc_tokens: dict[str, Any],
+) -> bool:
     """One stack (scheduler `--overlap on|off`): its rows, each set against in-process."""
     base = out / "stack_logs" if os.environ.get("STACK_KEEP_LOGS") else tmp / "logs"
     log_dir = base / f"overlap_{overlap}"
     try:
-        st = run_stack(model, device, workloads, QUICK_WARMUP if quick else WARMUP,
-                       log_dir, ready_timeout, overlap)
+        st = run_stack(
+            model,
+            device,
+            workloads,
+            QUICK_WARMUP if quick else WARMUP,
+            log_dir,
+            ready_timeout,
+            overlap,
+        )
     except Exception as exc:  # record, keep what the other runs measured
         import traceback
 
@@ -328,21 +417,31 @@ def _stack_rows(doc: dict[str, Any], out: Path, tmp: Path, model: str, device: s
             r["overhead_vs_in_process"] = 1 - r["tok_s"] / ref["tok_s"]
             r["itl_p50_minus_in_process_ms"] = r["itl_ms_p50"] - ref["itl_ms_p50"]
             r["within_10pct"] = r["overhead_vs_in_process"] <= 0.10
-            r.update(_agreement(inproc_tokens.get(r["workload"], []),
-                                stack_tokens.get(r["workload"], [])))
+            r.update(
+                _agreement(
+                    inproc_tokens.get(r["workload"], []), stack_tokens.get(r["workload"], [])
+                )
+            )
         ok &= bool(r["all_exact_length"])
         doc["rows"].append(r)
     return ok
 
 
-def part_stack(out: Path, model: str = "llama-3.1-8b", device: str = "cuda",
-               quick: bool = False, inprocess_timeout: float = 240,
-               ready_timeout: float = 240) -> bool:
+def part_stack(
+    out: Path,
+    model: str = "llama-3.1-8b",
+    device: str = "cuda",
+    quick: bool = False,
+    inprocess_timeout: float = 240,
+    ready_timeout: float = 240,
+) -> bool:
     workloads = QUICK if quick else WORKLOADS
     doc = new_doc("stack")
     doc["workloads"] = workloads
-    doc["notes"].append(f"scheduler --chunk-tokens {CHUNK_TOKENS}; client streams one token "
-                        "per chunk; prompts are random ids < 128000 sent as input_ids")
+    doc["notes"].append(
+        f"scheduler --chunk-tokens {CHUNK_TOKENS}; client streams one token "
+        "per chunk; prompts are random ids < 128000 sent as input_ids"
+    )
     ok = True
     with tempfile.TemporaryDirectory(prefix="radixmesh-stack-") as td:
         tmp = Path(td)
@@ -359,22 +458,36 @@ def part_stack(out: Path, model: str = "llama-3.1-8b", device: str = "cuda",
                 doc["copy_bandwidth_GBps"] = inp["copy_bandwidth_GBps"]
         write_json(doc, out / "stack.json")
         for overlap in ("on", "off"):
-            ok &= _stack_rows(doc, out, tmp, model, device, workloads, quick, ready_timeout,
-                              overlap, inproc_tokens)
+            ok &= _stack_rows(
+                doc,
+                out,
+                tmp,
+                model,
+                device,
+                workloads,
+                quick,
+                ready_timeout,
+                overlap,
+                inproc_tokens,
+            )
             write_json(doc, out / "stack.json")
     for r in doc["rows"]:
-        extra = (f" overhead {r['overhead_vs_in_process']:+.3f}"
-                 if "overhead_vs_in_process" in r else "")
-        log(f"{r['path']:24s} {r.get('overlap', '-'):3s} {r['workload']:10s} {r['tok_s']:9.1f} "
+        extra = (
+            f" overhead {r['overhead_vs_in_process']:+.3f}" if "overhead_vs_in_process" in r else ""
+        )
+        log(
+            f"{r['path']:24s} {r.get('overlap', '-'):3s} {r['workload']:10s} {r['tok_s']:9.1f} "
             f"tok/s  TTFT p50/p99 "
             f"{r['ttft_ms_p50']:8.1f}/{r['ttft_ms_p99']:8.1f} ms  ITL p50/p99 "
-            f"{r['itl_ms_p50']:6.2f}/{r['itl_ms_p99']:6.2f} ms{extra}")
+            f"{r['itl_ms_p50']:6.2f}/{r['itl_ms_p99']:6.2f} ms{extra}"
+        )
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (local check)")

@@ -49,10 +49,17 @@ def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
 class FlashInferAttention:
     name = "flashinfer"
 
-    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 workspace_bytes: int = WORKSPACE_BYTES, prefill_backend: str = "fa2",
-                 decode_tensor_cores: bool | None = None,
-                 workspace: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        workspace_bytes: int = WORKSPACE_BYTES,
+        prefill_backend: str = "fa2",
+        decode_tensor_cores: bool | None = None,
+        workspace: torch.Tensor | None = None,
+    ) -> None:
         import flashinfer
 
         dev = pool.k.device
@@ -64,21 +71,30 @@ class FlashInferAttention:
         self.nh, self.nkv, self.hd = num_heads, num_kv_heads, head_dim
         self.dtype = pool.k.dtype
         self.device = dev
-        self.tensor_cores = (use_tensor_core_decode(num_heads, num_kv_heads)
-                             if decode_tensor_cores is None else decode_tensor_cores)
+        self.tensor_cores = (
+            use_tensor_core_decode(num_heads, num_kv_heads)
+            if decode_tensor_cores is None
+            else decode_tensor_cores
+        )
         # Both wrappers share one float workspace: they run one after the other on one stream.
-        self.workspace = workspace if workspace is not None else torch.zeros(
-            workspace_bytes, dtype=torch.uint8, device=dev)
+        self.workspace = (
+            workspace
+            if workspace is not None
+            else torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
+        )
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=prefill_backend)
+            self.workspace, "NHD", backend=prefill_backend
+        )
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
+            self.workspace, "NHD", use_tensor_cores=self.tensor_cores
+        )
         self._active: Any = None
         self.out_slots = torch.empty(0, dtype=torch.int64, device=dev)
         self.decode_only = False
 
-    def plan(self, rows: Sequence[RowPlan], out_slots: torch.Tensor,
-             kv_flat: torch.Tensor | None = None) -> None:
+    def plan(
+        self, rows: Sequence[RowPlan], out_slots: torch.Tensor, kv_flat: torch.Tensor | None = None
+    ) -> None:
         if not rows:
             raise ValueError("a step with no rows has nothing to attend")
         qo = [0]
@@ -93,24 +109,47 @@ class FlashInferAttention:
         self.out_slots = out_slots.to(self.device, torch.int64)
         self.decode_only = qo[-1] == len(rows)
         if self.decode_only:
-            self._decode.plan(kv_indptr, indices, last_page_len, self.nh, self.nkv, self.hd, 1,
-                              q_data_type=self.dtype, kv_data_type=self.dtype)
+            self._decode.plan(
+                kv_indptr,
+                indices,
+                last_page_len,
+                self.nh,
+                self.nkv,
+                self.hd,
+                1,
+                q_data_type=self.dtype,
+                kv_data_type=self.dtype,
+            )
             self._active = self._decode
         else:
-            self._prefill.plan(qo_indptr, kv_indptr, indices, last_page_len, self.nh, self.nkv,
-                               self.hd, 1, causal=True, q_data_type=self.dtype,
-                               kv_data_type=self.dtype)
+            self._prefill.plan(
+                qo_indptr,
+                kv_indptr,
+                indices,
+                last_page_len,
+                self.nh,
+                self.nkv,
+                self.hd,
+                1,
+                causal=True,
+                q_data_type=self.dtype,
+                kv_data_type=self.dtype,
+            )
             self._active = self._prefill
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         self.pool.write(layer, self.out_slots, k, v)
         return self._active.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
 
 
-def kv_indices(rows: Sequence[RowPlan], device: torch.device,
-               pad: torch.Tensor | None = None, flat: torch.Tensor | None = None
-               ) -> torch.Tensor:
+def kv_indices(
+    rows: Sequence[RowPlan],
+    device: torch.device,
+    pad: torch.Tensor | None = None,
+    flat: torch.Tensor | None = None,
+) -> torch.Tensor:
     """All rows' KV slots in row order as one int32 tensor on `device` (flashinfer's
     paged_kv_indices for page size 1), optionally followed by `pad`. `flat`: the rows' slots
     already concatenated on the device (the runner builds them so; saves a cat of B views)."""
@@ -141,8 +180,9 @@ def warm_up(attn: FlashInferAttention) -> None:
     pool.v[:, slot] = fill
 
 
-def choose_attention(choice: str, pool: KVPool, num_heads: int, num_kv_heads: int,
-                     head_dim: int) -> tuple[Any, str]:
+def choose_attention(
+    choice: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[Any, str]:
     """(backend, note) for `--attention auto|reference|flashinfer`.
 
     `auto` takes flashinfer where it can run (CUDA, flashinfer importable, a 16-bit KV dtype,

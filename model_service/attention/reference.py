@@ -34,8 +34,9 @@ class ReferenceAttention:
         self.rows: list[RowPlan] = []
         self.out_slots = torch.empty(0, dtype=torch.int64)
 
-    def plan(self, rows: Sequence[RowPlan], out_slots: torch.Tensor,
-             kv_flat: torch.Tensor | None = None) -> None:
+    def plan(
+        self, rows: Sequence[RowPlan], out_slots: torch.Tensor, kv_flat: torch.Tensor | None = None
+    ) -> None:
         self.rows = list(rows)
         self.out_slots = out_slots
         dev = self.pool.k.device

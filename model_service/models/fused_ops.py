@@ -34,8 +34,9 @@ class TorchOps:
         return torch.rms_norm(x, (x.shape[-1],), w, eps)
 
     @staticmethod
-    def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rmsnorm(
+        x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         residual = residual + x
         return torch.rms_norm(residual, (x.shape[-1],), w, eps), residual
 
@@ -61,8 +62,19 @@ def _kernels() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, n_cols, x_stride, r_stride,
-                           out_stride, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    def add_rmsnorm_kernel(
+        x_ptr,
+        r_ptr,
+        w_ptr,
+        out_ptr,
+        n_cols,
+        x_stride,
+        r_stride,
+        out_stride,
+        eps,
+        HAS_RES: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -79,8 +91,16 @@ def _kernels() -> Any:
         tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def rope_kernel(x_ptr, cos_ptr, sin_ptr, row_stride, n_heads, cs_stride,
-                    HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    def rope_kernel(
+        x_ptr,
+        cos_ptr,
+        sin_ptr,
+        row_stride,
+        n_heads,
+        cs_stride,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         t = tl.program_id(0).to(tl.int64)
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, HALF)[None, :]
@@ -112,31 +132,53 @@ class TritonOps:
     def __init__(self) -> None:
         self.triton, self._norm, self._rope, self._silu = _kernels()
 
-    def _norm_launch(self, x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
-                     eps: float) -> torch.Tensor:
+    def _norm_launch(
+        self, x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float
+    ) -> torch.Tensor:
         n = x.shape[-1]
         assert x.stride(-1) == 1 and (r is None or r.stride(-1) == 1)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         block = self.triton.next_power_of_2(n)
         warps = 8 if block >= 4096 else 4
-        self._norm[(x.shape[0],)](x, r if r is not None else x, w, out, n, x.stride(0),
-                                  r.stride(0) if r is not None else 0, out.stride(0), eps,
-                                  HAS_RES=r is not None, BLOCK=block, num_warps=warps)
+        self._norm[(x.shape[0],)](
+            x,
+            r if r is not None else x,
+            w,
+            out,
+            n,
+            x.stride(0),
+            r.stride(0) if r is not None else 0,
+            out.stride(0),
+            eps,
+            HAS_RES=r is not None,
+            BLOCK=block,
+            num_warps=warps,
+        )
         return out
 
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm_launch(x, None, w, eps)
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._norm_launch(x, residual, w, eps), residual
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         t, heads, two, half = x.shape
         assert two == 2 and x.stride(3) == 1 and x.stride(2) == half and x.stride(1) == 2 * half
         assert cos.stride(1) == 1 and sin.stride() == cos.stride() and cos.shape == (t, half)
-        self._rope[(t,)](x, cos, sin, x.stride(0), heads, cos.stride(0), HALF=half,
-                         BLOCK_H=self.triton.next_power_of_2(heads), num_warps=4)
+        self._rope[(t,)](
+            x,
+            cos,
+            sin,
+            x.stride(0),
+            heads,
+            cos.stride(0),
+            HALF=half,
+            BLOCK_H=self.triton.next_power_of_2(heads),
+            num_warps=4,
+        )
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         t, n2 = gu.shape
@@ -144,8 +186,9 @@ class TritonOps:
         assert gu.stride(1) == 1
         out = torch.empty((t, n), dtype=gu.dtype, device=gu.device)
         block = 1024
-        self._silu[(t, self.triton.cdiv(n, block))](gu, out, n, gu.stride(0), out.stride(0),
-                                                   BLOCK=block, num_warps=4)
+        self._silu[(t, self.triton.cdiv(n, block))](
+            gu, out, n, gu.stride(0), out.stride(0), BLOCK=block, num_warps=4
+        )
         return out
 
 
@@ -153,8 +196,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def self_check(ops: Any, device: torch.device, dtype: torch.dtype = torch.bfloat16,
-               tol: float = 1e-2) -> None:
+def self_check(
+    ops: Any, device: torch.device, dtype: torch.dtype = torch.bfloat16, tol: float = 1e-2
+) -> None:
     """Raise unless `ops` matches TorchOps on random inputs (odd sizes, strided views)."""
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -178,7 +222,9 @@ def self_check(ops: Any, device: torch.device, dtype: torch.dtype = torch.bfloat
         a, b = wide.clone(), wide.clone()
         ops.rope(a[:, : heads * 2 * half].view(t, heads, 2, half), cos, sin)
         ref.rope(b[:, : heads * 2 * half].view(t, heads, 2, half), cos, sin)
-        if _rel(a, b) > tol or not torch.equal(a[:, heads * 2 * half:], wide[:, heads * 2 * half:]):
+        if _rel(a, b) > tol or not torch.equal(
+            a[:, heads * 2 * half :], wide[:, heads * 2 * half :]
+        ):
             raise RuntimeError(f"rope differs at T={t} heads={heads}")
     for t, n in ((1, 14336), (3, 1500)):
         gu = rnd(t, 2 * n)

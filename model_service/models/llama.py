@@ -51,7 +51,8 @@ class LlamaArgs:
         rope = getattr(cfg, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         scaling = getattr(cfg, "rope_scaling", None) or (
-            rope if rope.get("rope_type", "default") != "default" else None)
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
         mtype = getattr(cfg, "model_type", "llama")
         return LlamaArgs(
             vocab_size=cfg.vocab_size,
@@ -75,8 +76,9 @@ class AttentionBackend(Protocol):
     """Plans once per step, then runs once per layer. `forward` stores this step's k/v at the
     step's output slots and attends over each row's full slot list (prefix + new)."""
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor: ...
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
@@ -141,8 +143,14 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
         self.fused = True
 
-    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      attn: AttentionBackend, ops: Any) -> torch.Tensor:
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        ops: Any,
+    ) -> torch.Tensor:
         t = x.shape[0]
         nq, nqk = self.nh * self.hd, (self.nh + self.nkv) * self.hd
         qkv = self.qkv_proj(x)
@@ -153,8 +161,9 @@ class Attention(nn.Module):
         out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(t, nq))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.nh, self.hd)
         k = self.k_proj(x).view(t, self.nkv, self.hd)
@@ -209,14 +218,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                      sin: torch.Tensor, attn: AttentionBackend, ops: Any
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        ops: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) -> (this layer's MLP output, residual stream before adding it): the
         residual add is done by the next norm (x + residual, as the separate form adds)."""
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
@@ -282,8 +298,9 @@ class LlamaForCausalLM(nn.Module):
         dtype = self.model.embed_tokens.weight.dtype
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
-               attn: AttentionBackend) -> torch.Tensor:
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(positions)
         if self.fused:
@@ -299,7 +316,12 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                logit_rows: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
         h = self.hidden(input_ids, positions, attn)
         return self.lm_head(h.index_select(0, logit_rows)).float()

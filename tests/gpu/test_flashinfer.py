@@ -27,8 +27,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def _case(rows_spec: list[tuple[int, int]], nh: int, nkv: int, seed: int,
-          tensor_cores: bool | None = None) -> None:
+def _case(
+    rows_spec: list[tuple[int, int]], nh: int, nkv: int, seed: int, tensor_cores: bool | None = None
+) -> None:
     """rows_spec: (cached prefix length, q_len) per row."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     total = sum(p + q for p, q in rows_spec)
@@ -37,7 +38,7 @@ def _case(rows_spec: list[tuple[int, int]], nh: int, nkv: int, seed: int,
     pools = [KVPool(2, cap, nkv, HD, torch.bfloat16, DEV, nan_fill=True) for _ in range(2)]
     rows, out_slots, off = [], [], 0
     for prefix, q_len in rows_spec:
-        slots = perm[off: off + prefix + q_len].to(DEV)
+        slots = perm[off : off + prefix + q_len].to(DEV)
         off += prefix + q_len
         if prefix:
             kp = torch.randn(2, prefix, nkv, HD, generator=g).to(DEV, torch.bfloat16)
@@ -103,10 +104,22 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
     from model_service.cuda_graphs import DecodeCudaGraphs
     from model_service.models.llama import LlamaArgs, LlamaForCausalLM, rope_inv_freq
 
-    args = LlamaArgs(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_layers=2,
-                     num_heads=4, num_kv_heads=1, head_dim=HD, rms_norm_eps=1e-5,
-                     rope_theta=500000.0, rope_scaling=None, max_position=4096,
-                     tie_word_embeddings=False, attention_bias=False, model_type="llama")
+    args = LlamaArgs(
+        vocab_size=1000,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=HD,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=None,
+        max_position=4096,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        model_type="llama",
+    )
     torch.manual_seed(0)
     with torch.device(DEV):
         model = LlamaForCausalLM(args).to(torch.bfloat16).eval()
@@ -123,13 +136,16 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
     graphs = DecodeCudaGraphs(model, attn, [1, 4], scratch_slot=cap, max_kv_tokens=cap)
     graphs.capture()
     # Reuse freed memory: a tensor the graph reads but nobody kept alive would now hold junk.
-    junk = [torch.full((n,), 10**6, dtype=torch.int64, device=DEV)
-            for n in (1, 2, 3, 4, 8, 16, 64, 256) for _ in range(32)]
+    junk = [
+        torch.full((n,), 10**6, dtype=torch.int64, device=DEV)
+        for n in (1, 2, 3, 4, 8, 16, 64, 256)
+        for _ in range(32)
+    ]
     lens = [5, 100, 250]
     perm = torch.randperm(cap)
     seqs, off = [], 0
     for n in lens:
-        seqs.append(perm[off: off + n + 1].to(DEV))
+        seqs.append(perm[off : off + n + 1].to(DEV))
         off += n + 1
     ids = torch.randint(0, 1000, (sum(lens),), device=DEV)
     with torch.inference_mode():
@@ -144,8 +160,12 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
         dec_slots = [int(s[n]) for n, s in zip(lens, seqs, strict=True)]
         dec_rows = [RowPlan(1, s[: n + 1]) for n, s in zip(lens, seqs, strict=True)]
         attn.plan(dec_rows, torch.tensor(dec_slots, device=DEV))
-        eager = model(torch.tensor(dec_ids, device=DEV), torch.tensor(dec_pos, device=DEV),
-                      attn, torch.arange(3, device=DEV)).clone()
+        eager = model(
+            torch.tensor(dec_ids, device=DEV),
+            torch.tensor(dec_pos, device=DEV),
+            attn,
+            torch.arange(3, device=DEV),
+        ).clone()
         eager_k = pool.k.clone()
         pool.k.copy_(snapshot_k)
         pool.v.copy_(snapshot_v)

@@ -17,16 +17,33 @@ from model_service.models.fused_ops import TorchOps
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, apply_rope, rope_inv_freq
 from model_service.weights import load_model, random_model
 
-ROPE31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+ROPE31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _args(bias: bool = False) -> LlamaArgs:
-    return LlamaArgs(vocab_size=300, hidden_size=128, intermediate_size=192, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5,
-                     rope_theta=500000.0, rope_scaling=ROPE31, max_position=4096,
-                     tie_word_embeddings=False, attention_bias=bias, model_type="llama")
+    return LlamaArgs(
+        vocab_size=300,
+        hidden_size=128,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=ROPE31,
+        max_position=4096,
+        tie_word_embeddings=False,
+        attention_bias=bias,
+        model_type="llama",
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -44,24 +61,29 @@ def _run(model: LlamaForCausalLM, device: str, dtype: torch.dtype) -> torch.Tens
     ids = torch.randint(0, a.vocab_size, (sum(lens),), generator=g)
     out = []
     with torch.inference_mode():
-        rows = [RowPlan(n, torch.tensor(s[:n], device=device))
-                for n, s in zip(lens, slots, strict=True)]
+        rows = [
+            RowPlan(n, torch.tensor(s[:n], device=device)) for n, s in zip(lens, slots, strict=True)
+        ]
         attn.plan(rows, torch.tensor(slots[0][:9] + slots[1][:5], device=device))
         pos = torch.tensor(list(range(9)) + list(range(5)), device=device)
         out.append(model(ids.to(device), pos, attn, torch.arange(14, device=device)))
         for j in range(3):
             n = [lens[0] + j, lens[1] + j]
-            rows = [RowPlan(1, torch.tensor(s[: k + 1], device=device))
-                    for k, s in zip(n, slots, strict=True)]
+            rows = [
+                RowPlan(1, torch.tensor(s[: k + 1], device=device))
+                for k, s in zip(n, slots, strict=True)
+            ]
             attn.plan(rows, torch.tensor([slots[0][n[0]], slots[1][n[1]]], device=device))
             tok = torch.randint(0, a.vocab_size, (2,), generator=g).to(device)
-            out.append(model(tok, torch.tensor(n, device=device), attn,
-                             torch.arange(2, device=device)))
+            out.append(
+                model(tok, torch.tensor(n, device=device), attn, torch.arange(2, device=device))
+            )
     return torch.cat(out).float()
 
 
-KERNELS = [("cpu", "torch")] + ([("cuda", "torch"), ("cuda", "triton")]
-                                 if torch.cuda.is_available() else [])
+KERNELS = [("cpu", "torch")] + (
+    [("cuda", "torch"), ("cuda", "triton")] if torch.cuda.is_available() else []
+)
 
 
 @pytest.mark.parametrize(("device", "kernels"), KERNELS)
@@ -79,8 +101,9 @@ def test_fused_matches_separate(device: str, kernels: str, bias: bool) -> None:
     assert fused.ops.name == kernels, fused.ops_note
     names = {k for k, _ in fused.named_parameters()}
     assert any("qkv_proj" in k for k in names) and not any("q_proj" in k for k in names)
-    assert any("gate_up_proj" in k for k in names) and not any("up_proj." in k for k in names
-                                                               if "gate_up" not in k)
+    assert any("gate_up_proj" in k for k in names) and not any(
+        "up_proj." in k for k in names if "gate_up" not in k
+    )
     ref, got = _run(sep, device, dtype), _run(fused, device, dtype)
     assert not got.isnan().any()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -95,10 +118,10 @@ def test_rope_inplace_matches_apply_rope() -> None:
     x = wide[:, : heads * dim].view(t, heads, dim)
     ang = torch.randn(t, dim // 2, generator=g)
     want = apply_rope(x.clone(), ang.cos(), ang.sin())
-    tail = wide[:, heads * dim:].clone()
+    tail = wide[:, heads * dim :].clone()
     TorchOps.rope(wide[:, : heads * dim].view(t, heads, 2, dim // 2), ang.cos(), ang.sin())
     assert torch.allclose(wide[:, : heads * dim].view(t, heads, dim), want, atol=1e-6)
-    assert torch.equal(wide[:, heads * dim:], tail)  # the other columns are untouched
+    assert torch.equal(wide[:, heads * dim :], tail)  # the other columns are untouched
 
 
 def test_inv_freq_stays_fp32_through_dtype_casts() -> None:
@@ -118,8 +141,9 @@ def test_cpu_never_fused_by_default_and_same_seed_same_weights() -> None:
     fused = random_model(a, torch.float32, torch.device("cpu"), seed=5, fuse=True)
     a0: Any = sep.model.layers[0]
     f0: Any = fused.model.layers[0]
-    w = torch.cat([a0.self_attn.q_proj.weight, a0.self_attn.k_proj.weight,
-                   a0.self_attn.v_proj.weight])
+    w = torch.cat(
+        [a0.self_attn.q_proj.weight, a0.self_attn.k_proj.weight, a0.self_attn.v_proj.weight]
+    )
     assert torch.equal(f0.self_attn.qkv_proj.weight, w)
 
 
@@ -132,8 +156,10 @@ def test_load_model_fuses_hf_named_checkpoint(tmp_path: Path) -> None:
     cfg = hf_config(config_dict("tiny-llama", num_hidden_layers=1, vocab_size=300))
     a = LlamaArgs.from_hf_config(cfg)
     sep = random_model(a, torch.float32, torch.device("cpu"), seed=2)
-    save_file({k: v.contiguous() for k, v in sep.state_dict().items()},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in sep.state_dict().items()},
+        str(tmp_path / "model.safetensors"),
+    )
     cfg.save_pretrained(tmp_path)
     fused = load_model(tmp_path, torch.float32, torch.device("cpu"), fuse=True)
     plain = load_model(tmp_path, torch.float32, torch.device("cpu"))
@@ -151,13 +177,16 @@ def test_triton_kernels_match_torch_ops_in_interpreter() -> None:
     import subprocess
     import sys
 
-    code = ("import torch\n"
-            "from model_service.models.fused_ops import TritonOps, self_check\n"
-            "self_check(TritonOps(), torch.device('cpu'), torch.float32, tol=1e-5)\n"
-            "self_check(TritonOps(), torch.device('cpu'), torch.bfloat16)\n"
-            "print('ok')\n")
+    code = (
+        "import torch\n"
+        "from model_service.models.fused_ops import TritonOps, self_check\n"
+        "self_check(TritonOps(), torch.device('cpu'), torch.float32, tol=1e-5)\n"
+        "self_check(TritonOps(), torch.device('cpu'), torch.bfloat16)\n"
+        "print('ok')\n"
+    )
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=240, cwd=root)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240, cwd=root
+    )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

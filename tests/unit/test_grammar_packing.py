@@ -70,8 +70,11 @@ def test_allowed_on_device_equals_the_decoded_bitmask(vocab: int) -> None:
     half = np.sort(rng.choice(vocab, vocab // 2, replace=False))
     sets = [half, few, most, np.array([], int), few[:1]]
     rows = encode_rows(_bitmask(sets, vocab), vocab)
-    assert {r.encoding for r in rows} == {MaskEncoding.BITMASK, MaskEncoding.ALLOWED,
-                                          MaskEncoding.DISALLOWED}
+    assert {r.encoding for r in rows} == {
+        MaskEncoding.BITMASK,
+        MaskEncoding.ALLOWED,
+        MaskEncoding.DISALLOWED,
+    }
     got = allowed_on_device(rows, vocab, torch.device("cpu"))
     assert torch.equal(got, bitmask_to_bool(decode_rows(rows, vocab), vocab))
     for i, ids in enumerate(sets):

@@ -24,10 +24,22 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _runner(device: str) -> ModelRunner:
-    args = LlamaArgs(vocab_size=VOCAB, hidden_size=128, intermediate_size=192, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5,
-                     rope_theta=10000.0, rope_scaling=None, max_position=4096,
-                     tie_word_embeddings=False, attention_bias=False, model_type="llama")
+    args = LlamaArgs(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position=4096,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        model_type="llama",
+    )
     dev = torch.device(device)
     model = random_model(args, torch.float32, dev, seed=7)
     pool = KVPool(2, 128, 2, 32, torch.float32, dev)
@@ -48,8 +60,9 @@ def _admit() -> StepOps:
 
 
 def _decode(step: int, handles: list[int], slot0: int) -> StepOps:
-    return StepOps(step, decode_handles=handles,
-                   decode_slots=[slot0 + i for i in range(len(handles))])
+    return StepOps(
+        step, decode_handles=handles, decode_slots=[slot0 + i for i in range(len(handles))]
+    )
 
 
 def _tokens(out: object) -> dict[int, int]:
@@ -89,8 +102,9 @@ def test_late_mask_is_applied_and_a_skipped_decode_leaves_no_trace(device: str) 
     assert _tokens(out) == {0: allowed}
     assert len(r.requests[1].slots) == len(PROMPTS[1])  # the skipped decode's slot is gone
     # The reference never decoded handle 1 at step 3 and sampled handle 0 under the same mask.
-    ref.step(StepOps(3, decode_handles=[0], decode_slots=[8],
-                     masks={0: (int(row.encoding), row.data)}))
+    ref.step(
+        StepOps(3, decode_handles=[0], decode_slots=[8], masks={0: (int(row.encoding), row.data)})
+    )
     after = r.step(_decode(4, [0, 1], 10))
     assert _tokens(after) == _tokens(ref.step(_decode(4, [0, 1], 10)))
     assert not late

@@ -561,7 +561,11 @@ class RadixCache:
                     f" at {node!r}"
                 )
             parent = node.parent
-            if parent is not root and parent.protect_until < node.protect_until:
+            if (
+                parent is not None
+                and parent is not root
+                and (parent.protect_until < node.protect_until)
+            ):
                 fail(f"{node!r} is protected longer than its parent")
             if node.lock_ref:
                 locked += len(node.key)

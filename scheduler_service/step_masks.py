@@ -126,13 +126,13 @@ class StepMasks:
                 self.fail(st.running[h], code, message)
             skip |= set(failed)
             for row in res.rows:
-                r = st.running.get(row.handle)
-                if r is None or row.handle in failed:
+                req = st.running.get(row.handle)
+                if req is None or row.handle in failed:
                     continue
                 jf = row.jump_forward
                 if jf.tokens:
-                    r.jump = (jf.rollback, unpack_i32(jf.tokens))  # applied by the next build
-                    undo_decode(st, r)
+                    req.jump = (jf.rollback, unpack_i32(jf.tokens))  # applied by the next build
+                    undo_decode(st, req)
                     skip.add(row.handle)
                 else:
                     rows.append(row)

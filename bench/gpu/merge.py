@@ -177,10 +177,14 @@ SERVING_HEADER = [
 def _serving_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
     """A row of parts sharegpt / gsp / mmlu (bench/gpu/serving.py)."""
     opt = r.get("optimal_hit_rate")
+    variant = r.get("variant", "")
+    running = (d.get("config") or {}).get("max_running")
+    if running and r.get("system") == "radixmesh":
+        variant += f", max-running {running}"
     return [
         d["part"],
         r.get("system", ""),
-        r.get("variant", ""),
+        variant,
         str(r.get("workload", "")),
         _fmt(r.get("requests")),
         f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",

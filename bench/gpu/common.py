@@ -128,6 +128,44 @@ def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda", attn: str = 
     return model.eval()
 
 
+def log_tails(log_dir: Path, chars: int = 1500) -> list[str]:
+    """The last `chars` of each service's log under `log_dir` (a failed stack run), as notes
+    for the JSON document; also printed to stderr for the device log."""
+    notes = []
+    for name in ("model", "scheduler", "tokenizer", "grammar"):
+        p = log_dir / f"{name}.log"
+        if p.exists():
+            tail = p.read_text(errors="replace")[-chars:]
+            notes.append(f"{name}.log tail: {tail}")
+            print(f"--- {name}.log tail\n{tail}", file=sys.stderr, flush=True)
+    return notes
+
+
+def hf_generate_timed(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, n: int
+) -> tuple[float, int]:
+    """One greedy HF `generate` of exactly `n` new tokens (EOS off): (seconds, tokens made)."""
+
+    def sync() -> None:
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize(ids.device)
+
+    sync()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    sync()
+    return time.perf_counter() - t0, int(out.shape[1] - ids.shape[1])
+
+
 def ours_from_state(
     args: Any,
     state: dict[str, torch.Tensor],

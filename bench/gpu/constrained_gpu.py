@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.gpu.common import log, new_doc, write_json  # noqa: E402
+from bench.gpu.common import log, log_tails, new_doc, write_json  # noqa: E402
 from bench.gpu.constrained_report import (  # noqa: E402
     GOALS,
     MODES,
@@ -256,15 +256,6 @@ def start_stack(model: str, device: str, sched_args: list[str], log_dir: Path) -
     return st
 
 
-def _tails(doc: dict[str, Any], log_dir: Path) -> None:
-    for name in ("model", "scheduler", "tokenizer", "grammar"):
-        p = log_dir / f"{name}.log"
-        if p.exists():
-            tail = p.read_text(errors="replace")[-1500:]
-            doc["notes"].append(f"{name}.log tail: {tail}")
-            print(f"--- {name}.log tail\n{tail}", file=sys.stderr, flush=True)
-
-
 def part_constrained(
     out: Path,
     model: str = "llama-3.1-8b",
@@ -299,7 +290,7 @@ def part_constrained(
         st = start_stack(model, device, [*sched, "--jump-forward", MODES[0]], log_dir)
     except Exception as exc:
         doc["errors"].append(f"stack start: {exc!r}")
-        _tails(doc, log_dir)
+        doc["notes"] += log_tails(log_dir)
         write_json(doc, out / "constrained.json")
         return False
     doc["stack_ready_s"] = round(time.perf_counter() - t, 1)
@@ -322,7 +313,7 @@ def part_constrained(
 
         traceback.print_exc()
         doc["errors"].append(f"{type(exc).__name__}: {exc}")
-        _tails(doc, log_dir)
+        doc["notes"] += log_tails(log_dir)
     finally:
         st.launcher.stop_all()
     finish_doc(doc, batches[-1].name)

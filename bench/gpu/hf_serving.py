@@ -18,12 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu.common import copy_bandwidth_gbps, log, percentile
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+from bench.gpu.common import copy_bandwidth_gbps, hf_generate_timed, log, percentile
 
 
 def worker_hf_static(
@@ -44,22 +39,10 @@ def worker_hf_static(
     model.generation_config.pad_token_id = 0
 
     def gen(ids: torch.Tensor, mask: torch.Tensor, n: int) -> float:
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        _sync(device)
-        if out.shape[1] - ids.shape[1] != n:
-            raise RuntimeError(f"HF generated {out.shape[1] - ids.shape[1]} tokens, not {n}")
-        return time.perf_counter() - t0
+        seconds, made = hf_generate_timed(model, ids, mask, n)
+        if made != n:
+            raise RuntimeError(f"HF generated {made} tokens, not {n}")
+        return seconds
 
     def padded(chunk: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p, _ in chunk)

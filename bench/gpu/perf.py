@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu.common import copy_bandwidth_gbps, log, percentile
+from bench.gpu.common import copy_bandwidth_gbps, hf_generate_timed, log, percentile
 
 MODEL = "llama-3.1-8b"
 
@@ -273,20 +273,7 @@ def worker_hf(batch: int, input_len: int, output_len: int) -> dict[str, Any]:
     mask = torch.ones_like(ids)
 
     def gen(n: int) -> tuple[float, int]:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, int(out.shape[1] - ids.shape[1])
+        return hf_generate_timed(model, ids, mask, n)
 
     gen(min(8, output_len))  # warm-up
     total, produced = gen(output_len)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.gpu.common import log
+from bench.gpu.common import log, log_tails
 
 WARMUP = (8, 128, 16)  # requests, prompt tokens, output tokens (random ids, never reused)
 QUICK_WARMUP = (2, 16, 4)
@@ -114,14 +114,7 @@ class ServingStack:
         asyncio.run(go())
 
     def log_tails(self, chars: int = 1500) -> list[str]:
-        notes = []
-        for name in ("model", "scheduler", "tokenizer", "grammar"):
-            p = self.log_dir / f"{name}.log"
-            if p.exists():
-                tail = p.read_text(errors="replace")[-chars:]
-                notes.append(f"{name}.log tail: {tail}")
-                print(f"--- {name}.log tail\n{tail}", flush=True)
-        return notes
+        return log_tails(self.log_dir, chars)
 
     def stop(self) -> None:
         if self.started:

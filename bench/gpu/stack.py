@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.gpu.common import log, new_doc, percentile, write_json  # noqa: E402
+from bench.gpu.common import log, log_tails, new_doc, percentile, write_json  # noqa: E402
 
 WORKLOADS: list[dict[str, Any]] = [
     {"name": "single", "batch": 1, "input_len": 128, "output_len": 128, "seed": 11},
@@ -398,12 +398,7 @@ def _stack_rows(
 
         traceback.print_exc()
         doc["errors"].append(f"stack (overlap {overlap}): {exc!r}")
-        for name in ("model", "scheduler", "tokenizer", "grammar"):
-            p = log_dir / f"{name}.log"
-            if p.exists():
-                tail = p.read_text(errors="replace")[-1500:]
-                doc["notes"].append(f"{name}.log tail: {tail}")
-                print(f"--- {name}.log tail\n{tail}", flush=True)
+        doc["notes"] += log_tails(log_dir)
         return False
     stack_tokens = st.pop("tokens")
     rows = st.pop("rows")

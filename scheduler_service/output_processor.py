@@ -50,13 +50,10 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             cached = st.cache.cache_unfinished(r.fill[:n], r.kv_slots[:n], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
-    owners, decode = plan.owners, Phase.DECODE
+    decode = Phase.DECODE
     for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
-        entry = owners.get(h)
-        if entry is None:
-            continue
-        r, epoch = entry
-        if r.handle != h or r.epoch != epoch:
+        r = _current(plan, h)
+        if r is None:
             continue  # released (aborted, retracted, stopped) while the step ran
         r.pending -= 1
         if r.phase is decode:

@@ -90,7 +90,6 @@ class InFlight:
     prompt_lps: list[PromptLogprobs] = field(default_factory=list)
     done: torch.cuda.Event | None = None
     gpu_start: torch.cuda.Event | None = None  # just before the forward pass
-    launch_ms: float = 0.0
 
 
 class ModelRunner:
@@ -144,7 +143,6 @@ class ModelRunner:
         if self.cuda:
             fl.done = torch.cuda.Event(enable_timing=True)
             fl.done.record()
-        fl.launch_ms = (time.perf_counter() - t0) * 1e3
         return fl
 
     def _get(self, handle: int) -> RequestState:

@@ -46,6 +46,3 @@ class SlotSeq:
     def view(self) -> np.ndarray:
         """The slots so far (a view: valid until the next extend)."""
         return self._buf[: self._n]
-
-    def tolist(self) -> list[int]:
-        return self.view().tolist()

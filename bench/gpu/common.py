@@ -128,6 +128,19 @@ def hf_model(hf_cfg: Any, dtype: torch.dtype, device: str = "cuda", attn: str = 
     return model.eval()
 
 
+def replay_ms(graph: Any, reps: int = 30) -> float:
+    """Median GPU time of one replay of a captured CUDA graph (CUDA events around each)."""
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def log_tails(log_dir: Path, chars: int = 1500) -> list[str]:
     """The last `chars` of each service's log under `log_dir` (a failed stack run), as notes
     for the JSON document; also printed to stderr for the device log."""

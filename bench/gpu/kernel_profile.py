@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu.common import copy_bandwidth_gbps, log
+from bench.gpu.common import copy_bandwidth_gbps, log, replay_ms
 
 MODEL = "llama-3.1-8b"
 CATEGORIES = (
@@ -54,18 +54,6 @@ def _category(name: str) -> str:
         if rx.search(name):
             return cat
     return "other"
-
-
-def _replay_ms(graph: Any, reps: int = 30) -> float:
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def _kernels(run: Any, reps: int = 10) -> tuple[list[dict[str, Any]], float]:
@@ -119,7 +107,7 @@ def _gemv(model: Any, bw_gbps: float) -> list[dict[str, Any]]:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 ys = [torch.nn.functional.linear(x, w) for w in ws]
-        ms = _replay_ms(g, 20) / len(ws)
+        ms = replay_ms(g, 20) / len(ws)
         del ys, g
         nbytes = ws[0].numel() * ws[0].element_size()
         floor = nbytes / (bw_gbps * 1e9) * 1e3
@@ -182,7 +170,7 @@ def _measure(
         )
         times.append((time.perf_counter() - t) * 1e3)
     g = graphs.graphs[graphs.bucket_for(batch)].graph  # planned for the last step
-    replay = _replay_ms(g)
+    replay = replay_ms(g)
     kernels, ksum = _kernels(lambda i: g.replay())
     source = "graph replay"
     if not kernels:  # this profiler saw no kernels inside the graph: profile eager steps

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu.common import copy_bandwidth_gbps, hf_generate_timed, log, percentile
+from bench.gpu.common import copy_bandwidth_gbps, hf_generate_timed, log, percentile, replay_ms
 
 MODEL = "llama-3.1-8b"
 
@@ -76,16 +76,7 @@ def graph_replay_gpu_ms(graphs: Any, bs: int, reps: int = 20) -> float | None:
     b = graphs.bucket_for(bs)
     if b is None:
         return None
-    g = graphs.graphs[b].graph
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return replay_ms(graphs.graphs[b].graph, reps)
 
 
 def _sync() -> None:

@@ -59,6 +59,12 @@ class _GraphAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.pool.write(layer, self.slots, k, v)
+        return self.attend(layer, q)
+
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], self.slots
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.wrapper.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
 
 

@@ -38,7 +38,7 @@ for spec in "$@"; do
   echo "=== $part (limit ${limit}s) $(date +%T)"
   timeout "$limit" python3 bench/gpu/run.py --part "$part" --out "$OUT"
   rc=$?; echo "=== $part rc=$rc $(date +%T)"; [ $rc -ne 0 ] && status=1
-  case $part in check|test) save_kernels ;; esac
+  case $part in check|test|profile) save_kernels ;; esac
 done
 python3 bench/gpu/merge.py "$OUT"/*.json
 exit $status

@@ -3,7 +3,8 @@
 One process builds the random 8B model in the separate form (`RADIXMESH_FUSE=0`, as before the
 fusion work), measures it, fuses it in place (`LlamaForCausalLM.fuse()`) with torch
 element-wise ops and measures, then switches to the Triton element-wise kernels (the form the
-service runs on CUDA) and measures again, so all see the same weights, GPU and KV. Per form:
+service runs on CUDA) and measures again (batch 1 and 64), then once more with decode attention
+on CUDA cores instead of tensor cores, so all see the same weights, GPU and KV. Per form:
 
 - `graph_replay_gpu_ms`: GPU time of one replay of the batch-1 decode graph (median of 30).
 - `decode_step_ms_median`: a whole `ModelRunner.step` (host work, replay, sampling) at batch 1,
@@ -302,6 +303,38 @@ def worker_profile() -> dict[str, Any]:
                     batch=64,
                 )
             )
+    if model.ops.name == "triton":  # decode attention on CUDA cores instead of tensor cores
+        attn = runner.attn
+        attn.tensor_cores = False
+        for batch in (1, 64):
+            runner.decode_graphs = None
+            torch.cuda.empty_cache()
+            try:
+                graphs = capture_decode_graphs(
+                    model,
+                    attn,
+                    scratch_slot=runner.pool.capacity,
+                    max_kv_tokens=runner.pool.capacity,
+                    buckets=[batch],
+                )
+            except Exception as exc:  # the CUDA-core kernel may not build for this shape
+                res.setdefault("notes", []).append(f"CUDA-core decode: {exc!r}"[:300])
+                log(f"CUDA-core decode graph failed: {exc!r}")
+                break
+            runner.decode_graphs = graphs
+            res["forms"].append(
+                _measure(
+                    runner,
+                    graphs,
+                    bw,
+                    weight_bytes,
+                    embed_bytes,
+                    kv_per_tok,
+                    "fused, triton ops, CUDA-core decode",
+                    batch=batch,
+                )
+            )
+        attn.tensor_cores = True
     for f in res["forms"]:
         for gm in f.get("gemv", []):
             log(

@@ -11,7 +11,8 @@ Per step, `plan` builds the index arrays once and plans one wrapper:
   BatchPrefillWithPagedKVCacheWrapper over all rows; flashinfer aligns the causal mask to the
   end of each row's KV, so a cached prefix (kv_len > q_len) is handled as in the reference.
 Per layer, `forward` writes this step's k/v at the step's out slots (index_copy) and runs the
-planned wrapper. GQA is native (num_qo_heads a multiple of num_kv_heads).
+planned wrapper; the fused layers store k/v themselves (fused_ops.rope_store into
+`kv_target`) and call `attend`. GQA is native (num_qo_heads a multiple of num_kv_heads).
 
 For the grouped-query shapes of Llama 3 (4 query heads per KV head and more) decode runs on
 tensor cores, as SGLang does; that also reuses the prefill kernel module, so a process JIT-
@@ -141,6 +142,12 @@ class FlashInferAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.pool.write(layer, self.out_slots, k, v)
+        return self.attend(layer, q)
+
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], self.out_slots
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self._active.run(q.contiguous(), (self.pool.k[layer], self.pool.v[layer]))
 
 

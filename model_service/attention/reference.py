@@ -66,6 +66,13 @@ class ReferenceAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.pool.write(layer, self.out_slots, k, v)
+        return self.attend(layer, q)
+
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], self.out_slots
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of this step's queries over the pool (this step's k/v already stored)."""
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         out = torch.empty_like(q)
         batched = len(self.decode_idx) > 1

@@ -7,12 +7,16 @@
   both in one pass and updates `residual` in place;
 - `rope(x, cos, sin)`: rotate-half RoPE in place on x viewed as [T, heads, 2, dim/2] (the q|k
   columns of the fused qkv output); cos/sin are [T, dim/2] in the model dtype, as HF casts them;
-- `silu_mul(gu)`: silu(gate) * up for gu = [T, 2 * inter] holding gate | up.
+- `silu_mul(gu)`: silu(gate) * up for gu = [T, 2 * inter] holding gate | up;
+- `rope_store(qkv, nh, nkv, cos, sin, k_cache, v_cache, slots) -> q`: RoPE on the q and k
+  columns of the fused qkv output, k and v stored at the step's KV slots, and q returned as a
+  contiguous [T, nh, head_dim] tensor for the attention kernel. The Triton kernel does all of it
+  in one launch, where the torch form takes RoPE, two index_copy and a copy of q.
 
-Per decoder layer at decode that is 2 (norm), 1 (rope), 1 (SiLU-and-mul) Triton kernels in
-place of 4, 3 and 2 torch kernels. `pick_ops(device)` returns TritonOps only after a self-check
-against TorchOps on random inputs passes on that device, so a Triton that is missing, fails to
-compile or computes wrong falls back to TorchOps (and says why).
+Per decoder layer at decode that is 2 (norm), 1 (rope + KV store), 1 (SiLU-and-mul) Triton
+kernels in place of 4, 6 and 2 torch kernels. `pick_ops(device)` returns TritonOps only after
+a self-check against TorchOps on random inputs passes on that device, so a Triton that is
+missing, fails to compile or computes wrong falls back to TorchOps (and says why).
 """
 
 from __future__ import annotations
@@ -54,6 +58,24 @@ class TorchOps:
     def silu_mul(gu: torch.Tensor) -> torch.Tensor:
         gate, up = gu.split(gu.shape[-1] // 2, dim=-1)
         return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def rope_store(
+        qkv: torch.Tensor,
+        nh: int,
+        nkv: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        t, hd = qkv.shape[0], k_cache.shape[-1]
+        nq, nqk = nh * hd, (nh + nkv) * hd
+        TorchOps.rope(qkv[:, :nqk].view(t, nh + nkv, 2, hd // 2), cos, sin)
+        k_cache.index_copy_(0, slots, qkv[:, nq:nqk].view(t, nkv, hd).to(k_cache.dtype))
+        v_cache.index_copy_(0, slots, qkv[:, nqk:].view(t, nkv, hd).to(v_cache.dtype))
+        return qkv[:, :nq].reshape(t, nh, hd)
 
 
 def _kernels() -> Any:
@@ -123,14 +145,62 @@ def _kernels() -> Any:
         y = g / (1.0 + tl.exp(-g)) * u
         tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    return triton, add_rmsnorm_kernel, rope_kernel, silu_mul_kernel
+    @triton.jit
+    def rope_store_kernel(
+        qkv_ptr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        slots_ptr,
+        cos_ptr,
+        sin_ptr,
+        row_stride,
+        cs_stride,
+        NQ: tl.constexpr,
+        NKV: tl.constexpr,
+        HALF: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_KV: tl.constexpr,
+    ):
+        # program (t, 0): q heads of token t -> q_out; program (t, 1): its k heads rotated and
+        # its v heads, both stored at KV slot slots[t] (caches are [capacity, NKV, 2 * HALF]).
+        t = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, HALF)[None, :]
+        row = qkv_ptr + t * row_stride
+        c = tl.load(cos_ptr + t * cs_stride + d).to(tl.float32)
+        s = tl.load(sin_ptr + t * cs_stride + d).to(tl.float32)
+        if tl.program_id(1) == 0:
+            h = tl.arange(0, BLOCK_Q)[:, None]
+            m = (h < NQ) & (d < HALF)
+            x1 = tl.load(row + h * (2 * HALF) + d, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(row + h * (2 * HALF) + HALF + d, mask=m, other=0.0).to(tl.float32)
+            dst = q_ptr + t * (NQ * 2 * HALF) + h * (2 * HALF) + d
+            tl.store(dst, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=m)
+            tl.store(dst + HALF, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=m)
+        else:
+            slot = tl.load(slots_ptr + t).to(tl.int64)
+            h = tl.arange(0, BLOCK_KV)[:, None]
+            m = (h < NKV) & (d < HALF)
+            kb = row + (NQ + h) * (2 * HALF) + d
+            k1 = tl.load(kb, mask=m, other=0.0).to(tl.float32)
+            k2 = tl.load(kb + HALF, mask=m, other=0.0).to(tl.float32)
+            kd = k_ptr + slot * (NKV * 2 * HALF) + h * (2 * HALF) + d
+            tl.store(kd, (k1 * c - k2 * s).to(k_ptr.dtype.element_ty), mask=m)
+            tl.store(kd + HALF, (k2 * c + k1 * s).to(k_ptr.dtype.element_ty), mask=m)
+            vb = row + (NQ + NKV + h) * (2 * HALF) + d
+            vd = v_ptr + slot * (NKV * 2 * HALF) + h * (2 * HALF) + d
+            ty = v_ptr.dtype.element_ty
+            tl.store(vd, tl.load(vb, mask=m, other=0.0).to(ty), mask=m)
+            tl.store(vd + HALF, tl.load(vb + HALF, mask=m, other=0.0).to(ty), mask=m)
+
+    return triton, add_rmsnorm_kernel, rope_kernel, silu_mul_kernel, rope_store_kernel
 
 
 class TritonOps:
     name = "triton"
 
     def __init__(self) -> None:
-        self.triton, self._norm, self._rope, self._silu = _kernels()
+        self.triton, self._norm, self._rope, self._silu, self._rope_store = _kernels()
 
     def _norm_launch(
         self, x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float
@@ -191,6 +261,46 @@ class TritonOps:
         )
         return out
 
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        nh: int,
+        nkv: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        t, hd = qkv.shape[0], k_cache.shape[-1]
+        assert qkv.stride(1) == 1 and qkv.shape[1] == (nh + 2 * nkv) * hd
+        assert k_cache.is_contiguous() and v_cache.is_contiguous()
+        assert k_cache.shape[1:] == (nkv, hd) and v_cache.shape == k_cache.shape
+        assert cos.stride(1) == 1 and sin.stride() == cos.stride() and cos.shape == (t, hd // 2)
+        assert slots.shape == (t,) and slots.dtype == torch.int64
+        q = torch.empty((t, nh, hd), dtype=qkv.dtype, device=qkv.device)
+        if t == 0:
+            return q
+        np2 = self.triton.next_power_of_2
+        self._rope_store[(t, 2)](
+            qkv,
+            q,
+            k_cache,
+            v_cache,
+            slots,
+            cos,
+            sin,
+            qkv.stride(0),
+            cos.stride(0),
+            NQ=nh,
+            NKV=nkv,
+            HALF=hd // 2,
+            BLOCK_Q=np2(nh),
+            BLOCK_KV=np2(nkv),
+            num_warps=4,
+        )
+        return q
+
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
@@ -230,6 +340,17 @@ def self_check(
         gu = rnd(t, 2 * n)
         if _rel(ops.silu_mul(gu), ref.silu_mul(gu)) > tol:
             raise RuntimeError(f"silu_mul differs at {t}x{n}")
+    for t, nh, nkv, hd in ((1, 32, 8, 128), (5, 6, 3, 32)):
+        qkv = rnd(t, (nh + 2 * nkv) * hd)
+        ang = torch.randn(t, hd // 2, generator=g).to(device)
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        slots = torch.randperm(2 * t + 3, generator=g)[:t].to(device)
+        caches = [rnd(2 * t + 3, nkv, hd) for _ in range(2)]
+        mine = [c.clone() for c in caches]
+        q1 = ops.rope_store(qkv.clone(), nh, nkv, cos, sin, mine[0], mine[1], slots)
+        q2 = ref.rope_store(qkv.clone(), nh, nkv, cos, sin, caches[0], caches[1], slots)
+        if _rel(q1, q2) > tol or any(_rel(a, b) > tol for a, b in zip(mine, caches, strict=True)):
+            raise RuntimeError(f"rope_store differs at T={t} heads={nh}/{nkv}")
 
 
 def pick_ops(device: torch.device, want: str = "auto") -> tuple[Any, str]:

@@ -74,11 +74,17 @@ class LlamaArgs:
 
 class AttentionBackend(Protocol):
     """Plans once per step, then runs once per layer. `forward` stores this step's k/v at the
-    step's output slots and attends over each row's full slot list (prefix + new)."""
+    step's output slots and attends over each row's full slot list (prefix + new). The fused
+    layers split it: they store k/v themselves into `kv_target(layer)` (caches and the step's
+    slots) and then call `attend(layer, q)`."""
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor: ...
+
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
 
 
 def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
@@ -152,14 +158,10 @@ class Attention(nn.Module):
         ops: Any,
     ) -> torch.Tensor:
         t = x.shape[0]
-        nq, nqk = self.nh * self.hd, (self.nh + self.nkv) * self.hd
-        qkv = self.qkv_proj(x)
-        ops.rope(qkv[:, :nqk].view(t, self.nh + self.nkv, 2, self.hd // 2), cos, sin)
-        q = qkv[:, :nq].view(t, self.nh, self.hd)
-        k = qkv[:, nq:nqk].view(t, self.nkv, self.hd)
-        v = qkv[:, nqk:].view(t, self.nkv, self.hd)
-        out = attn.forward(self.layer, q, k, v)
-        return self.o_proj(out.reshape(t, nq))
+        k_cache, v_cache, slots = attn.kv_target(self.layer)
+        q = ops.rope_store(self.qkv_proj(x), self.nh, self.nkv, cos, sin, k_cache, v_cache, slots)
+        out = attn.attend(self.layer, q)
+        return self.o_proj(out.reshape(t, self.nh * self.hd))
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend

@@ -169,29 +169,31 @@ def _kernels() -> Any:
         row = qkv_ptr + t * row_stride
         c = tl.load(cos_ptr + t * cs_stride + d).to(tl.float32)
         s = tl.load(sin_ptr + t * cs_stride + d).to(tl.float32)
+        # Each branch names its own variables: Triton types a name assigned in both branches
+        # once, and the q and kv tiles have different shapes.
         if tl.program_id(1) == 0:
-            h = tl.arange(0, BLOCK_Q)[:, None]
-            m = (h < NQ) & (d < HALF)
-            x1 = tl.load(row + h * (2 * HALF) + d, mask=m, other=0.0).to(tl.float32)
-            x2 = tl.load(row + h * (2 * HALF) + HALF + d, mask=m, other=0.0).to(tl.float32)
-            dst = q_ptr + t * (NQ * 2 * HALF) + h * (2 * HALF) + d
-            tl.store(dst, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=m)
-            tl.store(dst + HALF, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=m)
+            hq = tl.arange(0, BLOCK_Q)[:, None]
+            mq = (hq < NQ) & (d < HALF)
+            x1 = tl.load(row + hq * (2 * HALF) + d, mask=mq, other=0.0).to(tl.float32)
+            x2 = tl.load(row + hq * (2 * HALF) + HALF + d, mask=mq, other=0.0).to(tl.float32)
+            qd = q_ptr + t * (NQ * 2 * HALF) + hq * (2 * HALF) + d
+            tl.store(qd, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=mq)
+            tl.store(qd + HALF, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=mq)
         else:
             slot = tl.load(slots_ptr + t).to(tl.int64)
-            h = tl.arange(0, BLOCK_KV)[:, None]
-            m = (h < NKV) & (d < HALF)
-            kb = row + (NQ + h) * (2 * HALF) + d
-            k1 = tl.load(kb, mask=m, other=0.0).to(tl.float32)
-            k2 = tl.load(kb + HALF, mask=m, other=0.0).to(tl.float32)
-            kd = k_ptr + slot * (NKV * 2 * HALF) + h * (2 * HALF) + d
-            tl.store(kd, (k1 * c - k2 * s).to(k_ptr.dtype.element_ty), mask=m)
-            tl.store(kd + HALF, (k2 * c + k1 * s).to(k_ptr.dtype.element_ty), mask=m)
-            vb = row + (NQ + NKV + h) * (2 * HALF) + d
-            vd = v_ptr + slot * (NKV * 2 * HALF) + h * (2 * HALF) + d
+            hk = tl.arange(0, BLOCK_KV)[:, None]
+            mk = (hk < NKV) & (d < HALF)
+            kb = row + (NQ + hk) * (2 * HALF) + d
+            k1 = tl.load(kb, mask=mk, other=0.0).to(tl.float32)
+            k2 = tl.load(kb + HALF, mask=mk, other=0.0).to(tl.float32)
+            kd = k_ptr + slot * (NKV * 2 * HALF) + hk * (2 * HALF) + d
+            tl.store(kd, (k1 * c - k2 * s).to(k_ptr.dtype.element_ty), mask=mk)
+            tl.store(kd + HALF, (k2 * c + k1 * s).to(k_ptr.dtype.element_ty), mask=mk)
+            vb = row + (NQ + NKV + hk) * (2 * HALF) + d
+            vd = v_ptr + slot * (NKV * 2 * HALF) + hk * (2 * HALF) + d
             ty = v_ptr.dtype.element_ty
-            tl.store(vd, tl.load(vb, mask=m, other=0.0).to(ty), mask=m)
-            tl.store(vd + HALF, tl.load(vb + HALF, mask=m, other=0.0).to(ty), mask=m)
+            tl.store(vd, tl.load(vb, mask=mk, other=0.0).to(ty), mask=mk)
+            tl.store(vd + HALF, tl.load(vb + HALF, mask=mk, other=0.0).to(ty), mask=mk)
 
     return triton, add_rmsnorm_kernel, rope_kernel, silu_mul_kernel, rope_store_kernel
 
@@ -364,5 +366,9 @@ def pick_ops(device: torch.device, want: str = "auto") -> tuple[Any, str]:
         ops = TritonOps()
         self_check(ops, device)
     except Exception as exc:  # missing, fails to compile, or wrong: keep the torch path
-        return TorchOps(), f"triton kernels not used: {type(exc).__name__}: {exc}"[:500]
+        # A Triton CompilationError's text starts with the kernel source: keep its first line
+        # (where) and its last (why).
+        lines = str(exc).strip().splitlines() or [""]
+        why = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        return TorchOps(), f"triton kernels not used: {type(exc).__name__}: {why}"[:500]
     return ops, ""

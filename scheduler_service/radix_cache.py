@@ -295,7 +295,10 @@ class RadixCache:
 
     def unlock(self, node: object) -> None:
         t0 = perf_counter()
-        n = self._node(node)
+        self._unlock(self._node(node))
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    def _unlock(self, n: _Node) -> None:
         root = self._root
         # A dead locked node can only come from reset(): its accounting is gone, so ignore.
         if n is not root and not n.dead:
@@ -311,7 +314,6 @@ class RadixCache:
                     if not n.children:
                         self._push(n)
                 n = n.parent  # type: ignore[assignment]
-        self.stats.bookkeeping_seconds += perf_counter() - t0
 
     # -- insert -------------------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
@@ -346,7 +348,12 @@ class RadixCache:
                 k = len(key)
             else:
                 k = _common_len(key, toks, pos, min(end, n))
-            self._free_duplicates(child.value, sl, pos, k)
+            val = child.value
+            if k == len(val):
+                if val != sl[pos:end]:  # usually the caller's own locked prefix: no copies
+                    self._free_duplicates(val, sl, pos, k)
+            else:
+                self._free_duplicates(val, sl, pos, k)
             if k < len(key):
                 child = self._split(child, k)
             child.last_access = now
@@ -385,22 +392,27 @@ class RadixCache:
         Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)`` and all
         of ``tokens`` belong to the cache (``cached_len == len(tokens)``). ``None`` (nothing
         changed) if the tree already holds some of ``tokens`` in other slots.
+
+        Equivalent to a check, ``insert``, ``lock(node)``, ``unlock(old_node)``, done in one
+        walk and timed as one op (this runs for every prefilled chunk, so the separate calls'
+        second walk, duplicate-slot slicing and timer pairs were most of its cost).
         """
+        t0 = perf_counter()
         toks = _as_list(tokens)
         sl = _as_list(slots)
-        held = self._peek(toks)
-        if held != sl[: len(held)]:
-            return None
-        _, node = self.insert(toks, sl)
-        self.lock(node)  # before the unlock, so the shared path never looks evictable
-        self.unlock(old_node)
-        return CachedPrefix(node, len(toks))
-
-    def _peek(self, toks: list[int]) -> list[int]:
-        """Slots of the longest cached prefix of ``toks``, without splitting or touching LRU."""
-        node = self._root
-        out: list[int] = []
-        pos, n = 0, len(toks)
+        old = self._node(old_node)
+        n = len(toks)
+        if len(sl) != n:
+            raise ValueError(f"cache_unfinished: {n} tokens but {len(sl)} slots")
+        root = self._root
+        if old is not root and not old.dead and old.direct <= 0:
+            raise ValueError(f"unlock without a matching lock: {old!r}")
+        # Walk without changing anything: a refusal must leave the tree as it was.
+        node = root
+        pos = 0
+        cut = 0  # > 0: the walk ends this many tokens into `child`'s edge (split needed)
+        child: _Node | None = None
+        path: list[_Node] = []
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
@@ -408,12 +420,70 @@ class RadixCache:
             key = child.key
             end = pos + len(key)
             if end <= n and key == toks[pos:end]:
-                out += child.value
-                node, pos = child, end
-                continue
-            out += child.value[: _common_len(key, toks, pos, min(end, n))]
-            break
-        return out
+                k = len(key)
+            else:
+                k = _common_len(key, toks, pos, min(end, n))
+            val = child.value
+            if (val if k == len(val) else val[:k]) != sl[pos : pos + k]:
+                self.stats.bookkeeping_seconds += perf_counter() - t0
+                return None  # held in other slots: the request keeps its own
+            pos += k
+            if k < len(key):
+                cut = k
+                break
+            path.append(child)
+            node = child
+        self._clock += 1
+        now = self._clock
+        if cut:
+            assert child is not None
+            node = self._split(child, cut)
+            path.append(node)
+        elif pos < n:
+            # Edge slices copy, so the caller may keep mutating its own lists.
+            leaf = _Node(toks[pos:], sl[pos:], node, now)
+            node.children[toks[pos]] = leaf
+            self._nodes += 1
+            self._evictable += n - pos
+            self.stats.inserted_tokens += n - pos
+            node = leaf
+            path.append(leaf)
+        for p in path:
+            p.last_access = now
+        if self.protect_s > 0 and path:
+            until = self._now() + self.protect_s
+            prot = self._protected
+            for p in path:  # the whole path: a parent stays at least as protected as a child
+                p.protect_until = until
+                prot[p] = None
+        self._move_lock(node, old)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return CachedPrefix(node, n)
+
+    def _move_lock(self, node: _Node, old: _Node) -> None:
+        """``lock(node)`` then ``unlock(old)``. When ``old`` is on ``node``'s path (always, for
+        cache_unfinished) the two cancel from ``old`` up: only ``uses`` changes there."""
+        root = self._root
+        if node is root:
+            self._unlock(old)
+            return
+        node.direct += 1
+        n = node
+        while n is not root:
+            if n is old:
+                n.direct -= 1  # its lock_ref keeps the lock that now comes from below
+                while n is not root:
+                    n.uses += 1
+                    n = n.parent  # type: ignore[assignment]
+                return
+            if n.lock_ref == 0:
+                size = len(n.key)
+                self._evictable -= size
+                self._locked += size
+            n.lock_ref += 1
+            n.uses += 1
+            n = n.parent  # type: ignore[assignment]  # only the root has no parent
+        self._unlock(old)
 
     # -- evict / alloc ------------------------------------------------------------------------
     def _push(self, node: _Node) -> None:
@@ -440,10 +510,15 @@ class RadixCache:
         root = self._root
         free = self.allocator.free
         key = self._key
-        while freed < n and heap:
-            t, _, node = heapq.heappop(heap)
-            if node.dead or node.children or node.lock_ref or key(node) != t:
-                continue  # stale entry
+        node: _Node | None = None
+        while freed < n:
+            if node is None:
+                if not heap:
+                    break
+                t, _, node = heapq.heappop(heap)
+                if node.dead or node.children or node.lock_ref or key(node) != t:
+                    node = None
+                    continue  # stale entry
             free(node.value)
             size = len(node.value)
             freed += size
@@ -454,9 +529,17 @@ class RadixCache:
             node.dead = True
             node.parent = None
             self._nodes -= 1
+            node = None
             if parent is not root and not parent.children and parent.lock_ref == 0:
-                self._push(parent)  # it just became an unlocked leaf
-                heap = self._heap  # _push may have rebuilt it
+                # It just became an unlocked leaf. When it would be the very next pop (its key
+                # below every entry's; a tie would go to the older entry) evict it directly:
+                # a finished request's prompt node and output leaf go together without a
+                # push/pop round trip, in exactly the heap's order.
+                if freed < n and (not heap or key(parent) < heap[0][0]):
+                    node = parent
+                else:
+                    self._push(parent)
+                    heap = self._heap  # _push may have rebuilt it
         self.stats.evicted_tokens += freed
         return freed
 
@@ -526,105 +609,7 @@ class RadixCache:
     def check_integrity(
         self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True
     ) -> None:
-        def fail(msg: str) -> None:
-            raise AssertionError(f"radix cache integrity: {msg}")
+        # Kept in its own module (it reads this class's internals) so this one stays readable.
+        from scheduler_service.radix_integrity import check_radix_integrity
 
-        root = self._root
-        if root.lock_ref or root.key or root.value:
-            fail("root must stay empty and unlocked")
-        evictable = locked = nodes = 0
-        tree_slots: list[int] = []
-        unlocked_leaves: list[_Node] = []
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            child_locks = 0
-            for tok, child in node.children.items():
-                if child.dead:
-                    fail(f"dead node still in the tree: {child!r}")
-                if child.parent is not node:
-                    fail(f"bad parent pointer at {child!r}")
-                if not child.key or len(child.key) != len(child.value):
-                    fail(f"bad edge {child!r}: {len(child.key)} tokens, {len(child.value)} slots")
-                if child.key[0] != tok:
-                    fail(f"child keyed by {tok} but its edge starts with {child.key[0]}")
-                if child.lock_ref < 0 or child.direct < 0:
-                    fail(f"negative lock count at {child!r}")
-                child_locks += child.lock_ref
-                stack.append(child)
-            if node is root:
-                continue
-            nodes += 1
-            if node.lock_ref != node.direct + child_locks:
-                fail(
-                    f"lock_ref {node.lock_ref} != direct {node.direct} + children {child_locks}"
-                    f" at {node!r}"
-                )
-            parent = node.parent
-            if (
-                parent is not None
-                and parent is not root
-                and (parent.protect_until < node.protect_until)
-            ):
-                fail(f"{node!r} is protected longer than its parent")
-            if node.lock_ref:
-                locked += len(node.key)
-            else:
-                evictable += len(node.key)
-                if not node.children:
-                    unlocked_leaves.append(node)
-            if deep:
-                tree_slots += node.value
-        if nodes != self._nodes:
-            fail(f"node count {self._nodes} but {nodes} nodes in the tree")
-        if evictable != self._evictable or locked != self._locked:
-            fail(
-                f"sizes say evictable={self._evictable} locked={self._locked}, tree has "
-                f"evictable={evictable} locked={locked}"
-            )
-        cap = self.allocator.capacity
-        if not deep:
-            total = self.allocator.free_count + evictable + locked + request_owned
-            if total != cap:
-                fail(
-                    f"free {self.allocator.free_count} + evictable {evictable} + locked {locked}"
-                    f" + request_owned {request_owned} = {total} != capacity {cap}"
-                )
-            return
-        tree_set = set(tree_slots)
-        if len(tree_set) != len(tree_slots):
-            fail(f"{len(tree_slots) - len(tree_set)} slots appear twice in the tree")
-        if any(not 0 <= s < cap for s in tree_set):
-            fail("slot id out of range in the tree")
-        free = self.allocator.free_list()
-        free_set = set(free)
-        if len(free_set) != len(free):
-            fail("allocator free list holds a slot twice")
-        both = tree_set & free_set
-        if both:
-            fail(f"slots both cached and free: {sorted(both)[:10]}")
-        if request_slots is not None:
-            req_set = set(request_slots)
-            if len(req_set) != len(request_slots):
-                fail("a slot is held twice by requests")
-            if req_set & tree_set:
-                fail(f"slots both request-owned and cached: {sorted(req_set & tree_set)[:10]}")
-            if req_set & free_set:
-                fail(f"slots both request-owned and free: {sorted(req_set & free_set)[:10]}")
-            if len(req_set) != request_owned:
-                fail(f"request_owned={request_owned} but {len(req_set)} request slots given")
-        total = len(free) + evictable + locked + request_owned
-        if total != cap:
-            fail(
-                f"free {len(free)} + evictable {evictable} + locked {locked} + request_owned "
-                f"{request_owned} = {total} != capacity {cap}"
-            )
-        key = self._key
-        valid = {
-            id(n)
-            for t, _, n in self._heap
-            if not n.dead and not n.children and not n.lock_ref and key(n) == t
-        }
-        missing = [n for n in unlocked_leaves if id(n) not in valid]
-        if missing:
-            fail(f"unlocked leaves missing from the eviction heap: {missing[:3]}")
+        check_radix_integrity(self, request_owned, request_slots, deep=deep)

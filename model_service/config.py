@@ -29,6 +29,11 @@ class ModelServiceConfig:
         "smallest KV pool sized from the memory budget that is worth serving, in tokens "
         "(0: min(context length, 4096)); below it start-up fails. --kv-tokens bypasses it",
     )
+    cuda_graph_max_bs: int = field(
+        128,
+        "largest decode batch replayed from a CUDA graph (flashinfer only): buckets 1, 2, 4, "
+        "8, ... up to it are captured at start-up; 0 turns CUDA graphs off",
+    )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
     log_level: str = field("info", "log level")
@@ -40,3 +45,5 @@ class ModelServiceConfig:
             raise ValueError("--kv-tokens must be >= 0")
         if self.min_kv_tokens < 0:
             raise ValueError("--min-kv-tokens must be >= 0")
+        if self.cuda_graph_max_bs < 0:
+            raise ValueError("--cuda-graph-max-bs must be >= 0 (0 turns CUDA graphs off)")

@@ -19,7 +19,6 @@ slot larger than the capacity it reports), so padding never touches a real seque
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,18 +31,17 @@ from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaForCausalLM
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-ENV_MAX_BS = "RADIXMESH_CUDA_GRAPH_MAX_BS"  # 0 turns CUDA graphs off
+DEFAULT_MAX_BS = 128  # ModelServiceConfig.cuda_graph_max_bs (--cuda-graph-max-bs)
 
 
-def buckets_from_env(default_max: int = 128) -> list[int]:
-    """Buckets up to $RADIXMESH_CUDA_GRAPH_MAX_BS (default 128); [] when it is 0."""
-    raw = os.environ.get(ENV_MAX_BS, "")
-    top = int(raw) if raw.strip() else default_max
-    if top <= 0:
+def buckets_up_to(max_bs: int = DEFAULT_MAX_BS) -> list[int]:
+    """The batch-size buckets captured for `--cuda-graph-max-bs max_bs`: the default buckets up
+    to `max_bs`, then `max_bs` itself; [] (no graphs) when it is 0 or less."""
+    if max_bs <= 0:
         return []
-    out = [b for b in DEFAULT_BUCKETS if b <= top]
-    if not out or out[-1] != top:
-        out.append(top)
+    out = [b for b in DEFAULT_BUCKETS if b <= max_bs]
+    if not out or out[-1] != max_bs:
+        out.append(max_bs)
     return out
 
 
@@ -234,9 +232,11 @@ def capture_decode_graphs(
     scratch_slot: int,
     max_kv_tokens: int,
     buckets: Sequence[int] | None = None,
+    max_bs: int = DEFAULT_MAX_BS,
 ) -> DecodeCudaGraphs | None:
-    """Capture decode graphs at start-up; None when turned off (bucket list empty)."""
-    bl = list(buckets) if buckets is not None else buckets_from_env()
+    """Capture decode graphs at start-up: `buckets`, else `buckets_up_to(max_bs)`; None when
+    turned off (bucket list empty, e.g. `--cuda-graph-max-bs 0`)."""
+    bl = list(buckets) if buckets is not None else buckets_up_to(max_bs)
     if not bl:
         return None
     graphs = DecodeCudaGraphs(model, attn, bl, scratch_slot, max_kv_tokens)

@@ -151,10 +151,14 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
             "capturing decode CUDA graphs",
             device,
             "lower --kv-memory-fraction to leave them room, or capture fewer batch sizes "
-            "(RADIXMESH_CUDA_GRAPH_MAX_BS)",
+            f"(--cuda-graph-max-bs, now {cfg.cuda_graph_max_bs}; 0 turns graphs off)",
         ):
             graphs = capture_decode_graphs(
-                model, attention, scratch_slot=capacity, max_kv_tokens=capacity
+                model,
+                attention,
+                scratch_slot=capacity,
+                max_kv_tokens=capacity,
+                max_bs=cfg.cuda_graph_max_bs,
             )
     log.info(
         "engine_ready",

@@ -243,8 +243,9 @@ def start_stack(model: str, device: str, sched_args: list[str], log_dir: Path) -
     ports = StackPorts.free()
     model_args = ["--random-weights", model, "--device", device]
     model_args += ["--attention", "flashinfer" if device == "cuda" else "reference"]
+    model_args += ["--cuda-graph-max-bs", "128"]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
-    env = {"RADIXMESH_CUDA_GRAPH_MAX_BS": "128", "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1"}
     launcher = Launcher(specs, log_dir=log_dir, env=env)
     launcher.start_all()
     st = BenchStack(launcher, ports, log_dir)

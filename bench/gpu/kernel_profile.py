@@ -231,7 +231,6 @@ def worker_profile() -> dict[str, Any]:
     from model_service.engine import build_engine
 
     os.environ["RADIXMESH_FUSE"] = "0"
-    os.environ["RADIXMESH_CUDA_GRAPH_MAX_BS"] = "1"
     bw = copy_bandwidth_gbps()
     eng = build_engine(
         ModelServiceConfig(
@@ -240,6 +239,7 @@ def worker_profile() -> dict[str, Any]:
             dtype="bfloat16",
             attention="flashinfer",
             kv_tokens=16384,
+            cuda_graph_max_bs=1,
         )
     )
     runner = eng.runner

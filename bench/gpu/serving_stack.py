@@ -37,6 +37,8 @@ class ServingStack:
             device,
             "--attention",
             "flashinfer" if cuda else "reference",
+            "--cuda-graph-max-bs",
+            str(max(128, max_running)),
         ]
         self.base_sched = [
             "--chunk-tokens",
@@ -47,7 +49,7 @@ class ServingStack:
         specs = stack_specs(
             self.ports, str(model_dir), model_args=model_args, scheduler_args=self.base_sched
         )
-        env = {"RADIXMESH_CUDA_GRAPH_MAX_BS": str(max(128, max_running)), "PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONUNBUFFERED": "1"}
         self.launcher = Launcher(specs, log_dir=log_dir, env=env)
         self.log_dir = log_dir
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"

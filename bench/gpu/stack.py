@@ -67,9 +67,13 @@ CHUNK_TOKENS = 8192  # scheduler prefill budget per step (default 2048): 256 x 1
 VOCAB_TEXT = 128000  # ordinary Llama-3.1 token ids (specials start at 128000)
 
 
+def _graph_max_bs(workloads: list[dict[str, Any]]) -> int:
+    """--cuda-graph-max-bs for both paths: every workload's decode batch replays a graph."""
+    return max(128, max(w["batch"] for w in workloads))
+
+
 def _env(workloads: list[dict[str, Any]]) -> dict[str, str]:
-    top = max(w["batch"] for w in workloads)
-    return {"RADIXMESH_CUDA_GRAPH_MAX_BS": str(max(128, top)), "PYTHONUNBUFFERED": "1"}
+    return {"PYTHONUNBUFFERED": "1"}
 
 
 # -- 1. in-process ----------------------------------------------------------------------------
@@ -93,6 +97,7 @@ def inprocess(model: str, device: str, workloads: list[dict[str, Any]]) -> dict[
         random_weights=model,
         device=device,
         attention="flashinfer" if device == "cuda" else "reference",
+        cuda_graph_max_bs=_graph_max_bs(workloads),
     )
     eng = build_engine(cfg)
     res["build_s"] = time.perf_counter() - t
@@ -279,6 +284,8 @@ def run_stack(
         device,
         "--attention",
         "flashinfer" if device == "cuda" else "reference",
+        "--cuda-graph-max-bs",
+        str(_graph_max_bs(workloads)),
     ]
     sched_args = [
         "--chunk-tokens",

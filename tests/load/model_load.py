@@ -90,6 +90,8 @@ def service_command(ns: argparse.Namespace, port: int, kv_tokens: int) -> list[s
         cmd += ["--attention", ns.attention]
     if ns.threads:
         cmd += ["--threads", str(ns.threads)]
+    if ns.cuda_graph_max_bs is not None:
+        cmd += ["--cuda-graph-max-bs", str(ns.cuda_graph_max_bs)]
     return cmd
 
 
@@ -325,8 +327,6 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
         )
     port = free_port()
     env = dict(os.environ)
-    if ns.cuda_graph_max_bs is not None:
-        env["RADIXMESH_CUDA_GRAPH_MAX_BS"] = str(ns.cuda_graph_max_bs)
     cmd = service_command(ns, port, kv_tokens)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -344,7 +344,11 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
                 "dtype": info.dtype,
                 "attention_backend": info.attention_backend,
                 "kv_capacity": info.kv_capacity,
-                "cuda_graph_max_bs": env.get("RADIXMESH_CUDA_GRAPH_MAX_BS", "default"),
+                "cuda_graph_max_bs": (
+                    str(ns.cuda_graph_max_bs)
+                    if ns.cuda_graph_max_bs is not None
+                    else env.get("RADIXMESH_CUDA_GRAPH_MAX_BS", "default")
+                ),
                 "prompt_len": ns.prompt_len,
                 "warmup_steps": ns.warmup,
                 "measured_steps": ns.steps,
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-graph-max-bs",
         type=int,
         default=None,
-        help="sets RADIXMESH_CUDA_GRAPH_MAX_BS for the service",
+        help="the service's --cuda-graph-max-bs (default: its own, 128)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads of the service (CPU)")
     p.add_argument("--start-timeout", type=float, default=600.0)

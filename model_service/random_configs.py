@@ -7,6 +7,9 @@ service and HF transformers (the reference in checks) can load it like any model
 
 Names:
 - `llama-3.1-8b`: Meta Llama-3.1-8B's architecture (its published config.json).
+- `llama-3.1-70b`: Meta Llama-3.1-70B's architecture (its published config.json: 70.55 B
+  parameters, 141 GB in bf16). It fits no single 80 GB GPU: the GPU bench's `startup` part uses
+  it to check that the service refuses weights that do not fit before allocating them.
 - `tiny-llama`: the same family in miniature (GQA, llama3 RoPE scaling, the Llama-3.1
   vocabulary) for quick tests on any device.
 Overrides (e.g. `num_hidden_layers=4` for a fast numerics check with 8B shapes) go through
@@ -48,6 +51,27 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "intermediate_size": 14336,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": _LLAMA31_ROPE,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "initializer_range": 0.02,
+    },
+    # meta-llama/Llama-3.1-70B(-Instruct)/config.json; same RoPE scaling, vocabulary and eos ids
+    "llama-3.1-70b": {
+        "vocab_size": 128256,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "head_dim": 128,
         "hidden_act": "silu",

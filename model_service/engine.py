@@ -15,6 +15,7 @@ from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.preflight import (
     GIB,
     check_architecture,
+    check_kv_before_weights,
     check_kv_capacity,
     check_kv_fits,
     check_weights_fit,
@@ -110,6 +111,15 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
     check_architecture(hf_cfg)
     args = LlamaArgs.from_hf_config(hf_cfg)
     check_weights_fit(args, dtype, device, str(name), random=bool(cfg.random_weights))
+    check_kv_before_weights(
+        args,
+        dtype,
+        device,
+        kv_tokens=cfg.kv_tokens,
+        kv_memory_fraction=cfg.kv_memory_fraction,
+        kv_memory_gb=cfg.kv_memory_gb,
+        min_tokens=cfg.min_kv_tokens,
+    )
     with out_of_memory_as_model_error(
         "building the weights",
         device,

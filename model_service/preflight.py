@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from model_service.kv_pool import kv_bytes_per_token
 from model_service.models.llama import LlamaArgs
 from services.model_store import ModelError
 
@@ -157,6 +158,45 @@ def check_kv_capacity(
         f"--kv-memory-fraction (GPU) or --kv-memory-gb (CPU), free device memory, use a "
         f"smaller model or dtype, or set --kv-tokens to size the pool outright"
     )
+
+
+def check_kv_before_weights(
+    a: LlamaArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_tokens: int,
+    kv_memory_fraction: float,
+    kv_memory_gb: float,
+    min_tokens: int,
+) -> None:
+    """The KV budget check of `engine.kv_capacity`, made before the weights are built, so a
+    budget too small for one request fails in seconds instead of after loading the weights.
+
+    On CPU the budget (`--kv-memory-gb`) does not depend on the weights: same figures as the
+    later check. On CUDA the budget is `kv_memory_fraction` of the memory free after the
+    weights, which is at most (free now - the weights' bytes in `dtype`); when even that bound
+    holds fewer tokens than one request needs, the later check would fail too, so fail now.
+    Otherwise the later check, on the real free memory, decides. `--kv-tokens` skips it."""
+    if kv_tokens:
+        return
+    per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
+    needed = min_kv_tokens(min_tokens, a.max_position)
+    if device.type == "cuda":
+        mem = free_memory(device)
+        if mem is None:
+            return
+        weights = param_count(a) * torch.empty(0, dtype=dtype).element_size()
+        after = max(mem[0] - weights, 0)
+        budget = int(after * kv_memory_fraction)
+        source = (
+            f"--kv-memory-fraction {kv_memory_fraction} of at most {after / GIB:.2f} GiB free "
+            f"after {weights / GIB:.2f} GiB of weights; {mem[0] / GIB:.2f} GiB of "
+            f"{mem[1] / GIB:.2f} GiB free before loading"
+        )
+    else:
+        budget = int(kv_memory_gb * (1 << 30))
+        source = f"--kv-memory-gb {kv_memory_gb}"
+    check_kv_capacity(budget // per_token, needed, budget, per_token, source)
 
 
 def check_kv_fits(tokens: int, per_token: int, device: torch.device) -> None:

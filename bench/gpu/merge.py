@@ -7,7 +7,8 @@ names the document's part, device and date, so runs from several machines or day
 one table. Rows with latency figures (`itl_ms_p50`: part `stack`, in-process and through the
 gRPC stack) also form a latency table with the stack's overhead against the in-process run, and
 `profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step.
-Rows marked `"table": "serving"` (parts sharegpt, gsp, mmlu) form the serving-workloads table.
+Rows marked `"table": "serving"` (parts sharegpt, gsp, mmlu) form the serving-workloads table,
+rows marked `"table": "startup"` (part startup) the start-up errors table.
 `profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step;
 `constrained` documents render their own tables (bench/gpu/constrained_report.py).
 """
@@ -219,6 +220,29 @@ def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _startup_row(r: dict[str, Any], dev: str, date: str) -> list[str]:
+    """A row of part startup (bench/gpu/startup_part.py): one start-up that must fail (or, for
+    flashinfer_missing, fall back), its exit code, seconds, judgement and message."""
+    msg = str(r.get("message") or "-").replace("|", "/").replace("\n", " ")
+    if len(msg) > 240:
+        msg = msg[:237] + "..."
+    extra = ""
+    if r.get("variant") == "flashinfer_missing":
+        fb = r.get("fallback_run") or {}
+        extra = f"; text {fb.get('text', '-')!r}".replace("|", "/")
+    problems = "; ".join(r.get("problems") or []).replace("|", "/")
+    return [
+        str(r.get("variant", "")),
+        str(r.get("what", "")),
+        _fmt(r.get("returncode")),
+        _fmt(r.get("wall_s"), 1),
+        ("pass" if r.get("pass") else f"FAIL: {problems}"),
+        msg + extra,
+        dev,
+        date,
+    ]
+
+
 def _constrained(d: dict[str, Any]) -> list[str]:
     root = str(Path(__file__).resolve().parents[2])  # run as a script: bench/ is not on the path
     if root not in sys.path:
@@ -229,7 +253,7 @@ def _constrained(d: dict[str, Any]) -> list[str]:
 
 
 def render(docs: list[dict[str, Any]]) -> str:
-    perf, nums, other, lat, serving = [], [], [], [], []
+    perf, nums, other, lat, serving, startup = [], [], [], [], [], []
     for d in docs:
         if d.get("part") == "constrained":  # its own tables, below
             continue
@@ -238,6 +262,8 @@ def render(docs: list[dict[str, Any]]) -> str:
         for r in d["rows"]:
             if r.get("table") == "serving":
                 serving.append(_serving_row(d, r, dev, date))
+            elif r.get("table") == "startup":
+                startup.append(_startup_row(r, dev, date))
             elif "tok_s" in r:
                 perf.append(
                     [
@@ -415,6 +441,18 @@ def render(docs: list[dict[str, Any]]) -> str:
             nums,
         )
         lines += ["", "pass: ratio <= 1.5 and no NaN (DESIGN.md section 3).", ""]
+    if startup:
+        lines += ["## Start-up errors (part startup)", ""]
+        lines += _table(
+            ["case", "what", "exit", "seconds", "judged", "message", "device", "date"], startup
+        )
+        lines += [
+            "",
+            "exit 2 and one `startup_failed` line naming the problem and the fix, except "
+            "flashinfer_missing: the stack serves on the reference attention (exit: the "
+            "launcher's after Ctrl-C; seconds: until ready). docs/gpu.md, Start-up errors.",
+            "",
+        ]
     if other:
         lines += ["## Other", ""]
         lines += _table(["part", "system", "what", "rc", "summary", "device", "date"], other)

@@ -14,6 +14,9 @@
     python bench/gpu/run.py --part constrained --out DIR  # JSON-schema batches 1/16/64 vs
                                                        # unconstrained, jump-forward off/on
     python bench/gpu/run.py --part model_load --out DIR  # the model service alone, batch 1-256
+    python bench/gpu/run.py --part startup --out DIR   # start-up errors: weights too big, KV too
+                                                       # small, unsupported architecture, flashinfer
+                                                       # missing (bench/gpu/startup_part.py)
     python bench/gpu/run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (bench/gpu/common.py describes the format); copy them into
@@ -51,6 +54,7 @@ PARTS = {
     "mmlu": {},
     "constrained": {},
     "model_load": {},
+    "startup": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -269,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.gpu.model_load_part import part_model_load
 
             ok &= part_model_load(args.out)
+        elif p == "startup":
+            from bench.gpu.startup_part import part_startup
+
+            ok &= part_startup(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
@@ -130,9 +131,13 @@ class MaskEngine:
         state: SessionState,
         ops: StepOps,
         compiled: Mapping[GrammarKey, xgr.CompiledGrammar | str],
+        stages: dict[str, float] | None = None,
     ) -> pb.MaskStepResult:
         """Apply one step to `state` and return the result (service_ms is left to the caller).
-        `compiled` maps every bind's key to its grammar or its compile error message."""
+        `compiled` maps every bind's key to its grammar or its compile error message.
+        `stages`, when given, gets seconds per stage added (accept, fill, encode,
+        jump_forward): the load test's breakdown; a few perf_counter calls per step."""
+        t0 = time.perf_counter()
         table = state.table
         errors: dict[int, pb.RowError] = {}
         for h in ops.releases:
@@ -157,12 +162,19 @@ class MaskEngine:
                 table.get(h).accept(toks)
             except MatchError as err:
                 _fail(errors, h, err)
-        rows = self._masks(state, ops, errors)
+        if stages is not None:
+            stages["accept"] = stages.get("accept", 0.0) + time.perf_counter() - t0
+        rows = self._masks(state, ops, errors, stages)
         return pb.MaskStepResult(step_id=ops.step_id, rows=rows, errors=list(errors.values()))
 
     def _masks(
-        self, state: SessionState, ops: StepOps, errors: dict[int, pb.RowError]
+        self,
+        state: SessionState,
+        ops: StepOps,
+        errors: dict[int, pb.RowError],
+        stages: dict[str, float] | None,
     ) -> list[pb.MaskRow]:
+        t0 = time.perf_counter()
         wanted: list[RequestMatcher | None] = []
         for h in ops.mask_handles:
             m = None
@@ -175,6 +187,8 @@ class MaskEngine:
         live = [i for i, m in enumerate(wanted) if m is not None and not m.terminated]
         buf = state.buffer(len(live), self.words)
         self._fill(state, [wanted[i] for i in live], buf)  # type: ignore[misc]
+        t1 = time.perf_counter()
+        jf_s = 0.0
         encoded = encode_rows(buf, self.vocab_size) if live else []
         can_end = self._can_end(buf)
         slot = {row: j for j, row in enumerate(live)}
@@ -189,12 +203,18 @@ class MaskEngine:
                 continue
             row = _row(h, encoded[j], terminated=False, can_end=bool(can_end[j]))
             if h in ops.jump_forward and self.retokenizer is not None:
+                tj = time.perf_counter()
                 jf = self.retokenizer.propose(m)
                 if jf is not None:
                     row.jump_forward.text = jf.text
                     row.jump_forward.rollback = jf.rollback
                     row.jump_forward.tokens = np.asarray(jf.tokens, dtype=_I32).tobytes()
+                jf_s += time.perf_counter() - tj
             rows.append(row)
+        if stages is not None:
+            t2 = time.perf_counter()
+            for k, v in (("fill", t1 - t0), ("encode", t2 - t1 - jf_s), ("jump_forward", jf_s)):
+                stages[k] = stages.get(k, 0.0) + v
         return rows
 
     def _fill(self, state: SessionState, matchers: list[RequestMatcher], buf: np.ndarray) -> None:

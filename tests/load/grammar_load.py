@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,13 @@ class Trace:
     tokens: list[int]  # ends with a stop token
 
 
-def make_traces(svc: GrammarServicer, per_case: int, max_len: int, seed: int) -> list[Trace]:
+def make_traces(
+    svc: GrammarServicer,
+    per_case: int,
+    max_len: int,
+    seed: int,
+    cases: Sequence[GrammarCase] = SUITE,
+) -> list[Trace]:
     """Random walks with xgrammar directly: uniform over allowed tokens (closing punctuation
     favoured for unbounded grammars so rows finish and get re-bound)."""
     rng = np.random.default_rng(seed)
@@ -60,7 +67,7 @@ def make_traces(svc: GrammarServicer, per_case: int, max_len: int, seed: int) ->
     stop = svc.engine.stop_token_ids
     bitmask = xgr.allocate_token_bitmask(1, vocab).numpy()
     traces = []
-    for case in SUITE:
+    for case in cases:
         grammar = {
             "json_schema": lambda t: compiler.compile_json_schema(t, any_whitespace=False),
             "regex": compiler.compile_regex,
@@ -87,8 +94,9 @@ def make_traces(svc: GrammarServicer, per_case: int, max_len: int, seed: int) ->
 class Workload:
     """Rows cycling through traces; `next_step` fills a builder with this step's operations."""
 
-    def __init__(self, traces: list[Trace], batch: int) -> None:
+    def __init__(self, traces: list[Trace], batch: int, jump_forward: bool = False) -> None:
         self.traces, self.batch = traces, batch
+        self.jump_forward = jump_forward  # ask every row for a jump-forward proposal
         self.next_trace = 0
         self.rows: list[tuple[Trace, int]] = [(self._take(), 0) for _ in range(batch)]
         self.first = True
@@ -112,7 +120,7 @@ class Workload:
                 b.accept(h, [trace.tokens[pos]])
                 pos += 1
             self.rows[h] = (trace, pos)
-            b.want(h)
+            b.want(h, jump_forward=self.jump_forward)
             todo.append((h, trace, pos))
         self.first = False
         return todo
@@ -224,8 +232,8 @@ def _tokenizer_path() -> str:
     return os.environ.get("GRAMMAR_LOAD_TOKENIZER") or str(default_tokenizer_dir())
 
 
-async def serve_forever(tokenizer: str, threads: int) -> None:
-    svc = build_servicer(tokenizer, GrammarConfig(mask_threads=threads))
+async def serve_forever(tokenizer: str, config: GrammarConfig) -> None:
+    svc = build_servicer(tokenizer, config)
     server = grpc.aio.server()
     register(server, svc)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -246,7 +254,7 @@ def main() -> int:
     configure_logging("grammar-load", "warning")  # logs to stderr; stdout carries the report
     tokenizer = _tokenizer_path()
     if ns.serve:
-        asyncio.run(serve_forever(tokenizer, ns.mask_threads))
+        asyncio.run(serve_forever(tokenizer, GrammarConfig(mask_threads=ns.mask_threads)))
         return 0
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--mask-threads", str(ns.mask_threads)],

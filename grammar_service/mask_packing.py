@@ -96,29 +96,46 @@ def encode_rows(bitmask: np.ndarray, vocab_size: int) -> list[EncodedRow]:
     """Encode every row of an int32 [rows, bitmask_words(vocab_size)] bitmask (xgrammar's
     layout) in its shortest form. The input is not modified.
 
-    Why vectorized: unpacking each row to one byte per token costs ~50 us per 49k-token row;
-    expanding only the non-zero words of all list rows at once costs a few us per row."""
+    Why this shape: under JSON schemas most rows allow a handful of ids (median 3 of 128k with
+    the Llama-3.1 tokenizer), so their words are almost all zero. One `flatnonzero` over the
+    whole step finds the set words; counts and allowed ids come from those words alone, and
+    only the (rare) DISALLOWED rows are inverted in full. Popcounting every word of the step
+    first cost 0.2 ms of 0.5 ms at batch 64."""
     if bitmask.ndim != 2 or bitmask.shape[1] != bitmask_words(vocab_size):
         raise ValueError(f"bitmask shape {bitmask.shape} does not fit vocab_size {vocab_size}")
     words = np.ascontiguousarray(bitmask, dtype=_I32).view(np.uint32)
-    counts = allowed_counts(words.view(_I32), vocab_size)
-    forms = _choose_encodings(counts, vocab_size).tolist()
-    data: list[bytes] = [b""] * len(forms)
-    for form in (MaskEncoding.ALLOWED, MaskEncoding.DISALLOWED):
-        rows = [i for i, f in enumerate(forms) if f == form]
-        if not rows:
-            continue
-        sub = words[rows] if form is MaskEncoding.ALLOWED else ~words[rows]
-        sub[:, -1] &= _tail_mask(vocab_size)  # why: padding bits are never ids
-        sizes = counts[rows] if form is MaskEncoding.ALLOWED else vocab_size - counts[rows]
-        ids = _set_bit_ids(sub)
-        ends = np.cumsum(sizes).tolist()
-        for i, start, end in zip(rows, [0, *ends[:-1]], ends, strict=True):
-            data[i] = ids[start:end].tobytes()
-    for i, f in enumerate(forms):
-        if f == MaskEncoding.BITMASK:
-            data[i] = _clear_padding(words[i].view(_I32), vocab_size).tobytes()
-    return [EncodedRow(MaskEncoding(f), d) for f, d in zip(forms, data, strict=True)]
+    n, n_words = words.shape
+    tail = _tail_mask(vocab_size)
+    if vocab_size % 32 and (words[:, -1] & ~tail).any():
+        words = words.copy()  # why: padding bits are never ids, and the input stays as it is
+        words[:, -1] &= tail
+    flat = words.reshape(-1)
+    at = np.flatnonzero(flat != 0)
+    vals = flat[at]
+    row_of = at // n_words
+    counts = np.bincount(row_of, weights=_popcount(vals), minlength=n).astype(np.int64)
+    forms = _choose_encodings(counts, vocab_size)
+    data: list[bytes] = [b""] * n
+    allowed = forms == int(MaskEncoding.ALLOWED)
+    if allowed.any():
+        sel = allowed[row_of]
+        ids = _ids_of_words(at[sel], vals[sel], n_words)
+        _split(data, np.flatnonzero(allowed).tolist(), counts[allowed], ids)
+    disallowed = np.flatnonzero(forms == int(MaskEncoding.DISALLOWED)).tolist()
+    if disallowed:
+        sub = ~words[disallowed]
+        sub[:, -1] &= tail  # why: padding bits are never ids
+        _split(data, disallowed, vocab_size - counts[disallowed], _set_bit_ids(sub))
+    for i in np.flatnonzero(forms == int(MaskEncoding.BITMASK)).tolist():
+        data[i] = words[i].tobytes()
+    return [EncodedRow(MaskEncoding(f), d) for f, d in zip(forms.tolist(), data, strict=True)]
+
+
+def _split(data: list[bytes], rows: list[int], sizes: np.ndarray, ids: np.ndarray) -> None:
+    """Cut `ids` (the rows' ids back to back) into one bytes object per row."""
+    ends = np.cumsum(sizes).tolist()
+    for i, start, end in zip(rows, [0, *ends[:-1]], ends, strict=True):
+        data[i] = ids[start:end].tobytes()
 
 
 def _choose_encodings(counts: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -137,9 +154,15 @@ def _set_bit_ids(words: np.ndarray) -> np.ndarray:
     is ~10x faster than `nonzero` of the 2-D words."""
     flat = words.reshape(-1)
     at = np.flatnonzero(flat != 0)
-    vals = np.ascontiguousarray(flat[at])
+    return _ids_of_words(at, flat[at], words.shape[1])
+
+
+def _ids_of_words(at: np.ndarray, vals: np.ndarray, n_words: int) -> np.ndarray:
+    """Ids of the set bits of words `vals` found at flat positions `at` of a [rows, n_words]
+    bitmask, in the order of `at` (ascending ids within a row)."""
+    vals = np.ascontiguousarray(vals, dtype=np.uint32)
     bits = np.flatnonzero(np.unpackbits(vals.view(np.uint8), bitorder="little"))
-    word_in_row = at[bits >> 5] % words.shape[1]
+    word_in_row = at[bits >> 5] % n_words
     return (word_in_row * 32 + (bits & 31)).astype(_I32)
 
 
@@ -153,14 +176,6 @@ def encode_ids(ids: Sequence[int], vocab_size: int) -> EncodedRow:
     bits[np.asarray(list(ids), dtype=np.int64)] = True
     words = np.packbits(bits, bitorder="little").view(_I32)
     return encode_row(words, vocab_size)
-
-
-def _clear_padding(row: np.ndarray, vocab_size: int) -> np.ndarray:
-    if vocab_size % 32 == 0:
-        return row
-    row = row.copy()
-    row[-1] = np.int32(np.uint32(row[-1]) & _tail_mask(vocab_size))  # why: padding bits = 0
-    return row
 
 
 def _ids(data: bytes, vocab_size: int) -> np.ndarray:

@@ -24,6 +24,9 @@ class GrammarConfig:
     fill_threads: int = field(0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))")
     inline_step_weight: int = field(4, "steps this light (rows + tokens) skip the thread hop")
     any_whitespace: bool = field(False, "JSON grammars allow free whitespace (off: compact JSON)")
+    pattern_strings: bool = field(
+        True, "compile maxLength-bounded JSON strings as patterns (fast masks, strict JSON)"
+    )
     disable_xgrammar_cache: bool = field(False, "turn off xgrammar's own cache (cold benchmarks)")
     error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")

@@ -61,6 +61,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             any_whitespace=config.any_whitespace,
             disable_xgrammar_cache=config.disable_xgrammar_cache,
             error_ttl_s=config.error_ttl_s,
+            pattern_strings=config.pattern_strings,
         )
         # Why a copy: `decoded_vocab` rebuilds a Python list on every access (~0.3 s).
         self.token_bytes: list[bytes] = list(self.tokenizer_info.decoded_vocab)

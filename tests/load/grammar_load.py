@@ -3,6 +3,7 @@ through the gRPC service (a server subprocess on a free port) versus xgrammar ca
 one process, plus the same step engine in-process (no transport) and cold compile times.
 
     python tests/load/grammar_load.py --json [--batches 1,16,64] [--steps 200]
+    python tests/load/grammar_load.py --breakdown [...]  # per stage: grammar_breakdown.py
 
 Workload: every row replays a pre-generated random walk over a suite grammar (continuous
 batching: a finished row is released and its handle re-bound to the next grammar in the same
@@ -240,6 +241,10 @@ async def serve_forever(tokenizer: str, config: GrammarConfig) -> None:
 
 
 def main() -> int:
+    if "--breakdown" in sys.argv:  # the per-stage mode lives in its own module
+        from tests.load.grammar_breakdown import main as breakdown
+
+        return breakdown([a for a in sys.argv[1:] if a != "--breakdown"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--batches", default="1,16,64")

@@ -283,15 +283,22 @@ class RadixCache:
             if n.dead:
                 raise ValueError(f"lock of a stale node (evicted or reset): {n!r}")
             n.direct += 1
-            while n is not root:
-                if n.lock_ref == 0:
-                    size = len(n.key)
-                    self._evictable -= size
-                    self._locked += size
-                n.lock_ref += 1
-                n.uses += 1
-                n = n.parent  # type: ignore[assignment]  # only the root has no parent
+            self._lock_up(n, root)
         self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    def _lock_up(self, n: _Node, stop: _Node) -> _Node:
+        """One more lock_ref and use on `n` and its ancestors below `stop` (or the root), moving
+        newly locked tokens from evictable to locked; returns where it stopped."""
+        root = self._root
+        while n is not root and n is not stop:
+            if n.lock_ref == 0:
+                size = len(n.key)
+                self._evictable -= size
+                self._locked += size
+            n.lock_ref += 1
+            n.uses += 1
+            n = n.parent  # type: ignore[assignment]  # only the root has no parent
+        return n
 
     def unlock(self, node: object) -> None:
         t0 = perf_counter()
@@ -468,22 +475,14 @@ class RadixCache:
             self._unlock(old)
             return
         node.direct += 1
-        n = node
+        n = self._lock_up(node, old)
+        if n is root:
+            self._unlock(old)
+            return
+        n.direct -= 1  # `old` keeps its lock_ref: the lock now comes from below
         while n is not root:
-            if n is old:
-                n.direct -= 1  # its lock_ref keeps the lock that now comes from below
-                while n is not root:
-                    n.uses += 1
-                    n = n.parent  # type: ignore[assignment]
-                return
-            if n.lock_ref == 0:
-                size = len(n.key)
-                self._evictable -= size
-                self._locked += size
-            n.lock_ref += 1
             n.uses += 1
-            n = n.parent  # type: ignore[assignment]  # only the root has no parent
-        self._unlock(old)
+            n = n.parent  # type: ignore[assignment]
 
     # -- evict / alloc ------------------------------------------------------------------------
     def _push(self, node: _Node) -> None:

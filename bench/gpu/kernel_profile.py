@@ -256,6 +256,23 @@ def worker_profile() -> dict[str, Any]:
     )
     sep["gemv"] = _gemv(model, bw)
     res["forms"].append(sep)
+
+    def measure_at(batch: int, label: str) -> dict[str, Any]:
+        """Capture one decode graph for `batch` rows in the model's current form, measure it."""
+        runner.decode_graphs = None
+        torch.cuda.empty_cache()
+        graphs = capture_decode_graphs(
+            model,
+            runner.attn,
+            scratch_slot=runner.pool.capacity,
+            max_kv_tokens=runner.pool.capacity,
+            buckets=[batch],
+        )
+        runner.decode_graphs = graphs
+        return _measure(
+            runner, graphs, bw, weight_bytes, embed_bytes, kv_per_tok, label, batch=batch
+        )
+
     for kernels in ("torch", "triton"):
         runner.decode_graphs = None
         torch.cuda.synchronize()
@@ -264,76 +281,22 @@ def worker_profile() -> dict[str, Any]:
             res.setdefault("notes", []).append(f"{kernels}: {model.ops_note}")
             log(f"fused with {kernels} ops: not available ({model.ops_note})")
             continue
-        torch.cuda.empty_cache()
-        attn: Any = runner.attn
-        graphs = capture_decode_graphs(
-            model,
-            attn,
-            scratch_slot=runner.pool.capacity,
-            max_kv_tokens=runner.pool.capacity,
-            buckets=[1],
-        )
-        runner.decode_graphs = graphs
-        fused = _measure(
-            runner, graphs, bw, weight_bytes, embed_bytes, kv_per_tok, f"fused, {kernels} ops"
-        )
+        fused = measure_at(1, f"fused, {kernels} ops")
         if kernels == "torch":
             fused["gemv"] = _gemv(model, bw)
         res["forms"].append(fused)
         if kernels == "triton":  # the batch-64 step: where its time goes against its floor
-            runner.decode_graphs = None
-            torch.cuda.empty_cache()
-            graphs = capture_decode_graphs(
-                model,
-                attn,
-                scratch_slot=runner.pool.capacity,
-                max_kv_tokens=runner.pool.capacity,
-                buckets=[64],
-            )
-            runner.decode_graphs = graphs
-            res["forms"].append(
-                _measure(
-                    runner,
-                    graphs,
-                    bw,
-                    weight_bytes,
-                    embed_bytes,
-                    kv_per_tok,
-                    f"fused, {kernels} ops",
-                    batch=64,
-                )
-            )
+            res["forms"].append(measure_at(64, f"fused, {kernels} ops"))
     if model.ops.name == "triton":  # decode attention on CUDA cores instead of tensor cores
-        attn = runner.attn
+        attn: Any = runner.attn
         attn.tensor_cores = False
         for batch in (1, 64):
-            runner.decode_graphs = None
-            torch.cuda.empty_cache()
             try:
-                graphs = capture_decode_graphs(
-                    model,
-                    attn,
-                    scratch_slot=runner.pool.capacity,
-                    max_kv_tokens=runner.pool.capacity,
-                    buckets=[batch],
-                )
+                res["forms"].append(measure_at(batch, "fused, triton ops, CUDA-core decode"))
             except Exception as exc:  # the CUDA-core kernel may not build for this shape
                 res.setdefault("notes", []).append(f"CUDA-core decode: {exc!r}"[:300])
                 log(f"CUDA-core decode graph failed: {exc!r}")
                 break
-            runner.decode_graphs = graphs
-            res["forms"].append(
-                _measure(
-                    runner,
-                    graphs,
-                    bw,
-                    weight_bytes,
-                    embed_bytes,
-                    kv_per_tok,
-                    "fused, triton ops, CUDA-core decode",
-                    batch=batch,
-                )
-            )
         attn.tensor_cores = True
     for f in res["forms"]:
         for gm in f.get("gemv", []):

@@ -93,8 +93,9 @@ def intern_tokens(tokens: Iterable[int]) -> list[int]:
     Matching compares token lists; CPython compares list items by identity before value, so
     lists holding the *same* int objects compare several times faster than lists of equal but
     distinct ints (which is what unpacking a protobuf gives every request): about 2.5x on LPM
-    ordering of long prompts. Intern a request's tokens once on arrival (and each sampled token
-    when appending it); correctness never depends on it. Memory is bounded by the vocabulary.
+    ordering of long prompts; correctness never depends on it. Memory is bounded by the
+    vocabulary. The scheduler does not call it today: interning on arrival costs ~10 us per
+    request outside the cache, about what it would save inside (tests/load/radix_replay.py).
     """
     canon = _CANONICAL
     return [canon.setdefault(t, t) for t in tokens]
@@ -190,10 +191,12 @@ class RadixCache:
 
     @property
     def protected_size(self) -> int:
-        """Evictable tokens still under insert protection (0 with ``protect_s == 0``)."""
+        """Evictable tokens still under insert protection (0 with ``protect_s == 0``). Timed
+        as bookkeeping: admission asks it for every candidate."""
         prot = self._protected
         if not prot:
             return 0
+        t0 = perf_counter()
         now = self._now()
         total = 0
         expired = []
@@ -204,6 +207,7 @@ class RadixCache:
                 total += len(node.key)
         for node in expired:
             del prot[node]
+        self.stats.bookkeeping_seconds += perf_counter() - t0
         return total
 
     @property

@@ -75,6 +75,11 @@ class _Row:
         return len(self.new_slots)
 
 
+def _empty_burst() -> list[float]:
+    """Steps, busy s, between s, GPU busy ms, GPU idle ms, mask wait s, GPU mask wait ms."""
+    return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
 @dataclass
 class InFlight:
     """A launched step: device work queued, results on their way to host memory."""
@@ -90,6 +95,11 @@ class InFlight:
     prompt_lps: list[PromptLogprobs] = field(default_factory=list)
     done: torch.cuda.Event | None = None
     gpu_start: torch.cuda.Event | None = None  # just before the forward pass
+    # Late masks: the host's wait for them, and (CUDA) the GPU's, from the forward pass's end
+    # to the first sampling kernel: > 0 only when the masks came after the forward finished.
+    mask_wait_s: float = 0.0
+    fwd_done: torch.cuda.Event | None = None
+    sample_start: torch.cuda.Event | None = None
 
 
 class ModelRunner:
@@ -112,7 +122,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         # Burst accounting: [steps, s inside launch..finish, s between steps, GPU busy ms,
         # GPU idle ms] (the GPU figures from CUDA events; see _account)
-        self._burst: list[float] = [0, 0.0, 0.0, 0.0, 0.0]
+        self._burst: list[float] = _empty_burst()
         self._last_end: float | None = None
         self._last_done: torch.cuda.Event | None = None
 
@@ -255,7 +265,16 @@ class ModelRunner:
                 to_device(logit_rows, torch.int64, dev),
             )
         fl.prompt_lps = self._prompt_logprobs(rows, lp_spans, logits)
+        if ops.masks_follow and self.cuda:
+            fl.fwd_done = torch.cuda.Event(enable_timing=True)
+            fl.fwd_done.record()
+        t_wait = time.perf_counter()
         masks, skip = self._masks_for(ops)
+        if ops.masks_follow:
+            fl.mask_wait_s = time.perf_counter() - t_wait
+            if fl.fwd_done is not None:
+                fl.sample_start = torch.cuda.Event(enable_timing=True)
+                fl.sample_start.record()
         self._sample(rows, sample_rows, logits, masks, skip, fl)
 
     def _masks_for(self, ops: StepOps) -> tuple[dict[int, tuple[int, bytes]], set[int]]:
@@ -418,16 +437,26 @@ class ModelRunner:
                 b[4] += max(self._last_done.elapsed_time(fl.gpu_start), 0.0)
         if fl.done is not None:
             self._last_done = fl.done
+        b[5] += fl.mask_wait_s
+        if fl.fwd_done is not None and fl.sample_start is not None:
+            b[6] += fl.fwd_done.elapsed_time(fl.sample_start)
         b[0] += 1
         b[1] += t1 - fl.t0
         self._last_end = t1
 
     def log_burst(self) -> None:
-        steps, busy, gap, gpu_busy, gpu_idle = self._burst
+        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait = self._burst
         if steps >= 2:
             n = int(steps)
+            masks = {}
+            if mask_wait:  # late-mask steps ran: the host's and the GPU's wait for masks
+                masks = {
+                    "mask_wait_ms_per_step": round(mask_wait * 1e3 / n, 3),
+                    "gpu_mask_wait_ms_per_step": round(gpu_mask_wait / n, 3),
+                }
             log.info(
                 "step_burst",
+                **masks,
                 steps=n,
                 busy_ms=round(busy * 1e3, 2),
                 between_ms=round(gap * 1e3, 2),
@@ -437,4 +466,4 @@ class ModelRunner:
                 gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
                 gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4) if gpu_busy else 0.0,
             )
-        self._burst = [0, 0.0, 0.0, 0.0, 0.0]
+        self._burst = _empty_burst()

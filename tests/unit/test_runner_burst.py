@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from model_service import runner as runner_mod
-from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner
+from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner, _empty_burst
 
 
 def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
@@ -23,7 +23,7 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
 
     monkeypatch.setattr(runner_mod, "log", Recorder())
     r = ModelRunner.__new__(ModelRunner)  # only the accounting state is needed
-    r._burst = [0, 0.0, 0.0, 0.0, 0.0]
+    r._burst = _empty_burst()
     r._last_end = None
     r._last_done = None
     t = 100.0

@@ -108,3 +108,26 @@ def test_late_mask_is_applied_and_a_skipped_decode_leaves_no_trace(device: str) 
     after = r.step(_decode(4, [0, 1], 10))
     assert _tokens(after) == _tokens(ref.step(_decode(4, [0, 1], 10)))
     assert not late
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_late_mask_wait_is_accounted(device: str) -> None:
+    """The worker measures its wait for late masks (the `step_burst` log's mask_wait figures):
+    a mask source that answers only after a delay shows at least that delay."""
+    import time
+
+    row = encode_ids([42], VOCAB)
+    r = _runner(device)
+
+    def slow_source(step_id: int) -> tuple[dict[int, tuple[int, bytes]], set[int]]:
+        time.sleep(0.05)  # the grammar service's round trip, not synchronisation
+        return {0: (int(row.encoding), row.data)}, set()
+
+    r.mask_source = slow_source
+    r.step(_admit())
+    assert r._burst[5] == 0.0  # no late masks in a prefill step
+    out = r.step(StepOps(3, decode_handles=[0], decode_slots=[8], masks_follow=True))
+    assert _tokens(out) == {0: 42}
+    assert r._burst[5] >= 0.05
+    if device == "cuda":  # the forward pass is far shorter than the wait: the GPU waited too
+        assert r._burst[6] > 10.0  # ms

@@ -42,6 +42,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from time import monotonic, perf_counter
+from typing import Any
 
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.prefix_cache import (
@@ -161,7 +162,7 @@ class RadixCache:
         self.eviction = eviction
         self.protect_s = protect_s
         self._now = clock
-        self._key: Callable[[_Node], object] = _lfu_key if eviction == "lfu" else _lru_key
+        self._key: Callable[[_Node], Any] = _lfu_key if eviction == "lfu" else _lru_key
         self._clock = 0
         self._seq = itertools.count()  # heap tie-breaker: entries never compare nodes
         self._root = _Node([], [], None, 0)

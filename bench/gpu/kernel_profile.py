@@ -261,9 +261,10 @@ def worker_profile() -> dict[str, Any]:
         """Capture one decode graph for `batch` rows in the model's current form, measure it."""
         runner.decode_graphs = None
         torch.cuda.empty_cache()
+        attn: Any = runner.attn  # flashinfer here (the engine was built with it)
         graphs = capture_decode_graphs(
             model,
-            runner.attn,
+            attn,
             scratch_slot=runner.pool.capacity,
             max_kv_tokens=runner.pool.capacity,
             buckets=[batch],

@@ -170,7 +170,7 @@ def run_inproc(
         if i >= WARMUP:
             per_step.append(st)
             bytes_out += len(data)
-    out = {k: _stat([s.get(k, 0.0) for s in per_step]) for k in STAGES}
+    out: dict[str, Any] = {k: _stat([s.get(k, 0.0) for s in per_step]) for k in STAGES}
     out["total"] = _stat([sum(s.values()) for s in per_step])
     out["result_bytes_per_row"] = round(bytes_out / (len(per_step) * batch), 1)
     out["serdes_mean_ms"] = round(
@@ -225,11 +225,13 @@ def _table(report: dict[str, Any]) -> str:
         f"{'b=' + str(b['batch']):>18}" for b in batches
     )
     lines = [head]
-    keys: list[tuple[str, Callable[[dict[str, Any]], dict[str, float]]]] = [
-        (k, lambda b, k=k: b["inproc"][k]) for k in (*STAGES, "total")
-    ]
-    keys.append(("grpc_transport", lambda b: b["grpc_transport"]))
-    keys.append(("grpc_round_trip", lambda b: b["grpc"]["round_trip"]))
+
+    def inproc(stage: str) -> Callable[[dict[str, Any]], dict[str, float]]:
+        return lambda b: dict(b["inproc"][stage])
+
+    keys = [(k, inproc(k)) for k in (*STAGES, "total")]
+    keys.append(("grpc_transport", lambda b: dict(b["grpc_transport"])))
+    keys.append(("grpc_round_trip", lambda b: dict(b["grpc"]["round_trip"])))
     for name, get in keys:
         cells = "".join(f"{get(b)['mean_ms']:>10.3f} /{get(b)['p50_ms']:>6.3f}" for b in batches)
         lines.append(f"{name:<22}{cells}")

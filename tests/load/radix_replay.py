@@ -42,7 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from scheduler_service.prefix_cache import PrefixCache
 
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.policy import SchedulePolicy
@@ -192,7 +195,9 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         protect_s=args.protect_ms / 1000,
         clock=lambda: sim[0],
     )
-    c = _Timed(cache)
+    # Duck-typed stand-in for the PrefixCache the policy and adder take (times each call).
+    timed = _Timed(cache)
+    c = cast("PrefixCache", timed)
     kv = _KV(args.pool) if args.verify else None
     policy = SchedulePolicy("lpm", in_batch_prefix_threshold=args.in_batch_prefix_tokens)
     ratio = NewTokenRatio()
@@ -318,9 +323,9 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             "external_us_per_call": round(ext / calls * 1e6, 3),
             "us_per_request": round(bk / n_req * 1e6, 3),
         }
-        for op, (calls, bk, ext) in sorted(c.ops.items())
+        for op, (calls, bk, ext) in sorted(timed.ops.items())
     }
-    ext_total = sum(v[2] for v in c.ops.values())
+    ext_total = sum(v[2] for v in timed.ops.values())
     return {
         "bookkeeping_s": round(st.bookkeeping_seconds, 6),
         "us_per_request": round(st.bookkeeping_seconds / n_req * 1e6, 2),

@@ -115,6 +115,15 @@ def _as_list(seq: Sequence[int]) -> list[int]:
     return seq if type(seq) is list else list(seq)
 
 
+def _edge_match(key: list[int], toks: list[int], pos: int, n: int) -> int:
+    """How many tokens of the edge ``key`` match ``toks[pos:n]`` (the whole edge in one C-level
+    list compare when it fits, else token by token)."""
+    end = pos + len(key)
+    if end <= n and key == toks[pos:end]:
+        return len(key)
+    return _common_len(key, toks, pos, min(end, n))
+
+
 def _common_len(key: list[int], toks: list[int], start: int, stop: int) -> int:
     """Length of the common prefix of ``key`` and ``toks[start:stop]``.
 
@@ -344,28 +353,13 @@ class RadixCache:
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
-                # Edge slices copy, so the caller may keep mutating its own lists.
-                leaf = _Node(toks[pos:], sl[pos:], node, now)
-                node.children[toks[pos]] = leaf
-                self._nodes += 1
-                self._evictable += n - pos
-                self.stats.inserted_tokens += n - pos
                 cached = pos
-                node = leaf
-                path.append(leaf)
+                node = self._add_leaf(node, toks, sl, pos, now)
+                path.append(node)
                 break
             key = child.key
-            end = pos + len(key)
-            if end <= n and key == toks[pos:end]:
-                k = len(key)
-            else:
-                k = _common_len(key, toks, pos, min(end, n))
-            val = child.value
-            if k == len(val):
-                if val != sl[pos:end]:  # usually the caller's own locked prefix: no copies
-                    self._free_duplicates(val, sl, pos, k)
-            else:
-                self._free_duplicates(val, sl, pos, k)
+            k = _edge_match(key, toks, pos, n)
+            self._free_duplicates(child.value, sl, pos, k)
             if k < len(key):
                 child = self._split(child, k)
             child.last_access = now
@@ -374,12 +368,7 @@ class RadixCache:
             pos += k
         if cached < 0:
             cached = n  # everything was already there
-        if self.protect_s > 0 and path:
-            until = self._now() + self.protect_s
-            prot = self._protected
-            for p in path:  # the whole path: a parent stays at least as protected as a child
-                p.protect_until = until
-                prot[p] = None
+        self._protect(path)
         if node is not self._root and not node.children and node.lock_ref == 0:
             self._push(node)
         self.stats.bookkeeping_seconds += perf_counter() - t0
@@ -392,9 +381,30 @@ class RadixCache:
         duplicates and stay.
         """
         mine = sl[pos : pos + k]
-        if mine == cached[:k]:
-            return
+        if mine == (cached if k == len(cached) else cached[:k]):  # usually the caller's own
+            return  # locked prefix: no copies (and no slice of a whole edge to compare)
         self.allocator.free([s for s, c in zip(mine, cached, strict=False) if s != c])
+
+    def _add_leaf(self, node: _Node, toks: list[int], sl: list[int], pos: int, now: int) -> _Node:
+        """A new leaf under ``node`` for ``toks[pos:]`` in ``sl[pos:]``; its tokens enter the
+        cache as evictable (the caller locks it if it must not be)."""
+        # Edge slices copy, so the caller may keep mutating its own lists.
+        leaf = _Node(toks[pos:], sl[pos:], node, now)
+        node.children[toks[pos]] = leaf
+        self._nodes += 1
+        added = len(toks) - pos
+        self._evictable += added
+        self.stats.inserted_tokens += added
+        return leaf
+
+    def _protect(self, path: list[_Node]) -> None:
+        """Insert protection (``--protect-ms``) for a just-inserted path."""
+        if self.protect_s > 0 and path:
+            until = self._now() + self.protect_s
+            prot = self._protected
+            for p in path:  # the whole path: a parent stays at least as protected as a child
+                p.protect_until = until
+                prot[p] = None
 
     def cache_unfinished(
         self, tokens: Sequence[int], slots: Sequence[int], old_node: object
@@ -430,11 +440,7 @@ class RadixCache:
             if child is None:
                 break
             key = child.key
-            end = pos + len(key)
-            if end <= n and key == toks[pos:end]:
-                k = len(key)
-            else:
-                k = _common_len(key, toks, pos, min(end, n))
+            k = _edge_match(key, toks, pos, n)
             val = child.value
             if (val if k == len(val) else val[:k]) != sl[pos : pos + k]:
                 self.stats.bookkeeping_seconds += perf_counter() - t0
@@ -452,22 +458,11 @@ class RadixCache:
             node = self._split(child, cut)
             path.append(node)
         elif pos < n:
-            # Edge slices copy, so the caller may keep mutating its own lists.
-            leaf = _Node(toks[pos:], sl[pos:], node, now)
-            node.children[toks[pos]] = leaf
-            self._nodes += 1
-            self._evictable += n - pos
-            self.stats.inserted_tokens += n - pos
-            node = leaf
-            path.append(leaf)
+            node = self._add_leaf(node, toks, sl, pos, now)
+            path.append(node)
         for p in path:
             p.last_access = now
-        if self.protect_s > 0 and path:
-            until = self._now() + self.protect_s
-            prot = self._protected
-            for p in path:  # the whole path: a parent stays at least as protected as a child
-                p.protect_until = until
-                prot[p] = None
+        self._protect(path)
         self._move_lock(node, old)
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return CachedPrefix(node, n)

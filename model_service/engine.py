@@ -16,10 +16,9 @@ from model_service.preflight import (
     GIB,
     check_architecture,
     check_kv_before_weights,
-    check_kv_capacity,
     check_kv_fits,
     check_weights_fit,
-    min_kv_tokens,
+    kv_pool_tokens,
     out_of_memory_as_model_error,
 )
 from model_service.runner import ModelRunner
@@ -68,26 +67,24 @@ def kv_capacity(
     the memory budget over the bytes per token, which must hold one request
     (`preflight.min_kv_tokens`)."""
     a = model.args
-    per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
     if cfg.kv_tokens:
+        per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
         check_kv_fits(cfg.kv_tokens, per_token, device)
         return cfg.kv_tokens
+    free = 0
     if device.type == "cuda":
         torch.cuda.empty_cache()  # blocks freed while building the weights count as free
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * cfg.kv_memory_fraction)
-        source = (
-            f"--kv-memory-fraction {cfg.kv_memory_fraction} of {free / GIB:.2f} GiB "
-            f"free after the weights"
-        )
-    else:
-        budget = int(cfg.kv_memory_gb * (1 << 30))
-        source = f"--kv-memory-gb {cfg.kv_memory_gb}"
-    cap = budget // per_token
-    check_kv_capacity(
-        cap, min_kv_tokens(cfg.min_kv_tokens, a.max_position), budget, per_token, source
+    return kv_pool_tokens(
+        a,
+        dtype,
+        device,
+        cfg.kv_memory_fraction,
+        cfg.kv_memory_gb,
+        cfg.min_kv_tokens,
+        free,
+        f"{free / GIB:.2f} GiB free after the weights",
     )
-    return cap
 
 
 def build_engine(cfg: ModelServiceConfig) -> Engine:

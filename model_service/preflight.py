@@ -160,6 +160,31 @@ def check_kv_capacity(
     )
 
 
+def kv_pool_tokens(
+    a: LlamaArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_memory_fraction: float,
+    kv_memory_gb: float,
+    min_tokens: int,
+    free_bytes: int,
+    free_note: str,
+) -> int:
+    """Token slots the memory budget holds: on CUDA `kv_memory_fraction` of `free_bytes`
+    (described in messages as `free_note`), on CPU `--kv-memory-gb`. ModelError when that is
+    fewer than one request needs (`min_kv_tokens`)."""
+    per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
+    if device.type == "cuda":
+        budget = int(free_bytes * kv_memory_fraction)
+        source = f"--kv-memory-fraction {kv_memory_fraction} of {free_note}"
+    else:
+        budget = int(kv_memory_gb * (1 << 30))
+        source = f"--kv-memory-gb {kv_memory_gb}"
+    cap = budget // per_token
+    check_kv_capacity(cap, min_kv_tokens(min_tokens, a.max_position), budget, per_token, source)
+    return cap
+
+
 def check_kv_before_weights(
     a: LlamaArgs,
     dtype: torch.dtype,
@@ -179,24 +204,18 @@ def check_kv_before_weights(
     Otherwise the later check, on the real free memory, decides. `--kv-tokens` skips it."""
     if kv_tokens:
         return
-    per_token = kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
-    needed = min_kv_tokens(min_tokens, a.max_position)
+    after, note = 0, ""
     if device.type == "cuda":
         mem = free_memory(device)
         if mem is None:
             return
         weights = param_count(a) * torch.empty(0, dtype=dtype).element_size()
         after = max(mem[0] - weights, 0)
-        budget = int(after * kv_memory_fraction)
-        source = (
-            f"--kv-memory-fraction {kv_memory_fraction} of at most {after / GIB:.2f} GiB free "
-            f"after {weights / GIB:.2f} GiB of weights; {mem[0] / GIB:.2f} GiB of "
-            f"{mem[1] / GIB:.2f} GiB free before loading"
+        note = (
+            f"at most {after / GIB:.2f} GiB free after {weights / GIB:.2f} GiB of weights; "
+            f"{mem[0] / GIB:.2f} GiB of {mem[1] / GIB:.2f} GiB free before loading"
         )
-    else:
-        budget = int(kv_memory_gb * (1 << 30))
-        source = f"--kv-memory-gb {kv_memory_gb}"
-    check_kv_capacity(budget // per_token, needed, budget, per_token, source)
+    kv_pool_tokens(a, dtype, device, kv_memory_fraction, kv_memory_gb, min_tokens, after, note)
 
 
 def check_kv_fits(tokens: int, per_token: int, device: torch.device) -> None:

@@ -76,7 +76,8 @@ class _Row:
 
 
 def _empty_burst() -> list[float]:
-    """Steps, busy s, between s, GPU busy ms, GPU idle ms, mask wait s, GPU mask wait ms."""
+    """[steps, s inside launch..finish, s between steps, GPU busy ms, GPU idle ms, s waiting
+    for late masks, GPU ms idle waiting for them]."""
     return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -120,8 +121,7 @@ class ModelRunner:
         self.last_tokens = torch.zeros(256, dtype=torch.int64, device=device)  # by handle
         self.mask_source: MaskSource | None = None  # set by the server for masks_follow steps
         self.cuda = device.type == "cuda"
-        # Burst accounting: [steps, s inside launch..finish, s between steps, GPU busy ms,
-        # GPU idle ms] (the GPU figures from CUDA events; see _account)
+        # Burst accounting (fields: _empty_burst; the GPU figures from CUDA events; _account)
         self._burst: list[float] = _empty_burst()
         self._last_end: float | None = None
         self._last_done: torch.cuda.Event | None = None

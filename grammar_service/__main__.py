@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from grammar_service.config import GrammarConfig
 from grammar_service.server import serve
-from services.config import parse_config
-from services.logging import configure_logging
-from services.server import run
+from radixmesh_server.config import parse_config
+from radixmesh_server.logging import configure_logging
+from radixmesh_server.server import run
 
 
 def main(argv: list[str] | None = None) -> None:

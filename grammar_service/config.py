@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.config import field
+from radixmesh_server.config import field
 
 
 @dataclass

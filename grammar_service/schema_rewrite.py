@@ -10,8 +10,8 @@ per row in the same states.
 
 `^[^"\\\\\\x00-\\x1f]{min,max}$` is xgrammar's own character set for these strings (no quote,
 no backslash, i.e. no escapes) minus the raw control characters that strict JSON forbids and
-xgrammar's rule lets through (`bench/gpu/constrained_schemas.py` counts such outputs as only
-"lenient"). So the rewritten grammar allows exactly the old strings that are strict JSON, and
+xgrammar's rule lets through (`radixmesh_bench/gpu/constrained_schemas.py` counts such outputs as
+only "lenient"). So the rewritten grammar allows exactly the old strings that are strict JSON, and
 the masks differ only in tokens holding raw control bytes (tab, U+0000-U+001F).
 
 Only plain length-bounded strings are rewritten: a string that already has a `pattern`,

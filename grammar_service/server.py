@@ -23,8 +23,6 @@ import grpc
 import structlog
 import xgrammar as xgr
 
-from client.pb import grammar_pb2 as pb
-from client.pb import grammar_pb2_grpc as pb_grpc
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKey
 from grammar_service.config import GrammarConfig
 from grammar_service.jump_forward import Retokenizer
@@ -37,6 +35,8 @@ from grammar_service.steps import (
     parse_step,
 )
 from grammar_service.tokenizer_source import load_tokenizer
+from radixmesh_wire.pb import grammar_pb2 as pb
+from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 
@@ -214,7 +214,7 @@ def register(server: grpc.aio.Server, servicer: GrammarServicer) -> list[str]:
 
 async def serve(config: GrammarConfig) -> None:
     """Run the grammar service until SIGTERM/SIGINT with the shared bootstrap."""
-    from services.server import run_server
+    from radixmesh_server.server import run_server
 
     servicer = build_servicer(config.tokenizer, config)
     log.info(

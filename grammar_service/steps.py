@@ -21,11 +21,11 @@ from typing import cast
 import numpy as np
 import xgrammar as xgr
 
-from client.pb import grammar_pb2 as pb
 from grammar_service.compile_cache import GrammarKey, GrammarKind
 from grammar_service.jump_forward import Retokenizer
-from grammar_service.mask_packing import EncodedRow, bitmask_words, encode_ids, encode_rows
 from grammar_service.matchers import ErrorCode, MatchError, MatcherTable, RequestMatcher
+from radixmesh_wire.mask_rows import EncodedRow, bitmask_words, encode_ids, encode_rows
+from radixmesh_wire.pb import grammar_pb2 as pb
 
 _I32 = np.dtype("<i4")
 

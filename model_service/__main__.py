@@ -7,18 +7,18 @@ import sys
 import structlog
 
 from model_service.config import ModelServiceConfig
-from services.config import parse_config
-from services.logging import configure_logging
-from services.model_store import ModelError
-from services.server import run, run_server
+from radixmesh_server.config import parse_config
+from radixmesh_server.logging import configure_logging
+from radixmesh_server.model_store import ModelError
+from radixmesh_server.server import run, run_server
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(ModelServiceConfig, argv)
     configure_logging("model", cfg.log_level)
-    from client.pb import model_pb2, model_pb2_grpc
     from model_service.engine import build_engine
     from model_service.server import ModelWorkerServicer
+    from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 
     try:
         engine = build_engine(cfg)

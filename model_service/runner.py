@@ -24,21 +24,22 @@ import numpy as np
 import structlog
 import torch
 
-from grammar_service.mask_packing import EncodedRow, MaskEncoding, allowed_on_device
 from model_service.attention.reference import ReferenceAttention, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
+from model_service.mask_device import allowed_on_device
 from model_service.models.llama import LlamaForCausalLM
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
-from model_service.step_ops import (
+from model_service.transfer import array_to_device, to_device, to_host
+from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
+from radixmesh_wire.step_ops import (
     PromptLogprobs,
     RowOutput,
     Sampling,
     StepOps,
     StepOutput,
 )
-from model_service.transfer import array_to_device, to_device, to_host
 
 log = structlog.get_logger(__name__)
 

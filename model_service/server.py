@@ -20,11 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import structlog
 
-from client.pb import model_pb2, model_pb2_grpc
 from model_service.engine import Engine
 from model_service.runner import StepError
-from model_service.step_codec import decode_step, encode_output
-from services.packing import unpack_i32
+from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.pb import model_pb2, model_pb2_grpc
+from radixmesh_wire.step_codec import decode_step, encode_output
 
 log = structlog.get_logger(__name__)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from client.pb import scheduler_pb2, scheduler_pb2_grpc
+from radixmesh_server.config import parse_config
+from radixmesh_server.logging import configure_logging
+from radixmesh_server.server import run, run_server
+from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
 from scheduler_service.scheduler import Scheduler
-from services.config import parse_config
-from services.logging import configure_logging
-from services.server import run, run_server
 
 
 def main(argv: list[str] | None = None) -> None:

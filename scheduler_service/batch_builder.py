@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from client.pb import model_pb2
+from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.pb import model_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefill_adder import NewTokenRatio, admit_prefills, decode_reservation
@@ -19,7 +20,6 @@ from scheduler_service.prefix_cache import MatchResult
 from scheduler_service.request import Phase, Request
 from scheduler_service.retraction import plan_retraction
 from scheduler_service.state import SchedState
-from services.packing import pack_i32
 
 
 @dataclass

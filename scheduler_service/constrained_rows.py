@@ -4,10 +4,10 @@ row the worker is told to skip."""
 
 from __future__ import annotations
 
+from radixmesh_wire.packing import pack_i32, unpack_i32
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
-from services.packing import pack_i32, unpack_i32
 
 
 def constrained_prefills(st: SchedState, plan: PlannedStep) -> list[int]:

@@ -12,12 +12,12 @@ from typing import Any
 import grpc
 import structlog
 
-from client.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.grammar_link import GrammarUnavailable
 from scheduler_service.outbox import Batch, Extra
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
-from services.packing import pack_i32
 
 log = structlog.get_logger(__name__)
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from client.pb import grammar_pb2, grammar_pb2_grpc
-from grammar_service.step_builder import grammar_spec
-from services.server import channel
+from radixmesh_server.server import channel
+from radixmesh_wire.mask_step import grammar_spec
+from radixmesh_wire.pb import grammar_pb2, grammar_pb2_grpc
 
 log = structlog.get_logger(__name__)
 

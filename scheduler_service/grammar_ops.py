@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from client.pb import grammar_pb2
-from grammar_service.step_builder import MaskStepBuilder
+from radixmesh_wire.mask_step import MaskStepBuilder
+from radixmesh_wire.pb import grammar_pb2
 
 
 class GrammarOps:

@@ -15,8 +15,8 @@ from collections import deque
 import grpc
 import structlog
 
-from client.pb import model_pb2, model_pb2_grpc
-from services.server import channel
+from radixmesh_server.server import channel
+from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 
 log = structlog.get_logger(__name__)
 

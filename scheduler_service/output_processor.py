@@ -7,11 +7,11 @@ slot `SchedState.release` already freed."""
 
 from __future__ import annotations
 
-from client.pb import model_pb2
+from radixmesh_wire.packing import unpack_f32, unpack_i32
+from radixmesh_wire.pb import model_pb2
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
-from services.packing import unpack_f32, unpack_i32
 
 
 def finish(st: SchedState, r: Request, reason: str, stop_token: int = -1) -> None:

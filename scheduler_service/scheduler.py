@@ -15,7 +15,8 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from client.pb import model_pb2
+from radixmesh_server.server import Health
+from radixmesh_wire.pb import model_pb2
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
@@ -28,7 +29,6 @@ from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 from scheduler_service.step_masks import StepMasks
-from services.server import Health
 
 log = structlog.get_logger(__name__)
 

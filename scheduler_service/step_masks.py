@@ -22,7 +22,8 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from client.pb import grammar_pb2, model_pb2
+from radixmesh_wire.packing import pack_i32, unpack_i32
+from radixmesh_wire.pb import grammar_pb2, model_pb2
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.constrained_rows import (
@@ -34,7 +35,6 @@ from scheduler_service.constrained_rows import (
 from scheduler_service.grammar_link import GrammarLink, GrammarUnavailable
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
-from services.packing import pack_i32, unpack_i32
 
 log = structlog.get_logger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher import Launcher, StackPorts, stack_specs
-from services.model_store import resolve_model
+from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+from radixmesh_server.model_store import resolve_model
 
 
 @pytest.fixture(scope="session")

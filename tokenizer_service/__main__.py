@@ -6,11 +6,11 @@ import sys
 
 import structlog
 
-from client.pb import api_pb2, api_pb2_grpc
-from services.config import parse_config
-from services.logging import configure_logging
-from services.model_store import ModelError, resolve_model
-from services.server import run, run_server
+from radixmesh_server.config import parse_config
+from radixmesh_server.logging import configure_logging
+from radixmesh_server.model_store import ModelError, resolve_model
+from radixmesh_server.server import run, run_server
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.scheduler_link import SchedulerLink
 from tokenizer_service.server import RadixMeshServicer

@@ -9,8 +9,8 @@ events of the same message.
 
 from __future__ import annotations
 
-from client.pb import scheduler_pb2
-from services.packing import unpack_i32
+from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.pb import scheduler_pb2
 
 
 class Update:

@@ -14,8 +14,8 @@ import uuid
 import grpc
 import structlog
 
-from client.pb import scheduler_pb2, scheduler_pb2_grpc
-from services.server import Health, channel
+from radixmesh_server.server import Health, channel
+from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.deltas import Update, unpack_message
 
 log = structlog.get_logger(__name__)

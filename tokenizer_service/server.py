@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from client.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from services.server import channel
+from radixmesh_server.server import channel
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer

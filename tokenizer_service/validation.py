@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from client.pb import api_pb2
+from radixmesh_wire.pb import api_pb2
 
 
 class InvalidRequest(ValueError):

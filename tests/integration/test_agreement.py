@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from radixmesh.api import Client
 
-from client.api import Client
 from tests.conftest import Stack
 from tests.integration.hf_reference import HFReference, agree
 

@@ -10,8 +10,8 @@ import time
 
 import grpc
 import pytest
+from radixmesh.api import Client, GenerateResult, RadixMeshError
 
-from client.api import Client, GenerateResult, RadixMeshError
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from radixmesh.api import Client, GenerateResult
 
-from client.api import Client, GenerateResult
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration

@@ -32,13 +32,13 @@ from typing import Any
 import grpc
 import jsonschema
 import pytest
+from radixmesh.api import Chunk, Client, GenerateResult, RadixMeshError
 
-from bench.constrained import constrained_request
-from client.api import Chunk, Client, GenerateResult, RadixMeshError
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKind
 from grammar_service.matchers import MatchError, RequestMatcher
 from grammar_service.suite import BY_NAME, SUITE, GrammarCase
-from services.launcher import check_ready
+from radixmesh_bench.constrained import constrained_request
+from radixmesh_server.launcher import check_ready
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The program DSL (client/lang) against the live CPU stack serving SmolLM2-135M-Instruct.
+"""The program DSL (client/radixmesh/lang) against the live CPU stack serving SmolLM2-135M-Instruct.
 
 Each test runs a real SGLang-style program over gRPC: the paper's Figure 2 essay judge,
 few-shot QA with run_batch, tree-of-thought, skeleton-of-thought, a 4-turn chat, select on
@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import radixmesh as rm
+from radixmesh.api import Client
+from radixmesh.examples import figure2_plain
+from radixmesh.lang.ir import Fork, Gen, Join
 
-import client as rm
-from client.api import Client
-from client.examples import figure2_plain
-from client.lang.ir import Fork, Gen, Join
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from radixmesh.api import Client, RadixMeshError
 
-from client.api import Client, RadixMeshError
-from services.launcher import check_ready
+from radixmesh_server.launcher import check_ready
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

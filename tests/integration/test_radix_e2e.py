@@ -25,8 +25,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from radixmesh.api import Client, GenerateResult, RadixMeshError
 
-from bench.radix_workloads import (
+from radixmesh_bench.radix_workloads import (
     CHEMISTRY_QUESTIONS,
     CHEMISTRY_SHOTS,
     GEOGRAPHY_QUESTIONS,
@@ -37,7 +38,6 @@ from bench.radix_workloads import (
     few_shot_prefix,
     lcp,
 )
-from client.api import Client, GenerateResult, RadixMeshError
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,8 @@ client exactly as a plain non-streamed run of the same request says."""
 from __future__ import annotations
 
 import pytest
+from radixmesh.api import Chunk, Client, GenerateResult
 
-from client.api import Chunk, Client, GenerateResult
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 The path of a batch-N mask step, grammar service -> scheduler -> model service, each stage
 timed with perf_counter on the same workload (the GPU benchmark's JSON schemas,
-bench/gpu/constrained_schemas.py, under the real Llama-3.1 tokenizer, 128,256-wide masks):
+radixmesh_bench/gpu/constrained_schemas.py, under the real Llama-3.1 tokenizer, 128,256-wide masks):
 
   sched_build     scheduler: pack the MaskStep (accepts, wanted rows) and serialize it
   grammar_parse   grammar: MaskStep from bytes, `parse_step`
@@ -48,19 +48,20 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from bench.gpu.constrained_schemas import SCHEMA_TEXT  # noqa: E402
-from client.pb import grammar_pb2 as pb  # noqa: E402
-from client.pb import grammar_pb2_grpc as pb_grpc  # noqa: E402
-from client.pb import model_pb2  # noqa: E402
 from grammar_service.compile_cache import GrammarKind  # noqa: E402
 from grammar_service.config import GrammarConfig  # noqa: E402
-from grammar_service.mask_packing import EncodedRow, MaskEncoding, allowed_on_device  # noqa: E402
 from grammar_service.server import GrammarServicer, build_servicer  # noqa: E402
-from grammar_service.step_builder import MaskStepBuilder, grammar_spec  # noqa: E402
 from grammar_service.steps import parse_step  # noqa: E402
 from grammar_service.suite import GrammarCase  # noqa: E402
-from services.logging import configure_logging  # noqa: E402
-from services.packing import pack_i32, unpack_i32  # noqa: E402
+from model_service.mask_device import allowed_on_device  # noqa: E402
+from radixmesh_bench.gpu.constrained_schemas import SCHEMA_TEXT  # noqa: E402
+from radixmesh_server.logging import configure_logging  # noqa: E402
+from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding  # noqa: E402
+from radixmesh_wire.mask_step import MaskStepBuilder, grammar_spec  # noqa: E402
+from radixmesh_wire.packing import pack_i32, unpack_i32  # noqa: E402
+from radixmesh_wire.pb import grammar_pb2 as pb  # noqa: E402
+from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc  # noqa: E402
+from radixmesh_wire.pb import model_pb2  # noqa: E402
 from tests.load.grammar_load import Trace, Workload, make_traces, serve_forever  # noqa: E402
 
 STAGES = (

@@ -14,9 +14,9 @@ step, in the scheduler's order (batch_builder, output_processor, state.release):
   per sampling row; a request that reaches its ShareGPT output length finishes:
   ``insert(fill[:kv_len], kv_slots[:kv_len])`` + ``unlock`` (``SchedState.release``).
 
-Requests are the committed sample (bench/data/sharegpt_2000.json.gz: real Llama-3.1 prompt ids,
-output lengths), all waiting at t=0 (request rate inf), output tokens are seeded random ids.
-Protection uses a simulated clock (``--step-ms`` per step) so runs are deterministic.
+Requests are the committed sample (radixmesh_bench/data/sharegpt_2000.json.gz: real Llama-3.1
+prompt ids, output lengths), all waiting at t=0 (request rate inf), output tokens are seeded random
+ids. Protection uses a simulated clock (``--step-ms`` per step) so runs are deterministic.
 
 Every op is also timed from outside (``external``): that includes cache work the cache's own
 timer does not see (e.g. ``protected_size``) and this wrapper's call overhead, so it is an upper
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=None, help="first N requests (default all)")
     ap.add_argument("--pool", type=int, default=200_000, help="KV slots")
     ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--chunk-tokens", type=int, default=8192, help="as bench/gpu (8192)")
+    ap.add_argument("--chunk-tokens", type=int, default=8192, help="as radixmesh_bench/gpu (8192)")
     ap.add_argument("--in-batch-prefix-tokens", type=int, default=8)
     ap.add_argument("--protect-ms", type=float, default=100.0)
     ap.add_argument("--step-ms", type=float, default=25.0, help="simulated time per step")

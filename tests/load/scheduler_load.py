@@ -48,9 +48,9 @@ from pathlib import Path
 
 import grpc
 
-from client.pb import api_pb2, model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from services.launcher import check_ready, free_port
-from services.packing import pack_i32, unpack_i32
+from radixmesh_server.launcher import check_ready, free_port
+from radixmesh_wire.packing import pack_i32, unpack_i32
+from radixmesh_wire.pb import api_pb2, model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.deltas import unpack_message
 
 EOS = 2

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from client.pb import api_pb2, scheduler_pb2
+from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from scheduler_service.frontend_link import batch_to_proto
 from scheduler_service.outbox import Outbox
-from services.packing import pack_i32
 from tokenizer_service.deltas import unpack_message
 from tokenizer_service.scheduler_link import _MAX_KEY, SchedulerLink
 

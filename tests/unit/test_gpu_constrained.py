@@ -14,7 +14,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from bench.gpu.constrained_report import (
+from radixmesh_bench.gpu.constrained_report import (
     Outcome,
     finish_doc,
     goal_met,
@@ -22,8 +22,13 @@ from bench.gpu.constrained_report import (
     summarize,
     validity,
 )
-from bench.gpu.constrained_schemas import SCHEMA_TEXT, SCHEMAS, check_output, validate_subset
-from bench.gpu.merge import _fmt, _table
+from radixmesh_bench.gpu.constrained_schemas import (
+    SCHEMA_TEXT,
+    SCHEMAS,
+    check_output,
+    validate_subset,
+)
+from radixmesh_bench.gpu.merge import _fmt, _table
 
 VALID: dict[str, Any] = {
     "order_record": {

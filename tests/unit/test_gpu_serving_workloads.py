@@ -1,4 +1,5 @@
-"""The serving parts' inputs (bench/gpu): the ShareGPT sampler's filter, the committed sample,
+"""The serving parts' inputs (radixmesh_bench/gpu): the ShareGPT sampler's filter, the committed
+sample,
 the generated-shared-prefix and MMLU-style request lists with their offline optimum, the
 floors, and merge.py's serving table. Pure and fast: no services, no torch model."""
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import sample_sharegpt as sg
-from bench.gpu import serving_workloads as wl
-from bench.gpu.merge import render
+from radixmesh_bench.gpu import sample_sharegpt as sg
+from radixmesh_bench.gpu import serving_workloads as wl
+from radixmesh_bench.gpu.merge import render
 
 
 def _conv(*turns: str) -> dict[str, object]:

@@ -11,15 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client.pb import grammar_pb2 as pb
 from grammar_service.config import GrammarConfig
-from grammar_service.mask_packing import MaskEncoding, decode_rows
 from grammar_service.matchers import ErrorCode
 from grammar_service.server import GrammarServicer, build_servicer
-from grammar_service.step_builder import MaskStepBuilder
 from grammar_service.steps import StepFormatError
 from grammar_service.suite import PAPER_REGEX
-from services.packing import unpack_i32
+from model_service.mask_device import decode_rows
+from radixmesh_wire.mask_rows import MaskEncoding
+from radixmesh_wire.mask_step import MaskStepBuilder
+from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.pb import grammar_pb2 as pb
 
 EOS = 2  # SmolLM2's <|im_end|>, the tokenizer's only stop token
 

@@ -8,20 +8,17 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from client.pb import grammar_pb2 as pb
-from grammar_service.mask_packing import (
+from grammar_service.matchers import ErrorCode
+from model_service.mask_device import allowed_on_device, bitmask_to_bool, decode_row, decode_rows
+from radixmesh_wire.mask_rows import (
     EncodedRow,
     MaskEncoding,
-    allowed_on_device,
-    bitmask_to_bool,
     bitmask_words,
     choose_encoding,
-    decode_row,
-    decode_rows,
     encode_ids,
     encode_rows,
 )
-from grammar_service.matchers import ErrorCode
+from radixmesh_wire.pb import grammar_pb2 as pb
 
 
 def _bitmask(allowed: list[np.ndarray], vocab: int) -> np.ndarray:

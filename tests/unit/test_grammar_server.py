@@ -12,14 +12,14 @@ from typing import Any
 import grpc
 import pytest
 
-from client.pb import grammar_pb2 as pb
-from client.pb import grammar_pb2_grpc as pb_grpc
 from grammar_service.config import GrammarConfig
-from grammar_service.mask_packing import decode_rows
 from grammar_service.server import GrammarServicer, build_servicer, register
-from grammar_service.step_builder import MaskStepBuilder, grammar_spec
 from grammar_service.suite import PAPER_REGEX
-from services.packing import unpack_i32
+from model_service.mask_device import decode_rows
+from radixmesh_wire.mask_step import MaskStepBuilder, grammar_spec
+from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.pb import grammar_pb2 as pb
+from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import xgrammar as xgr
 
 from grammar_service.compile_cache import GrammarKind
 from grammar_service.config import GrammarConfig
-from grammar_service.mask_packing import decode_rows
 from grammar_service.server import GrammarServicer, build_servicer
-from grammar_service.step_builder import MaskStepBuilder
 from grammar_service.suite import SUITE, GrammarCase
-from services.packing import unpack_i32
+from model_service.mask_device import decode_rows
+from radixmesh_wire.mask_step import MaskStepBuilder
+from radixmesh_wire.packing import unpack_i32
 
 MAX_STEPS = 400
 # Unbounded grammars (free strings, `[\w\d\s]+`) end only when a closing token is sampled; a

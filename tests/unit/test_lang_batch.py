@@ -7,10 +7,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
-import client as rm
-from client.lang.params import GenParams
-from client.lang.scripted import Call, ScriptedBackend
+import radixmesh as rm
+from radixmesh.lang.params import GenParams
+from radixmesh.lang.scripted import Call, ScriptedBackend
 
 
 @pytest.fixture(autouse=True)

@@ -7,17 +7,16 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-
-import client as rm
-from client.lang.backend import Completion, TokenLogprob
-from client.lang.choices import (
+import radixmesh as rm
+from radixmesh.lang.backend import Completion, TokenLogprob
+from radixmesh.lang.choices import (
     ChoiceScores,
     GreedyToken,
     TokenLengthNormalized,
     UnconditionalNormalized,
 )
-from client.lang.scoring import choice_tokens, run_select
-from client.lang.scripted import Call, ScriptedBackend
+from radixmesh.lang.scoring import choice_tokens, run_select
+from radixmesh.lang.scripted import Call, ScriptedBackend
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 import pytest
+import radixmesh as rm
+from radixmesh.lang.backend import LogprobRequest
+from radixmesh.lang.grpc_backend import generate_request
+from radixmesh.lang.params import GenParams
 
-import client as rm
-from client.lang.backend import LogprobRequest
-from client.lang.grpc_backend import generate_request
-from client.lang.params import GenParams
-from client.pb import api_pb2, api_pb2_grpc
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 
 
 class FakeRadixMesh(api_pb2_grpc.RadixMeshServicer):

@@ -12,7 +12,7 @@ SCRIPT = """
 import sys
 for heavy in ("torch", "numpy", "transformers", "tqdm"):
     sys.modules[heavy] = None  # any import of these now raises ImportError
-import client as rm
+import radixmesh as rm
 
 @rm.function
 def prog(s, x):

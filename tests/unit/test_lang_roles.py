@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-import client as rm
-from client.lang.backend import ModelInfo, RoleMarkers
-from client.lang.scripted import ScriptedBackend
+import radixmesh as rm
+from radixmesh.lang.backend import ModelInfo, RoleMarkers
+from radixmesh.lang.scripted import ScriptedBackend
 
 INFO = ModelInfo(
     model_name="tiny",

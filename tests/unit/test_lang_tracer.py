@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-import client as rm
-from client.lang.ir import Argument, Fork, Gen, GetForkItem, Join, Text, Variable
-from client.lang.params import GenParams
-from client.lang.scripted import ScriptedBackend
+import radixmesh as rm
+from radixmesh.lang.ir import Argument, Fork, Gen, GetForkItem, Join, Text, Variable
+from radixmesh.lang.params import GenParams
+from radixmesh.lang.scripted import ScriptedBackend
 
 
 @rm.function

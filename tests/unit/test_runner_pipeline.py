@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammar_service.mask_packing import encode_ids
 from model_service.attention.reference import ReferenceAttention
 from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
-from model_service.step_ops import AdmitOp, Sampling, StepOps
 from model_service.weights import random_model
+from radixmesh_wire.mask_rows import encode_ids
+from radixmesh_wire.step_ops import AdmitOp, Sampling, StepOps
 
 VOCAB = 300
 # On a GPU machine the same checks run on CUDA, where launch-ahead is real (queued kernels).

@@ -1,5 +1,5 @@
-"""The pieces of the GPU part `startup` (bench/gpu/startup_part.py) that run without a GPU: the
-70B random config, the KV check made before the weights, the messages the GPU cases expect
+"""The pieces of the GPU part `startup` (radixmesh_bench/gpu/startup_part.py) that run without a
+GPU: the 70B random config, the KV check made before the weights, the messages the GPU cases expect
 (produced here by the real preflight functions with the CUDA memory probe monkeypatched), the
 unsupported-architecture cases through the real `python -m model_service`, the flashinfer
 shadow, the log parsing and the judges, and merge.py's table."""
@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from bench.gpu import merge
-from bench.gpu import startup_part as sp
 from model_service import preflight
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.random_configs import config_dict, hf_config
-from services.model_store import ModelError
+from radixmesh_bench.gpu import merge
+from radixmesh_bench.gpu import startup_part as sp
+from radixmesh_server.model_store import ModelError
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -132,7 +132,7 @@ def test_architecture_cases_through_the_real_service_on_cpu(tmp_path: Path, name
 def test_gpu_architecture_case_expectations_match_the_checks(tmp_path: Path) -> None:
     """The GPU cases' folders, through the same calls the service makes before any weights."""
     from model_service.weights import load_hf_config
-    from services.model_store import resolve_model
+    from radixmesh_server.model_store import resolve_model
 
     gelu, mixtral = gpu_case(tmp_path, "arch_gelu"), gpu_case(tmp_path, "arch_mixtral")
     with pytest.raises(ModelError) as exc:
@@ -304,12 +304,12 @@ def test_merge_renders_the_startup_table(tmp_path: Path) -> None:
 
 
 def test_part_is_registered_and_imports_without_cuda() -> None:
-    from bench.gpu import run
+    from radixmesh_bench.gpu import run
 
     assert "startup" in run.PARTS
     assert not torch.cuda.is_initialized()
     proc = subprocess.run(
-        [sys.executable, "bench/gpu/run.py", "--help"],
+        [sys.executable, "radixmesh_bench/gpu/run.py", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

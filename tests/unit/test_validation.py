@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.pb import api_pb2
+from radixmesh_wire.pb import api_pb2
 from tokenizer_service.validation import InvalidRequest, normalize_sampling
 
 

@@ -1,1 +1,0 @@
-"""Runnable DSL examples: `python -m client.examples.<name> --endpoint HOST:PORT`."""

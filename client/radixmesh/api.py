@@ -1,0 +1,304 @@
+"""gRPC client for RadixMesh, sync (`Client`) and asyncio (`AsyncClient`).
+
+Needs only grpcio and protobuf. Errors surface as `RadixMeshError` carrying the gRPC status
+code and the server's message.
+
+    from radixmesh import Client
+    c = Client("localhost:50051")
+    print(c.generate("The capital of France is", max_new_tokens=8).text)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc
+
+DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+_FINISH = {
+    api_pb2.FINISH_REASON_STOP: "stop",
+    api_pb2.FINISH_REASON_LENGTH: "length",
+    api_pb2.FINISH_REASON_ABORT: "abort",
+}
+
+
+class RadixMeshError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class GenerateResult:
+    request_id: str
+    text: str
+    output_ids: list[int]
+    finish_reason: str  # "stop", "length" or "abort"
+    matched_stop: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    output_logprobs: list[TokenLogprob]
+    prompt_logprobs: list[TokenLogprob]
+    prompt_logprobs_from: int
+
+
+@dataclass
+class Chunk:
+    text: str
+    token_ids: list[int]
+
+
+def _lps(items: Any) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(x.token_id, x.logprob, [(t.token_id, t.logprob) for t in x.top]) for x in items
+    ]
+
+
+def result_from_proto(rid: str, c: api_pb2.GenerateComplete) -> GenerateResult:
+    return GenerateResult(
+        request_id=rid,
+        text=c.text,
+        output_ids=list(c.output_ids),
+        finish_reason=_FINISH.get(c.finish_reason, "unknown"),
+        matched_stop=c.matched_stop,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        cached_tokens=c.cached_tokens,
+        output_logprobs=_lps(c.output_logprobs),
+        prompt_logprobs=_lps(c.prompt_logprobs),
+        prompt_logprobs_from=c.prompt_logprobs_from,
+    )
+
+
+def build_request(
+    prompt: str | None = None,
+    *,
+    input_ids: Sequence[int] | None = None,
+    messages: Sequence[dict[str, str]] | None = None,
+    request_id: str = "",
+    max_new_tokens: int | None = None,
+    min_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    skip_special_tokens: bool = False,
+    json_schema: str | None = None,
+    regex: str | None = None,
+    ebnf: str | None = None,
+    return_logprob: bool = False,
+    top_logprobs: int = 0,
+    prompt_logprobs_from: int | None = None,
+    stream: bool = False,
+    stream_interval: int | None = None,
+) -> api_pb2.GenerateRequest:
+    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given."""
+    given = [x is not None for x in (prompt, input_ids, messages)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of prompt, input_ids or messages")
+    req = api_pb2.GenerateRequest(request_id=request_id, stream=stream)
+    if prompt is not None:
+        req.text = prompt
+    elif input_ids is not None:
+        req.input_ids.ids.extend(input_ids)
+    else:
+        assert messages is not None
+        req.chat.messages.extend(
+            api_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages
+        )
+    s = req.sampling
+    for name, value in (
+        ("max_new_tokens", max_new_tokens),
+        ("min_new_tokens", min_new_tokens),
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("top_k", top_k),
+        ("min_p", min_p),
+        ("seed", seed),
+        ("json_schema", json_schema),
+        ("regex", regex),
+        ("ebnf", ebnf),
+    ):
+        if value is not None:
+            setattr(s, name, value)
+    s.stop.extend(stop)
+    s.stop_token_ids.extend(stop_token_ids)
+    s.ignore_eos = ignore_eos
+    s.skip_special_tokens = skip_special_tokens
+    req.logprobs.return_logprob = return_logprob
+    req.logprobs.top_logprobs = top_logprobs
+    if prompt_logprobs_from is not None:
+        req.logprobs.prompt_logprobs_from = prompt_logprobs_from
+    if stream_interval is not None:
+        req.stream_interval = stream_interval
+    return req
+
+
+def _error(exc: grpc.RpcError) -> RadixMeshError:
+    return RadixMeshError(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+
+
+class Client:
+    """Blocking client. Thread-safe: one channel, calls from any thread."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(endpoint, options=_OPTIONS)
+        self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(self, prompt: str | None = None, **kw: Any) -> GenerateResult:
+        req = build_request(prompt, **kw)
+        try:
+            for msg in self.stub.Generate(req, timeout=self.timeout):
+                if msg.WhichOneof("response") == "complete":
+                    return result_from_proto(msg.request_id, msg.complete)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+
+    def stream(self, prompt: str | None = None, **kw: Any) -> Iterator[Chunk | GenerateResult]:
+        """Yields Chunks as text arrives, then the final GenerateResult."""
+        req = build_request(prompt, stream=True, **kw)
+        try:
+            for msg in self.stub.Generate(req, timeout=self.timeout):
+                if msg.WhichOneof("response") == "chunk":
+                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                else:
+                    yield result_from_proto(msg.request_id, msg.complete)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def tokenize(
+        self,
+        text: str = "",
+        messages: Sequence[dict[str, str]] | None = None,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        req = api_pb2.TokenizeRequest(add_special_tokens=add_special_tokens)
+        if messages is not None:
+            req.chat.messages.extend(api_pb2.ChatMessage(**m) for m in messages)
+        else:
+            req.text = text
+        try:
+            return list(self.stub.Tokenize(req, timeout=self.timeout).ids)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def detokenize(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        try:
+            return self.stub.Detokenize(
+                api_pb2.DetokenizeRequest(ids=ids, skip_special_tokens=skip_special_tokens),
+                timeout=self.timeout,
+            ).text
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def model_info(self) -> api_pb2.ModelInfo:
+        try:
+            return self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def stats(self) -> api_pb2.Stats:
+        try:
+            return self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def abort(self, request_id: str) -> bool:
+        try:
+            return self.stub.Abort(api_pb2.AbortRequest(request_id=request_id)).found
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+
+class AsyncClient:
+    """asyncio client; create it inside a running event loop."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.channel = grpc.aio.insecure_channel(endpoint, options=_OPTIONS)
+        self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(self, prompt: str | None = None, **kw: Any) -> GenerateResult:
+        async for item in self.stream(prompt, _stream=False, **kw):
+            if isinstance(item, GenerateResult):
+                return item
+        raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+
+    async def stream(
+        self, prompt: str | None = None, _stream: bool = True, **kw: Any
+    ) -> AsyncIterator[Chunk | GenerateResult]:
+        req = build_request(prompt, stream=_stream, **kw)
+        try:
+            async for msg in self.stub.Generate(req, timeout=self.timeout):
+                if msg.WhichOneof("response") == "chunk":
+                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                else:
+                    yield result_from_proto(msg.request_id, msg.complete)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        try:
+            resp = await self.stub.Tokenize(
+                api_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens),
+                timeout=self.timeout,
+            )
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return list(resp.ids)
+
+    async def model_info(self) -> api_pb2.ModelInfo:
+        try:
+            return await self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def stats(self) -> api_pb2.Stats:
+        try:
+            return await self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None

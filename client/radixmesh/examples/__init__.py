@@ -1,0 +1,1 @@
+"""Runnable DSL examples: `python -m radixmesh.examples.<name> --endpoint HOST:PORT`."""

@@ -1,0 +1,183 @@
+"""Compiler mode (paper appendix D): a traced program as a graph of typed IR nodes.
+
+`ProgramGraph.nodes` are in trace order, which is a topological order of both kinds of
+dependency: intra-stream (each node after the previous node of its stream) and inter-stream
+(a fork before its branches' first nodes, a variable's producer before its readers, a join
+after its branches). The graph executor therefore dispatches nodes in that order to one
+stream executor per stream, exactly like the interpreter, without re-running Python code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from radixmesh.lang.backend import Backend
+from radixmesh.lang.config import get_default_backend
+from radixmesh.lang.context import ProgramContext
+from radixmesh.lang.interpreter import StreamExecutor
+from radixmesh.lang.ir import (
+    Argument,
+    Fork,
+    Gen,
+    GetForkItem,
+    GraphOp,
+    Join,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Text,
+    Variable,
+)
+from radixmesh.lang.params import GenParams, split_sampling
+from radixmesh.lang.roles import RoleRenderer
+from radixmesh.lang.state import ForkGroup, ProgramState
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    id: int
+    stream: int
+    op: GraphOp
+
+
+def _params_text(params: GenParams) -> str:
+    default = GenParams()
+    parts = [
+        f"{f.name}={getattr(params, f.name)!r}"
+        for f in fields(params)
+        if getattr(params, f.name) != getattr(default, f.name)
+    ]
+    return " {" + ", ".join(parts) + "}" if parts else ""
+
+
+def describe(op: GraphOp) -> str:
+    """One-line, human-readable form of a node's operator."""
+    if isinstance(op, Text):
+        return f"text {op.value!r}"
+    if isinstance(op, Argument):
+        return f"argument {op.name}"
+    if isinstance(op, Variable):
+        source = "" if op.source is None else f" <- %{op.source}"
+        return f"variable {op.name!r} of stream {op.stream}{source}"
+    if isinstance(op, Gen):
+        return f"gen {op.name!r}{_params_text(op.params)}"
+    if isinstance(op, Select):
+        return f"select {op.name!r} {list(op.choices)!r} by {op.method.name}"
+    if isinstance(op, RoleBegin):
+        return f"begin {op.role}"
+    if isinstance(op, RoleEnd):
+        return f"end {op.role}"
+    if isinstance(op, Fork):
+        return "fork -> streams " + ", ".join(str(s) for s in op.streams)
+    if isinstance(op, GetForkItem):
+        return f"get_fork_item %{op.fork}[{op.index}]"
+    return f"join %{op.fork} ({op.mode})"
+
+
+@dataclass(frozen=True)
+class ProgramGraph:
+    """A traced program: `nodes` in topological (trace) order; `arguments` are unbound."""
+
+    name: str
+    nodes: tuple[GraphNode, ...]
+    arguments: tuple[str, ...]
+    num_streams: int
+
+    def stream_nodes(self, stream: int) -> list[GraphNode]:
+        return [n for n in self.nodes if n.stream == stream]
+
+    def dependencies(self) -> list[tuple[int, int]]:
+        """(producer, consumer) node-id edges, intra- and inter-stream."""
+        edges: list[tuple[int, int]] = []
+        last: dict[int, int] = {}
+        forks: dict[int, Fork] = {}
+        for node in self.nodes:
+            if node.stream in last:
+                edges.append((last[node.stream], node.id))
+            op = node.op
+            if isinstance(op, GetForkItem):
+                edges.append((op.fork, node.id))
+            elif isinstance(op, Variable) and op.source is not None:
+                if (op.source, node.id) not in edges:
+                    edges.append((op.source, node.id))
+            elif isinstance(op, Join):
+                edges += [(last[s], node.id) for s in forks[op.fork].streams if s in last]
+            if isinstance(op, Fork):
+                forks[node.id] = op
+            last[node.stream] = node.id
+        return edges
+
+    def __str__(self) -> str:
+        lines = [
+            f"graph {self.name}({', '.join(self.arguments)}): "
+            f"{len(self.nodes)} nodes, {self.num_streams} streams"
+        ]
+        for stream in range(self.num_streams):
+            nodes = self.stream_nodes(stream)
+            lines.append(f"stream {stream}:")
+            lines += [f"  %{n.id} = {describe(n.op)}" for n in nodes]
+        return "\n".join(lines)
+
+    def constant_prefix(self, renderer: Callable[[], RoleRenderer]) -> str:
+        """The prompt text every run starts with: the root stream's leading constant text and
+        roles, rendered exactly as the interpreter will render them."""
+        out: list[str] = []
+        first_role = True
+        for node in self.stream_nodes(0):
+            op = node.op
+            if isinstance(op, Text):
+                out.append(op.value)
+            elif isinstance(op, RoleBegin):
+                out.append(renderer().begin(op.role, first=first_role))
+                first_role = False
+            elif isinstance(op, RoleEnd):
+                out.append(renderer().end(op.role))
+            else:
+                break
+        return "".join(out)
+
+    def run(
+        self, *, backend: Backend | None = None, stream: bool = False, **kwargs: Any
+    ) -> ProgramState:
+        """Executes the graph with `kwargs` for its arguments (plus sampling defaults such
+        as temperature=0); returns the root state at once, like `SglFunction.run`."""
+        values, defaults = split_sampling(kwargs, set(self.arguments))
+        missing = [a for a in self.arguments if a not in values]
+        extra = [k for k in values if k not in self.arguments]
+        if missing or extra:
+            raise TypeError(f"{self.name}: missing arguments {missing}, unexpected {extra}")
+        ctx = ProgramContext.create(backend or get_default_backend(), defaults, stream=stream)
+        root = ProgramState(StreamExecutor(ctx))
+        try:
+            self._dispatch(root, values)
+        except BaseException as exc:
+            root._executor.program_error = exc
+            raise
+        finally:
+            root._executor.end()
+        return root
+
+    def _dispatch(self, root: ProgramState, values: dict[str, Any]) -> None:
+        states: dict[int, ProgramState] = {0: root}
+        groups: dict[int, ForkGroup] = {}
+        for node in self.nodes:
+            state, op = states[node.stream], node.op
+            if isinstance(op, Argument):
+                value = values[op.name]
+                state += value if isinstance(value, str) else str(value)
+            elif isinstance(op, Variable):
+                future = states[op.stream]._executor.var_future(op.name)
+                state._executor.submit_value(future, f"variable {op.name!r}")
+            elif isinstance(op, Fork):
+                group = state.fork(len(op.streams))
+                groups[node.id] = group
+                for child_stream, child in zip(op.streams, group, strict=True):
+                    states[child_stream] = child
+            elif isinstance(op, GetForkItem):
+                continue  # the branch state was created by its fork
+            elif isinstance(op, Join):
+                groups[op.fork].join(op.mode)
+            else:
+                state += op

@@ -1,0 +1,45 @@
+"""What all streams of one program share: backend, sampling defaults, stats and switches."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from radixmesh.lang.backend import Backend
+from radixmesh.lang.config import global_config
+from radixmesh.lang.params import GenParams
+from radixmesh.lang.roles import RoleRenderer
+from radixmesh.lang.stats import ProgramStats
+
+
+@dataclass
+class ProgramContext:
+    """What all streams of one program share; fixed when the program starts."""
+
+    backend: Backend
+    defaults: GenParams = field(default_factory=GenParams)
+    stats: ProgramStats = field(default_factory=ProgramStats)
+    stream: bool = False
+    parallel: bool = True
+    hint: bool = True
+    _renderer: RoleRenderer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(
+        cls, backend: Backend, defaults: GenParams | None = None, *, stream: bool = False
+    ) -> ProgramContext:
+        """A context with the ablation switches of `global_config` as of now."""
+        return cls(
+            backend,
+            defaults or GenParams(),
+            stream=stream,
+            parallel=global_config.enable_parallelism,
+            hint=global_config.enable_fork_hint,
+        )
+
+    def renderer(self) -> RoleRenderer:
+        with self._lock:
+            if self._renderer is None:
+                self._renderer = RoleRenderer(self.backend.model_info())
+            return self._renderer

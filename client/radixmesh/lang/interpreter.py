@@ -1,0 +1,395 @@
+"""Interpreter mode: every prompt state is an asynchronous stream (paper section 2).
+
+A `StreamExecutor` owns one prompt. Submitting an op (`submit`, `fork`, `join`, `end`)
+returns at once; a worker thread executes the stream's ops strictly in submission order.
+Reading a variable waits for the op that produces it. With parallelism disabled
+(`ProgramContext.parallel=False`) ops run synchronously on the submitting thread instead.
+
+Invariants:
+- Ops of one stream run in submission order; different streams run concurrently.
+- A named gen/select registers its variable's Future at submission, so a read issued after
+  the submission waits for exactly that op (program order), never for a stale value.
+- After an op fails, the stream is poisoned: its later ops are skipped, and every Future they
+  would resolve fails with a `ProgramError` whose cause chain ends at the original error.
+  Forks inherit the failure of their parent's prefix; a join inherits its branches'.
+- Worker-owned fields (`_text`, `_messages`, role state) are written only by the op being
+  executed; readers see them after `sync()`. `_pending` counts submitted, unfinished ops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from radixmesh.lang.context import ProgramContext
+from radixmesh.lang.errors import ProgramError
+from radixmesh.lang.ir import Argument, Gen, Leaf, RoleBegin, RoleEnd, Select, Text, Variable
+from radixmesh.lang.scoring import run_select
+from radixmesh.lang.stream_ops import (
+    Await,
+    End,
+    ForkPoint,
+    Inherit,
+    JoinOp,
+    LeafOp,
+    Op,
+    Skipped,
+    Snapshot,
+    label_of,
+)
+
+log = logging.getLogger(__name__)
+_ids = itertools.count()
+
+
+class StreamExecutor:
+    """One prompt stream; see the module docstring for the execution model."""
+
+    def __init__(
+        self,
+        ctx: ProgramContext,
+        *,
+        inherit: Future[Snapshot] | None = None,
+        variables: dict[str, Future[Any]] | None = None,
+        submit_role: str | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.id = next(_ids)
+        self._cond = threading.Condition()
+        self._vars: dict[str, Future[Any]] = dict(variables or {})
+        self._own_vars: list[str] = []  # names first submitted in this stream (for join)
+        self._meta: dict[str, Any] = {}
+        self._pending = 0
+        self._ended = False
+        self._finished = False
+        self._children: list[StreamExecutor] = []
+        self._submit_role = submit_role  # role open as of the latest *submitted* op
+        self._error: Exception | None = None
+        self._error_label = ""
+        self.program_error: BaseException | None = None  # the program body's own exception
+        self._chunks: list[tuple[str | None, str]] = []
+        # Worker-owned prompt state.
+        self._text = ""
+        self._fork_len = 0
+        self._messages: list[dict[str, str]] = []
+        self._role: tuple[str, int] | None = None
+        self._roles_started = False
+        self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
+        if ctx.parallel:
+            name = f"radixmesh-stream-{self.id}"
+            threading.Thread(target=self._worker, name=name, daemon=True).start()
+        if inherit is not None:
+            self._dispatch([Inherit("fork", snapshot=inherit)])
+
+    # ---- submission (caller thread) -------------------------------------------------
+
+    def _dispatch(self, ops: list[Op]) -> None:
+        with self._cond:
+            if self._ended:
+                raise ProgramError("this state has ended (its program returned or it was joined)")
+            self._pending += len(ops)
+            if self.ctx.parallel:
+                for op in ops:
+                    self._queue.put(op)
+        if not self.ctx.parallel:
+            for op in ops:
+                self._run(op)
+
+    def submit(self, leaves: list[Leaf]) -> None:
+        """Queue leaves in order; validates them all first so a bad submit changes nothing."""
+        role = self._submit_role
+        for leaf in leaves:
+            if isinstance(leaf, Argument | Variable):
+                raise TypeError(f"{leaf!r} is a trace placeholder; it cannot run in a state")
+            if isinstance(leaf, RoleBegin):
+                if role is not None:
+                    raise ValueError(f"cannot open role {leaf.role!r} inside role {role!r}")
+                role = leaf.role
+            elif isinstance(leaf, RoleEnd):
+                if role != leaf.role:
+                    raise ValueError(f"cannot close role {leaf.role!r}: open role is {role!r}")
+                role = None
+        ops: list[Op] = []
+        with self._cond:
+            for leaf in leaves:
+                op = LeafOp(label_of(leaf), leaf=leaf)
+                if isinstance(leaf, Gen | Select) and leaf.name is not None:
+                    op.outputs.append(self._register(leaf.name))
+                ops.append(op)
+        self._submit_role = role
+        self._dispatch(ops)
+
+    def _register(self, name: str) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._vars[name] = future
+        if name not in self._own_vars:
+            self._own_vars.append(name)
+        return future
+
+    def submit_value(self, value: Future[Any], label: str) -> None:
+        """Append a value another stream will produce (compiler-mode inter-stream edge)."""
+        self._dispatch([Await(label, value=value)])
+
+    def fork(self, n: int) -> list[StreamExecutor]:
+        """n new streams starting from this stream's prompt at this point of the program."""
+        if n < 1:
+            raise ValueError("fork needs n >= 1")
+        snapshots: list[Future[Any]] = [Future() for _ in range(n)]
+        self._dispatch([ForkPoint("fork", outputs=snapshots, hint=self.ctx.hint and n > 1)])
+        with self._cond:
+            variables = dict(self._vars)
+        children = [
+            StreamExecutor(self.ctx, inherit=s, variables=variables, submit_role=self._submit_role)
+            for s in snapshots
+        ]
+        with self._cond:
+            self._children.extend(children)
+        return children
+
+    def join(self, children: list[StreamExecutor], mode: str) -> None:
+        """End `children` and merge them here: "gather" sets each variable first set in the
+        branches to the list of branch values (None where a branch lacks it); "concat"
+        appends each branch's text after the fork point, in branch order."""
+        if mode not in ("gather", "concat"):
+            raise ValueError("join mode must be 'gather' or 'concat'")
+        for child in children:
+            child.end()
+        names: list[str] = []
+        for child in children:
+            names += [n for n in child.own_vars() if n not in names]
+        op = JoinOp("join", children=list(children), mode=mode, names=names)
+        with self._cond:
+            if mode == "gather":
+                op.outputs = [self._register(n) for n in names]
+        self._dispatch([op])
+
+    def end(self) -> None:
+        """No more ops for this stream or its forks; the worker exits when it drains."""
+        with self._cond:
+            if self._ended:
+                return
+            children = list(self._children)
+        self._dispatch([End("end")])
+        with self._cond:
+            self._ended = True
+        for child in children:
+            child.end()
+
+    # ---- reads (caller thread) --------------------------------------------------------
+
+    def own_vars(self) -> list[str]:
+        with self._cond:
+            return list(self._own_vars)
+
+    def var_future(self, name: str) -> Future[Any]:
+        with self._cond:
+            future = self._vars.get(name)
+        if future is None:
+            raise KeyError(f"no variable {name!r} has been submitted in this state")
+        return future
+
+    def get(self, name: str) -> Any:
+        """The variable's value; waits for it; raises the producing op's ProgramError."""
+        return self.var_future(name).result()
+
+    def meta(self, name: str) -> Any:
+        self.get(name)
+        with self._cond:
+            return self._meta.get(name)
+
+    def sync(self) -> None:
+        """Waits until every op submitted so far has run (this stream only)."""
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+
+    def sync_tree(self) -> None:
+        """Waits for this stream and, recursively, every stream forked from it."""
+        self.sync()
+        with self._cond:
+            children = list(self._children)
+        for child in children:
+            child.sync_tree()
+
+    def wait_finished(self) -> None:
+        with self._cond:
+            while not self._finished:
+                self._cond.wait()
+
+    def raise_if_failed(self) -> None:
+        if self.program_error is not None:
+            raise ProgramError("the program raised") from self.program_error
+        if self._error is not None:
+            raise ProgramError(f"{self._error_label} failed: {self._error}") from self._error
+
+    def text(self) -> str:
+        self.sync()
+        self.raise_if_failed()
+        with self._cond:
+            return self._text
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        self.raise_if_failed()
+        with self._cond:
+            return [dict(m) for m in self._messages]
+
+    def chunks(self, var: str | None = None) -> Iterator[str]:
+        """Yields text as it is appended (only `var`'s when given) until the stream ends."""
+        seen = 0
+        while True:
+            with self._cond:
+                while seen >= len(self._chunks) and not self._finished:
+                    self._cond.wait()
+                batch = self._chunks[seen:]
+                seen += len(batch)
+                done = self._finished and seen >= len(self._chunks)
+            for name, chunk in batch:
+                if var is None or name == var:
+                    yield chunk
+            if done:
+                break
+        self.raise_if_failed()
+
+    # ---- execution (worker thread, or caller thread when not parallel) ----------------
+
+    def _worker(self) -> None:
+        while True:
+            op = self._queue.get()
+            self._run(op)
+            if isinstance(op, End):
+                return
+
+    def _run(self, op: Op) -> None:
+        try:
+            if isinstance(op, End):
+                with self._cond:
+                    self._finished = True
+                return
+            if self._error is not None:
+                raise Skipped
+            self._execute(op)
+        except Exception as exc:
+            if isinstance(exc, Skipped):
+                err = ProgramError(f"{op.label} not run: {self._error_label} failed before it")
+                err.__cause__ = self._error
+            else:
+                self._error, self._error_label = exc, op.label
+                err = ProgramError(f"{op.label} failed: {exc}")
+                err.__cause__ = exc
+            for future in op.outputs:
+                if not future.done():
+                    future.set_exception(err)
+        finally:
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify_all()
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        if text:
+            with self._cond:
+                self._text += text
+                self._chunks.append((var, text))
+                self._cond.notify_all()
+
+    def _execute(self, op: Op) -> None:
+        if isinstance(op, LeafOp):
+            assert op.leaf is not None
+            self._execute_leaf(op.leaf, op.outputs)
+        elif isinstance(op, Inherit):
+            snap = op.snapshot.result()
+            self._fork_len = len(snap.text)
+            self._messages = [dict(m) for m in snap.messages]
+            self._role, self._roles_started = snap.role, snap.roles_started
+            self._append(snap.text)
+        elif isinstance(op, ForkPoint):
+            if op.hint and self._text:
+                try:  # the hint only saves compute: a failure must not fail the program
+                    self.ctx.stats.add("hint", self.ctx.backend.warm(self._text))
+                except Exception:
+                    log.warning("fork hint failed; branches will compute the prefix", exc_info=True)
+            snap = Snapshot(self._text, tuple(self._messages), self._role, self._roles_started)
+            for future in op.outputs:
+                future.set_result(snap)
+        elif isinstance(op, Await):
+            value = op.value.result()
+            self._append(value if isinstance(value, str) else str(value))
+        elif isinstance(op, JoinOp):
+            self._execute_join(op)
+        else:  # pragma: no cover - all op kinds are handled above
+            raise TypeError(f"unknown op {op!r}")
+
+    def _execute_leaf(self, leaf: Leaf, outputs: list[Future[Any]]) -> None:
+        value: Any = None
+        if isinstance(leaf, Text):
+            self._append(leaf.value)
+        elif isinstance(leaf, Gen):
+            value = self._execute_gen(leaf)
+        elif isinstance(leaf, Select):
+            result = run_select(
+                self.ctx.backend,
+                self._text,
+                leaf.choices,
+                leaf.method,
+                hint=self.ctx.hint,
+                parallel=self.ctx.parallel,
+                stats=self.ctx.stats,
+            )
+            self._append(result.choice, leaf.name)
+            value = result.choice
+            if leaf.name is not None:
+                with self._cond:
+                    self._meta[leaf.name] = result
+        elif isinstance(leaf, RoleBegin):
+            renderer = self.ctx.renderer()
+            self._append(renderer.begin(leaf.role, first=not self._roles_started))
+            self._roles_started = True
+            self._role = (leaf.role, len(self._text))
+        elif isinstance(leaf, RoleEnd):
+            assert self._role is not None and self._role[0] == leaf.role  # checked at submit
+            content = self._text[self._role[1] :]
+            self._messages.append({"role": leaf.role, "content": content})
+            self._role = None
+            self._append(self.ctx.renderer().end(leaf.role))
+        for future in outputs:
+            future.set_result(value)
+
+    def _execute_gen(self, leaf: Gen) -> str:
+        params = leaf.params.merged_over(self.ctx.defaults)
+        prompt, start = self._text, len(self._text)
+        on_text = (lambda chunk: self._append(chunk, leaf.name)) if self.ctx.stream else None
+        completion = self.ctx.backend.generate(prompt, params, on_text=on_text)
+        with self._cond:
+            streamed = self._text[start:]
+        if completion.text.startswith(streamed):
+            self._append(completion.text[len(streamed) :], leaf.name)
+        else:  # the server trimmed streamed text (a stop string): the completion is the truth
+            with self._cond:
+                self._text = prompt + completion.text
+        self.ctx.stats.add("gen", completion)
+        if leaf.name is not None:
+            with self._cond:
+                self._meta[leaf.name] = completion
+        return completion.text
+
+    def _execute_join(self, op: JoinOp) -> None:
+        for child in op.children:
+            child.wait_finished()
+        for i, child in enumerate(op.children):
+            if child._error is not None:
+                raise ProgramError(f"fork branch {i} failed") from child._error
+        if op.mode == "concat":
+            for child in op.children:
+                self._append(child._text[child._fork_len :])
+            return
+        for name, future in zip(op.names, op.outputs, strict=True):
+            values = []
+            for child in op.children:
+                f = child._vars.get(name)
+                values.append(f.result() if f is not None and name in child._own_vars else None)
+            future.set_result(values)

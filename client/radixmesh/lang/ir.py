@@ -1,0 +1,229 @@
+"""Typed IR of SGLang programs (paper appendix D): expressions and graph operators.
+
+Expressions are what `s += ...` accepts: `Text`, `Argument`, `Variable`, `Gen`, `Select`,
+`RoleBegin`, `RoleEnd`, and the composites `Role` and `Concat` that `flatten` expands into
+those leaves. `Fork`, `GetForkItem` and `Join` only appear as nodes of a traced graph.
+
+Invariants:
+- Nodes are immutable and compared by identity (two equal-looking gens are two calls).
+- `flatten` preserves program order; a program's prompt is its leaves rendered in order.
+- `Argument` and `Variable` are trace-time placeholders. Using one as data (`==`, `bool`,
+  `len`) raises `TracingError`; formatting one (f-strings, `str`) yields a sentinel that the
+  tracer turns back into the node, so `f"Q: {question}"` traces like `"Q: " + question`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from radixmesh.lang.errors import TracingError
+from radixmesh.lang.params import GenParams
+
+if TYPE_CHECKING:
+    from radixmesh.lang.choices import ChoicesMethod
+
+ROLES = ("system", "user", "assistant")
+
+
+class Expr:
+    """Base of everything appendable to a prompt state; `+` builds a `Concat`."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Expr | str) -> Concat:
+        return Concat((self, _as_expr(other)))
+
+    def __radd__(self, other: Expr | str) -> Concat:
+        return Concat((_as_expr(other), self))
+
+    def __format__(self, spec: str) -> str:
+        # A silent repr inside an f-string would corrupt the prompt; make it loud instead.
+        raise TypeError(f"{type(self).__name__} cannot be formatted into a string; use '+'")
+
+
+@dataclass(frozen=True, eq=False)
+class Text(Expr):
+    """Constant text (the paper's ConstantText)."""
+
+    value: str
+
+
+@dataclass(frozen=True, eq=False)
+class Gen(Expr):
+    """Generate text with `params`; stored under `name` when given."""
+
+    name: str | None
+    params: GenParams
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """Append the best of `choices` by `method`; stored under `name` when given."""
+
+    name: str | None
+    choices: tuple[str, ...]
+    method: ChoicesMethod
+
+
+@dataclass(frozen=True, eq=False)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True, eq=False)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True, eq=False)
+class Role(Expr):
+    """`RoleBegin(role)`, the content, `RoleEnd(role)`; content None means empty."""
+
+    role: str
+    content: Expr | None
+
+
+@dataclass(frozen=True, eq=False)
+class Concat(Expr):
+    parts: tuple[Expr, ...]
+
+
+class _Placeholder(Expr):
+    """Shared behaviour of trace-time placeholders (see module docstring)."""
+
+    __slots__ = ()
+
+    def _sentinel(self) -> str:
+        raise NotImplementedError
+
+    def __format__(self, spec: str) -> str:
+        return self._sentinel()
+
+    def __str__(self) -> str:
+        return self._sentinel()
+
+    def __eq__(self, other: object) -> bool:
+        raise TracingError(f"{self!r} is only known at run time: data-dependent control flow")
+
+    def __bool__(self) -> bool:
+        raise TracingError(f"{self!r} is only known at run time: data-dependent control flow")
+
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False, repr=True)
+class Argument(_Placeholder):
+    """A program argument not bound at trace time."""
+
+    name: str
+
+    def _sentinel(self) -> str:
+        return f"\x00rm:arg:{self.name}\x00"
+
+    __eq__ = _Placeholder.__eq__
+    __hash__ = _Placeholder.__hash__
+
+
+@dataclass(frozen=True, eq=False, repr=True)
+class Variable(_Placeholder):
+    """The value of variable `name` of stream `stream`, produced by graph node `source`."""
+
+    name: str
+    stream: int
+    source: int | None = None
+
+    def _sentinel(self) -> str:
+        source = -1 if self.source is None else self.source
+        return f"\x00rm:var:{self.stream}:{source}:{self.name}\x00"
+
+    __eq__ = _Placeholder.__eq__
+    __hash__ = _Placeholder.__hash__
+
+
+@dataclass(frozen=True, eq=False)
+class Fork:
+    """Graph node: copy this stream's prompt into `streams` (one new stream each)."""
+
+    streams: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class GetForkItem:
+    """Graph node: the first node of a forked stream, `index` of fork node `fork`."""
+
+    fork: int
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class Join:
+    """Graph node: end the streams of fork node `fork` and merge them (`gather`/`concat`)."""
+
+    fork: int
+    mode: str
+
+
+#: Leaves the interpreter executes; composites are flattened away first.
+Leaf = Text | Gen | Select | RoleBegin | RoleEnd | Argument | Variable
+GraphOp = Leaf | Fork | GetForkItem | Join
+
+_SENTINEL = re.compile("\x00rm:(arg|var):([^\x00]*)\x00")
+
+
+def _as_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    raise TypeError(f"cannot append {type(value).__name__} to a prompt; use str or a primitive")
+
+
+def split_sentinels(text: str) -> list[Leaf]:
+    """Turns text that may carry formatted placeholders back into Text/Argument/Variable."""
+    out: list[Leaf] = []
+    pos = 0
+    for m in _SENTINEL.finditer(text):
+        if m.start() > pos:
+            out.append(Text(text[pos : m.start()]))
+        if m.group(1) == "arg":
+            out.append(Argument(m.group(2)))
+        else:
+            stream, source, name = m.group(2).split(":", 2)
+            src = int(source)
+            out.append(Variable(name, int(stream), None if src < 0 else src))
+        pos = m.end()
+    if pos < len(text):
+        out.append(Text(text[pos:]))
+    return out
+
+
+def flatten(value: Expr | str) -> list[Leaf]:
+    """Leaves of `value` in program order; empty Text is dropped. Raises TypeError on junk."""
+    out: list[Leaf] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            leaves = split_sentinels(item) if "\x00rm:" in item else [Text(item)]
+            out.extend(x for x in leaves if not (isinstance(x, Text) and not x.value))
+        elif isinstance(item, Concat):
+            stack.extend(reversed(item.parts))
+        elif isinstance(item, Role):
+            stack.append(RoleEnd(item.role))
+            if item.content is not None:
+                stack.append(item.content)
+            stack.append(RoleBegin(item.role))
+        elif isinstance(item, Text):
+            if "\x00rm:" in item.value:  # `f"{arg}" + gen(...)` wraps the sentinel in a Text
+                stack.append(item.value)
+            elif item.value:
+                out.append(item)
+        elif isinstance(item, Gen | Select | RoleBegin | RoleEnd | Argument | Variable):
+            out.append(item)
+        else:
+            raise TypeError(
+                f"cannot append {type(item).__name__} to a prompt; use str or a primitive"
+            )
+    return out

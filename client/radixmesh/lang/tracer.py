@@ -1,0 +1,178 @@
+"""Tracing: runs a program once with abstract arguments and records a `ProgramGraph`.
+
+The tracer state mimics `ProgramState`, but `+=` records nodes instead of executing them,
+`s["x"]` returns a `Variable` placeholder and `fork` opens new streams. Anything that needs
+a value at trace time (comparing a placeholder, reading `s.text()`, branching on a
+generated value) raises `TracingError`: only programs without data-dependent control flow
+can be compiled, as in the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, NoReturn, overload
+
+from radixmesh.lang.compiler import GraphNode, ProgramGraph
+from radixmesh.lang.errors import TracingError
+from radixmesh.lang.ir import (
+    Argument,
+    Expr,
+    Fork,
+    Gen,
+    GetForkItem,
+    GraphOp,
+    Join,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Variable,
+    flatten,
+)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.nodes: list[GraphNode] = []
+        self.num_streams = 1
+        self.parent: dict[int, int] = {}
+        self.sources: dict[tuple[int, str], int] = {}  # (stream, var) -> producing node
+
+    def add(self, stream: int, op: GraphOp) -> int:
+        node_id = len(self.nodes)
+        self.nodes.append(GraphNode(node_id, stream, op))
+        return node_id
+
+    def new_stream(self, parent: int) -> int:
+        stream = self.num_streams
+        self.num_streams += 1
+        self.parent[stream] = parent
+        return stream
+
+    def source(self, stream: int, name: str) -> int:
+        """The node producing `name` as seen from `stream` (forks see their ancestors')."""
+        s: int | None = stream
+        while s is not None:
+            if (s, name) in self.sources:
+                return self.sources[(s, name)]
+            s = self.parent.get(s)
+        raise TracingError(f"variable {name!r} is read before any gen/select produces it")
+
+
+class TracerState:
+    """Stand-in for `ProgramState` while tracing (see module docstring)."""
+
+    def __init__(self, builder: _Builder, stream: int) -> None:
+        self._builder = builder
+        self.stream = stream
+
+    def __iadd__(self, other: Expr | str) -> TracerState:
+        self.extend(other)
+        return self
+
+    def extend(self, other: Expr | str) -> None:
+        for leaf in flatten(other):
+            node_id = self._builder.add(self.stream, leaf)
+            if isinstance(leaf, Gen | Select) and leaf.name is not None:
+                self._builder.sources[(self.stream, leaf.name)] = node_id
+
+    def __getitem__(self, name: str) -> Variable:
+        return Variable(name, self.stream, self._builder.source(self.stream, name))
+
+    def get_var(self, name: str) -> Variable:
+        return self[name]
+
+    @contextmanager
+    def _role(self, role: str) -> Iterator[TracerState]:
+        self.extend(RoleBegin(role))
+        yield self
+        self.extend(RoleEnd(role))
+
+    def system(self) -> AbstractContextManager[TracerState]:
+        return self._role("system")
+
+    def user(self) -> AbstractContextManager[TracerState]:
+        return self._role("user")
+
+    def assistant(self) -> AbstractContextManager[TracerState]:
+        return self._role("assistant")
+
+    def fork(self, size: int = 1) -> TracerForkGroup:
+        if size < 1:
+            raise ValueError("fork needs size >= 1")
+        streams = tuple(self._builder.new_stream(self.stream) for _ in range(size))
+        fork_id = self._builder.add(self.stream, Fork(streams))
+        for i, stream in enumerate(streams):
+            self._builder.add(stream, GetForkItem(fork_id, i))
+        return TracerForkGroup(self, fork_id, [TracerState(self._builder, s) for s in streams])
+
+    def _needs_value(self, what: str) -> NoReturn:
+        raise TracingError(f"{what} needs run-time values; it cannot be traced")
+
+    def text(self) -> str:
+        self._needs_value("s.text()")
+
+    def messages(self) -> list[dict[str, str]]:
+        self._needs_value("s.messages()")
+
+    def sync(self) -> None:
+        return None
+
+
+class TracerForkGroup(Sequence[TracerState]):
+    def __init__(self, parent: TracerState, fork_id: int, states: list[TracerState]) -> None:
+        self._parent = parent
+        self._fork_id = fork_id
+        self._states = states
+
+    @overload
+    def __getitem__(self, index: int) -> TracerState: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TracerState]: ...
+    def __getitem__(self, index: int | slice) -> TracerState | list[TracerState]:
+        return self._states[index]
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __iadd__(self, other: Expr | str | Sequence[Expr | str]) -> TracerForkGroup:
+        items = [other] * len(self) if isinstance(other, Expr | str) else list(other)
+        if len(items) != len(self):
+            raise ValueError(f"{len(items)} items for {len(self)} branches")
+        for state, item in zip(self._states, items, strict=True):
+            state += item
+        return self
+
+    def values(self, name: str) -> list[Variable]:
+        return [s[name] for s in self._states]
+
+    def join(self, mode: str = "gather") -> None:
+        if mode not in ("gather", "concat"):
+            raise ValueError("join mode must be 'gather' or 'concat'")
+        builder, parent = self._parent._builder, self._parent.stream
+        join_id = builder.add(parent, Join(self._fork_id, mode))
+        if mode == "gather":  # the branches' variables become lists in the parent
+            branches = {s.stream for s in self._states}
+            for stream, name in list(builder.sources):
+                if stream in branches:
+                    builder.sources[(parent, name)] = join_id
+
+
+def trace_program(
+    func: Callable[..., Any], name: str, params: Sequence[str], bound: Mapping[str, Any]
+) -> ProgramGraph:
+    """Traces `func(s, **arguments)`; parameters not in `bound` become `Argument`s."""
+    builder = _Builder()
+    arguments = {p: bound[p] if p in bound else Argument(p) for p in params}
+    try:
+        func(TracerState(builder, 0), **arguments)
+    except TracingError:
+        raise
+    except Exception as exc:
+        raise TracingError(f"cannot trace {name}: {type(exc).__name__}: {exc}") from exc
+    return ProgramGraph(
+        name=name,
+        nodes=tuple(builder.nodes),
+        arguments=tuple(p for p in params if p not in bound),
+        num_streams=builder.num_streams,
+    )

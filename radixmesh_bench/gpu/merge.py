@@ -1,0 +1,485 @@
+"""Merge GPU benchmark JSON documents (radixmesh_bench/gpu/run.py output) into markdown tables.
+
+    python radixmesh_bench/gpu/merge.py results/gpu/*.json [-o results/gpu/README.md]
+
+Throughput rows (with `tok_s`) form one table, numerics rows (with `rel_err`) another; each row
+names the document's part, device and date, so runs from several machines or days can sit in
+one table. Rows with latency figures (`itl_ms_p50`: part `stack`, in-process and through the
+gRPC stack) also form a latency table with the stack's overhead against the in-process run, and
+`profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step.
+Rows marked `"table": "serving"` (parts sharegpt, gsp, mmlu) form the serving-workloads table,
+rows marked `"table": "startup"` (part startup) the start-up errors table.
+`profile` documents add the per-kernel and per-projection breakdown of a batch-1 decode step;
+`constrained` documents render their own tables (radixmesh_bench/gpu/constrained_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6):
+            return f"{v:.3e}"
+        if v != 0 and abs(v) < 1:
+            return f"{v:.3g}"
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def load(paths: list[Path]) -> list[dict[str, Any]]:
+    docs = []
+    for p in paths:
+        if p.is_dir():
+            docs += load(sorted(p.glob("*.json")))
+            continue
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"skipping {p}: {exc}", file=sys.stderr)
+            continue
+        if isinstance(d, dict) and "rows" in d and "part" in d:
+            d["_file"] = p.name
+            docs.append(d)
+    return docs
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _idle(r: dict[str, Any]) -> str:
+    busy, wall = r.get("worker_busy_ms_per_step"), r.get("wall_ms_per_step")
+    if not busy or not wall:
+        return "-"
+    return _fmt(1 - busy / wall, 3)
+
+
+def _profile(d: dict[str, Any]) -> list[str]:
+    prof = d.get("profile") or {}
+    forms = prof.get("forms") or []
+    if not forms:
+        return []
+    date, dev = str(d.get("date", ""))[:10], str(d.get("device", "")).split(" (")[0]
+    lines = [f"## Batch-1 decode step, kernel by kernel ({dev}, {date})", ""]
+    cats = sorted({c for f in forms for c in f.get("categories_ms", {})})
+    lines += _table(
+        [
+            "form",
+            "GPU fwd ms",
+            "step ms",
+            "kernels/step",
+            "kernel sum ms",
+            *[f"{c} ms" for c in cats],
+            "weight floor ms",
+            "floor / GPU fwd",
+        ],
+        [
+            [
+                f["form"],
+                _fmt(f["graph_replay_gpu_ms"], 3),
+                _fmt(f["decode_step_ms_median"], 3),
+                _fmt(f["kernels_per_step"], 0),
+                _fmt(f["kernel_sum_ms"], 3),
+                *[_fmt(f.get("categories_ms", {}).get(c, 0.0), 3) for c in cats],
+                _fmt(f["weight_floor_ms"], 3),
+                _fmt(f["roofline_fraction_gpu_forward"], 3),
+            ]
+            for f in forms
+        ],
+    )
+    lines.append("")
+    gem = [
+        [
+            f["form"],
+            g["proj"],
+            "x".join(str(x) for x in g["shape"]),
+            _fmt(g["MB"], 1),
+            _fmt(g["calls_per_step"], 0),
+            _fmt(g["ms_per_call"] * 1e3, 1),
+            _fmt(g["floor_ms"] * 1e3, 1),
+            _fmt(g["fraction_of_floor"], 2),
+            _fmt(g["GBps"], 0),
+        ]
+        for f in forms
+        for g in f.get("gemv", [])
+    ]
+    if gem:
+        lines += _table(
+            [
+                "form",
+                "projection",
+                "weight",
+                "MB",
+                "calls/step",
+                "us/call",
+                "floor us",
+                "floor / time",
+                "GB/s",
+            ],
+            gem,
+        )
+        lines.append("")
+    for f in forms:
+        ks = f.get("kernels", [])[:15]
+        if not ks:
+            continue
+        lines += [f"Top kernels, {f['form']} ({f.get('kernel_source', '')}):", ""]
+        lines += _table(
+            ["kernel", "category", "calls/step", "us/step"],
+            [
+                [
+                    k["kernel"][:90].replace("|", "/"),
+                    k["category"],
+                    _fmt(k["calls_per_step"], 0),
+                    _fmt(k["us_per_step"], 1),
+                ]
+                for k in ks
+            ],
+        )
+        lines.append("")
+    return lines
+
+
+SERVING_HEADER = [
+    "part",
+    "system",
+    "variant",
+    "workload",
+    "requests",
+    "in / out tokens",
+    "req/s",
+    "out tok/s",
+    "in tok/s (computed)",
+    "TTFT p50 / p99 ms",
+    "ITL p50 / p99 ms",
+    "hit rate (optimal)",
+    "radix share",
+    "roofline",
+    "device",
+    "date",
+]
+
+
+def _serving_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    """A row of parts sharegpt / gsp / mmlu (radixmesh_bench/gpu/serving.py)."""
+    opt = r.get("optimal_hit_rate")
+    variant = r.get("variant", "")
+    running = (d.get("config") or {}).get("max_running")
+    if running and r.get("system") == "radixmesh":
+        variant += f", max-running {running}"
+    return [
+        d["part"],
+        r.get("system", ""),
+        variant,
+        str(r.get("workload", "")),
+        _fmt(r.get("requests")),
+        f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",
+        _fmt(r.get("req_s"), 2),
+        _fmt(r.get("output_tok_s")),
+        f"{_fmt(r.get('input_tok_s'), 0)} ({_fmt(r.get('computed_prefill_tok_s'), 0)})",
+        f"{_fmt(r.get('ttft_ms_p50'))} / {_fmt(r.get('ttft_ms_p99'))}",
+        f"{_fmt(r.get('itl_ms_p50'), 2)} / {_fmt(r.get('itl_ms_p99'), 2)}",
+        f"{_fmt(r.get('hit_rate'), 3)}" + (f" ({_fmt(opt, 3)})" if opt is not None else ""),
+        "-" if r.get("radix_share") is None else f"{r['radix_share'] * 100:.4f} %",
+        _fmt(r.get("roofline_fraction"), 3),
+        dev,
+        date,
+    ]
+
+
+def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for d in docs:
+        sp = d.get("speedup_radix_tree_vs_off") or {}
+        if sp:
+            out.append(
+                f"- {d['part']} ({str(d.get('date', ''))[:10]}): radix tree vs off "
+                f"{_fmt(sp.get('req_s'), 2)}x requests/s, "
+                f"{_fmt(sp.get('output_tok_s'), 2)}x output tok/s"
+            )
+        if d.get("speedup_vs_hf_on_subset"):
+            out.append(
+                f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
+                f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s"
+            )
+    return out
+
+
+def _startup_row(r: dict[str, Any], dev: str, date: str) -> list[str]:
+    """A row of part startup (radixmesh_bench/gpu/startup_part.py): one start-up that must fail
+    (or, for
+    flashinfer_missing, fall back), its exit code, seconds, judgement and message."""
+    msg = str(r.get("message") or "-").replace("|", "/").replace("\n", " ")
+    if len(msg) > 240:
+        msg = msg[:237] + "..."
+    extra = ""
+    if r.get("variant") == "flashinfer_missing":
+        fb = r.get("fallback_run") or {}
+        extra = f"; text {fb.get('text', '-')!r}".replace("|", "/")
+    problems = "; ".join(r.get("problems") or []).replace("|", "/")
+    return [
+        str(r.get("variant", "")),
+        str(r.get("what", "")),
+        _fmt(r.get("returncode")),
+        _fmt(r.get("wall_s"), 1),
+        ("pass" if r.get("pass") else f"FAIL: {problems}"),
+        msg + extra,
+        dev,
+        date,
+    ]
+
+
+def _constrained(d: dict[str, Any]) -> list[str]:
+    root = str(
+        Path(__file__).resolve().parents[2]
+    )  # run as a script: radixmesh_bench/ is not on the path
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from radixmesh_bench.gpu.constrained_report import render_tables
+
+    return render_tables(d, _fmt, _table)
+
+
+def render(docs: list[dict[str, Any]]) -> str:
+    perf, nums, other, lat, serving, startup = [], [], [], [], [], []
+    for d in docs:
+        if d.get("part") == "constrained":  # its own tables, below
+            continue
+        date = str(d.get("date", ""))[:10]
+        dev = str(d.get("device", "")).split(" (")[0]
+        for r in d["rows"]:
+            if r.get("table") == "serving":
+                serving.append(_serving_row(d, r, dev, date))
+            elif r.get("table") == "startup":
+                startup.append(_startup_row(r, dev, date))
+            elif "tok_s" in r:
+                perf.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        r.get("path", ""),
+                        _fmt(r.get("batch")),
+                        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+                        _fmt(r.get("tok_s")),
+                        _fmt(r.get("decode_step_ms_median"), 2),
+                        _fmt(r.get("graph_replay_gpu_ms"), 2),
+                        _fmt(r.get("prefill_ms"), 1),
+                        _fmt(r.get("roofline_fraction"), 2),
+                        _fmt(d.get("copy_bandwidth_GBps"), 0),
+                        dev,
+                        date,
+                    ]
+                )
+                if "itl_ms_p50" in r:
+                    lat.append(
+                        [
+                            d["part"],
+                            r.get("path", ""),
+                            str(r.get("workload", "")),
+                            _fmt(r.get("batch")),
+                            f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+                            _fmt(r.get("tok_s")),
+                            _fmt(r.get("ttft_ms_p50"), 1),
+                            _fmt(r.get("ttft_ms_p99"), 1),
+                            _fmt(r.get("itl_ms_p50"), 2),
+                            _fmt(r.get("itl_ms_p99"), 2),
+                            _fmt(r.get("overhead_vs_in_process"), 3),
+                            _fmt(r.get("worker_busy_ms_per_step"), 2),
+                            _fmt(r.get("wall_ms_per_step"), 2),
+                            _idle(r),
+                            dev,
+                            date,
+                        ]
+                    )
+            elif "rel_err" in r:
+                nums.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        _fmt(r.get("rel_err")),
+                        _fmt(r.get("rel_err_prefill")),
+                        _fmt(r.get("rel_err_decode")),
+                        _fmt(r.get("ratio_vs_hf_bf16"), 3),
+                        _fmt(r.get("nan")),
+                        _fmt(r.get("argmax_agree"), 3),
+                        _fmt(r.get("pass")),
+                        dev,
+                        date,
+                    ]
+                )
+            else:
+                other.append(
+                    [
+                        d["part"],
+                        r.get("system", ""),
+                        r.get("variant", ""),
+                        _fmt(r.get("returncode")),
+                        str(r.get("summary", "")),
+                        dev,
+                        date,
+                    ]
+                )
+    lines: list[str] = [
+        "# GPU results",
+        "",
+        "Generated by `python radixmesh_bench/gpu/merge.py` from the JSON files beside "
+        "this one; see docs/gpu.md.",
+        "",
+    ]
+    if perf:
+        lines += ["## Throughput", ""]
+        lines += _table(
+            [
+                "part",
+                "system",
+                "variant",
+                "path",
+                "batch",
+                "in/out",
+                "tok/s",
+                "decode ms/step",
+                "GPU fwd ms",
+                "prefill ms",
+                "roofline",
+                "copy GB/s",
+                "device",
+                "date",
+            ],
+            perf,
+        )
+        lines += [
+            "",
+            "roofline: (weight bytes / copy bandwidth measured in the same run) / "
+            "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
+            "events (the rest of a step is host work).",
+            "",
+        ]
+    if lat:
+        lines += ["## Latency: in-process vs through the gRPC stack", ""]
+        lines += _table(
+            [
+                "part",
+                "path",
+                "workload",
+                "batch",
+                "in/out",
+                "tok/s",
+                "TTFT p50 ms",
+                "TTFT p99 ms",
+                "ITL p50 ms",
+                "ITL p99 ms",
+                "overhead",
+                "busy ms/step",
+                "wall ms/step",
+                "GPU idle",
+                "device",
+                "date",
+            ],
+            lat,
+        )
+        lines += [
+            "",
+            "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
+            "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
+            "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
+            "1 - busy / wall (the worker waits on scheduler and transport between "
+            "steps). In-process TTFT is the step that admits every request; its ITL "
+            "samples are decode steps.",
+            "",
+        ]
+    if serving:
+        lines += ["## Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)", ""]
+        lines += _table(SERVING_HEADER, serving)
+        lines += [
+            "",
+            "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
+            "tokens / wall (computed: those not served from the cache). hit rate: cached "
+            "/ prompt tokens from GetStats (offline optimum). radix share: radix "
+            "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
+            "max(bandwidth floor, compute floor) for the steps taken / wall "
+            "(radixmesh_bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
+            "estimated per batch.",
+            *_serving_notes(docs),
+            "",
+        ]
+    for d in docs:
+        if d.get("part") == "profile":
+            lines += _profile(d)
+        elif d.get("part") == "constrained":
+            lines += _constrained(d)
+    if nums:
+        lines += ["## Numerics (teacher-forced logits vs HF fp32)", ""]
+        lines += _table(
+            [
+                "part",
+                "system",
+                "variant",
+                "rel err",
+                "prefill",
+                "decode",
+                "ratio vs HF bf16",
+                "NaN",
+                "argmax agree",
+                "pass",
+                "device",
+                "date",
+            ],
+            nums,
+        )
+        lines += ["", "pass: ratio <= 1.5 and no NaN (DESIGN.md section 3).", ""]
+    if startup:
+        lines += ["## Start-up errors (part startup)", ""]
+        lines += _table(
+            ["case", "what", "exit", "seconds", "judged", "message", "device", "date"], startup
+        )
+        lines += [
+            "",
+            "exit 2 and one `startup_failed` line naming the problem and the fix, except "
+            "flashinfer_missing: the stack serves on the reference attention (exit: the "
+            "launcher's after Ctrl-C; seconds: until ready). docs/gpu.md, Start-up errors.",
+            "",
+        ]
+    if other:
+        lines += ["## Other", ""]
+        lines += _table(["part", "system", "what", "rc", "summary", "device", "date"], other)
+        lines.append("")
+    errs = [(d["part"], e) for d in docs for e in d.get("errors", [])]
+    if errs:
+        lines += ["## Errors", ""] + [f"- {p}: {e}" for p, e in errs] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("paths", nargs="+", type=Path)
+    ap.add_argument("-o", "--output", type=Path)
+    args = ap.parse_args(argv)
+    text = render(load(args.paths))
+    if args.output:
+        args.output.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

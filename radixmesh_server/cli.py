@@ -1,12 +1,22 @@
-"""The `radixmesh` command: serve, generate, bench."""
+"""The `radixmesh` command: serve, generate, bench.
+
+Client commands stay light: this module imports only the standard library at the top, `generate`
+imports the gRPC client alone (no torch, no xgrammar), and `bench` is a plug-in run as
+`python -m radixmesh_bench` in a child process, never imported here (tests/unit/
+test_import_graph.py holds both).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+BENCH_MODULE = "radixmesh_bench"
 
 SMOKE_PROMPT = "What is the capital of France?"
 
@@ -113,7 +123,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixmesh", description=__doc__)
+    p = argparse.ArgumentParser(prog="radixmesh", description="RadixMesh: serve, generate, bench.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="start every service locally and wait")
@@ -145,14 +155,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, default=None)
     g.set_defaults(func=_generate)
 
-    from radixmesh_bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
+    # Listed for --help only: main() forwards `bench ...` before parsing.
+    sub.add_parser("bench", help="benchmarks with JSON output (`radixmesh bench --help`)")
     return p
 
 
+def _forward_bench(args: list[str]) -> int:
+    """Run the benchmark plug-in in a child process: its imports (torch, xgrammar) never load
+    into this one. Ctrl-C reaches the child through the terminal's process group."""
+    if importlib.util.find_spec(BENCH_MODULE) is None:
+        print(
+            f"radixmesh bench: the benchmarks ({BENCH_MODULE}) are not installed; "
+            "install the repository (`pip install -e .`) to run them",
+            file=sys.stderr,
+        )
+        return 2
+    proc = subprocess.Popen([sys.executable, "-m", BENCH_MODULE, *args])
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the same SIGINT; its exit code is the answer
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["bench"]:
+        return _forward_bench(args[1:])
+    ns = build_parser().parse_args(args)
     return int(ns.func(ns))
 
 

@@ -11,7 +11,7 @@ code and the server's message.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +188,9 @@ class Client:
             raise _error(exc) from None
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
-    def stream(self, prompt: str | None = None, **kw: Any) -> Iterator[Chunk | GenerateResult]:
+    def stream(
+        self, prompt: str | None = None, **kw: Any
+    ) -> Generator[Chunk | GenerateResult, None, None]:
         """Yields Chunks as text arrives, then the final GenerateResult."""
         req = build_request(prompt, stream=True, **kw)
         try:

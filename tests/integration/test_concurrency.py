@@ -4,6 +4,7 @@ request gives identical text alone and inside a batch."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from radixmesh.api import Client, GenerateResult
@@ -87,7 +88,7 @@ def test_sixteen_concurrent_streams_match_solo(stack: Stack) -> None:
 
 
 def test_seeded_sample_same_alone_and_batched(stack: Stack) -> None:
-    kw = {
+    kw: dict[str, Any] = {
         "prompt": "My favourite animal is",
         "max_new_tokens": 16,
         "temperature": 0.9,

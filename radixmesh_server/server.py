@@ -122,9 +122,15 @@ async def run_server(
         ],
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise SystemExit(f"{name}: cannot listen on {host}:{port} (port in use?)")
+        # One line naming the address, then exit 1: the launcher shows it (log tail) and does
+        # not restart into the same wall.
+        log.error("cannot_listen", address=f"{host}:{port}", reason="address in use or not local")
+        raise SystemExit(f"{name}: cannot listen on {host}:{port}: address in use or not local")
     await server.start()
     await hb.start()
     log.info("listening", address=f"{host}:{bound}", services=names)

@@ -10,8 +10,10 @@ code and the server's message.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +107,7 @@ def build_request(
     stop_token_ids: Sequence[int] = (),
     ignore_eos: bool = False,
     skip_special_tokens: bool = False,
-    json_schema: str | None = None,
+    json_schema: str | Mapping[str, Any] | None = None,
     regex: str | None = None,
     ebnf: str | None = None,
     return_logprob: bool = False,
@@ -114,10 +116,20 @@ def build_request(
     stream: bool = False,
     stream_interval: int | None = None,
 ) -> api_pb2.GenerateRequest:
-    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given."""
+    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given, and at most
+    one grammar (json_schema as a dict or its JSON text, regex, ebnf)."""
     given = [x is not None for x in (prompt, input_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, input_ids or messages")
+    named = (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf))
+    grammars = [n for n, v in named if v is not None]
+    if len(grammars) > 1:
+        # The wire holds one constraint (a oneof): a second would silently replace the first.
+        raise ValueError(
+            f"give at most one of json_schema, regex or ebnf (got {' and '.join(grammars)})"
+        )
+    if json_schema is not None and not isinstance(json_schema, str):
+        json_schema = json.dumps(json_schema)
     req = api_pb2.GenerateRequest(request_id=request_id, stream=stream)
     if prompt is not None:
         req.text = prompt
@@ -156,8 +168,69 @@ def build_request(
     return req
 
 
-def _error(exc: grpc.RpcError) -> RadixMeshError:
-    return RadixMeshError(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+API_SERVICE = "radixmesh.v1.RadixMesh"
+# The internal services' gRPC names: a client pointed at one of these ports gets UNIMPLEMENTED.
+INTERNAL_SERVICES = {
+    "radixmesh.v1.Scheduler": "scheduler service",
+    "radixmesh.v1.ModelWorker": "model service",
+    "radixmesh.v1.Grammar": "grammar service",
+}
+_API_HINT = (
+    "the API is the tokenizer service's port, the one `radixmesh serve` prints as "
+    "'API at ...' (localhost:50051 by default)"
+)
+
+
+def served_services(endpoint: str, timeout: float = 2.0) -> list[str] | None:
+    """The gRPC services the server at `endpoint` lists through reflection (every RadixMesh
+    service enables it), or None where it cannot say (no grpcio-reflection here, none there)."""
+    try:
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    except ImportError:  # the client needs only grpcio + protobuf; the server side has it
+        return None
+    with grpc.insecure_channel(endpoint) as chan:
+        stub = reflection_pb2_grpc.ServerReflectionStub(chan)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        try:
+            for resp in stub.ServerReflectionInfo(iter([req]), timeout=timeout):
+                return [s.name for s in resp.list_services_response.service]
+        except grpc.RpcError:
+            return None
+    return None
+
+
+def wrong_service_message(endpoint: str, services: list[str] | None) -> str | None:
+    """What to tell a caller who got UNIMPLEMENTED from `endpoint`; None where the server does
+    serve the API (a genuine UNIMPLEMENTED, whose own message stands)."""
+    if services is not None and API_SERVICE in services:
+        return None
+    internal = [INTERNAL_SERVICES[s] for s in services or () if s in INTERNAL_SERVICES]
+    if internal:
+        return (
+            f"{endpoint} is RadixMesh's {internal[0]}, an internal port, not the API: {_API_HINT}"
+        )
+    if services is not None:
+        listed = ", ".join(s for s in services if not s.startswith("grpc.")) or "nothing else"
+        return f"{endpoint} does not serve the RadixMesh API (it serves {listed}): {_API_HINT}"
+    return (
+        f"{endpoint} does not serve the RadixMesh API ({API_SERVICE}); is it an internal "
+        f"service's port? {_API_HINT}"
+    )
+
+
+def _error(exc: grpc.RpcError, endpoint: str) -> RadixMeshError:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        hint = wrong_service_message(endpoint, served_services(endpoint))
+        if hint is not None:
+            return RadixMeshError(code, f"{details} ({hint})" if details else hint)
+    return RadixMeshError(code, details)
+
+
+async def _aerror(exc: grpc.RpcError, endpoint: str) -> RadixMeshError:
+    # The wrong-port probe is a blocking call: keep it off the event loop.
+    return await asyncio.to_thread(_error, exc, endpoint)
 
 
 class Client:
@@ -185,7 +258,7 @@ class Client:
                 if msg.WhichOneof("response") == "complete":
                     return result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
     def stream(
@@ -200,7 +273,7 @@ class Client:
                 else:
                     yield result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
     def tokenize(
         self,
@@ -216,7 +289,7 @@ class Client:
         try:
             return list(self.stub.Tokenize(req, timeout=self.timeout).ids)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
     def detokenize(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         try:
@@ -225,25 +298,27 @@ class Client:
                 timeout=self.timeout,
             ).text
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
     def model_info(self) -> api_pb2.ModelInfo:
         try:
             return self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
     def stats(self) -> api_pb2.Stats:
         try:
             return self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, timeout: float | None = None) -> bool:
         try:
-            return self.stub.Abort(api_pb2.AbortRequest(request_id=request_id)).found
+            return self.stub.Abort(
+                api_pb2.AbortRequest(request_id=request_id), timeout=timeout or self.timeout
+            ).found
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint) from None
 
 
 class AsyncClient:
@@ -281,7 +356,7 @@ class AsyncClient:
                 else:
                     yield result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint) from None
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:
@@ -290,17 +365,17 @@ class AsyncClient:
                 timeout=self.timeout,
             )
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint) from None
         return list(resp.ids)
 
     async def model_info(self) -> api_pb2.ModelInfo:
         try:
             return await self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint) from None
 
     async def stats(self) -> api_pb2.Stats:
         try:
             return await self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint) from None

@@ -1,4 +1,4 @@
-"""gRPC face of the model service: worker info and the step stream (DESIGN.md section 3).
+"""gRPC face of the model service: worker info and the step stream (docs/architecture.md).
 
 One session at a time owns the KV pool: a new session (a restarted or reconnected scheduler)
 ends the previous one and clears all per-request state. Steps are read ahead into a queue and

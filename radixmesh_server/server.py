@@ -155,5 +155,5 @@ async def run_server(
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    # uvloop was measured to make no difference to our gRPC hops (DESIGN.md section 3).
+    # uvloop was measured to make no difference to our gRPC hops (docs/architecture.md).
     asyncio.run(main())

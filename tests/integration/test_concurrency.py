@@ -49,8 +49,9 @@ def _requests() -> list[dict]:
 
 
 def _same(a: GenerateResult, b: GenerateResult) -> None:
-    """DESIGN.md rule between two runs of our own stack: identical up to a first difference
-    that is only allowed where the two runs' chosen-token logprobs already diverge."""
+    """The numerics rule (docs/architecture.md) between two runs of our own stack: identical up
+    to a first difference that is only allowed where the two runs' chosen-token logprobs
+    already diverge."""
     for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids, strict=False)):
         if x != y:
             worst = max(

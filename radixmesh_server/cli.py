@@ -80,6 +80,8 @@ def _serve(ns: argparse.Namespace) -> int:
     except ModelError as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # during a conversion or download: nothing started yet
+        return EXIT_INTERRUPTED
     # Services get a local folder: a hub id is resolved (downloaded) here only.
     model = ns.model if ns.model in ("", "default") else str(folder)
     ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3)

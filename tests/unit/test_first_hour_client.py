@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from radixmesh.api import build_request, wrong_service_message
+from radixmesh.api import build_request
+from radixmesh.wrong_port import wrong_service_message
 
 from radixmesh_server.cli import build_parser, generate_kwargs, main, with_heartbeat
 from tokenizer_service.validation import InvalidRequest, check_chat_roles

@@ -128,8 +128,9 @@ class Launcher:
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
-        # Output always goes to a file: its tail explains a death (see _report_death).
-        self.log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp("", "radixmesh-"))
+        # Output always goes to a file: its tail explains a death (see _report_death). Without
+        # a log_dir, a temporary folder made when the first service starts.
+        self._log_dir = log_dir
         # Services watch this pid and stop when the launcher is gone (radixmesh_server.server).
         self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
@@ -153,6 +154,12 @@ class Launcher:
             cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
         )
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
+
+    @property
+    def log_dir(self) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="radixmesh-"))
+        return self._log_dir
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def test_port_check_refuses_before_starting_anything(busy_port: int) -> None:
     )
     assert "--port" in str(exc.value)
     assert launcher.procs == {}  # nothing started
+    assert launcher._log_dir is None  # and no log folder made
 
 
 def test_real_service_that_cannot_bind_names_the_address(busy_port: int) -> None:
@@ -83,6 +85,7 @@ def test_dying_service_tail_and_log_path_on_stderr_without_log_dir(
     finally:
         launcher.stop_all()
     log = launcher.log_dir / "model.log"
+    assert log.parent.name.startswith("radixmesh-")
     assert f"exited with code {CRASH_CODE} during start-up" in str(exc.value)
     assert str(log) in str(exc.value)
     err = capsys.readouterr().err
@@ -91,6 +94,7 @@ def test_dying_service_tail_and_log_path_on_stderr_without_log_dir(
     assert shown == CRASH_LINES
     assert f"full log: {log}" in err
     assert read_tail(log) == CRASH_LINES  # the whole log is where the message says
+    shutil.rmtree(log.parent)  # the temporary folder the launcher made
 
 
 def test_supervise_stops_restarting_a_repeated_startup_failure(

@@ -152,3 +152,5 @@ def test_second_serve_on_ports_in_use_refuses_at_once(stack: Stack) -> None:
     p = stack.ports.tokenizer
     assert int(m.group(1)) in range(p, p + 4)
     assert "ready" not in out.stdout
+    # it said what it was doing before refusing
+    assert out.stdout.startswith("radixmesh: preparing model 'default': the embedded SmolLM2")

@@ -232,7 +232,10 @@ class OpenAIBackend(BackendBase):
         )
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        raise BackendError("the OpenAI API has no tokenizer endpoint")
+        raise BackendError(
+            "the OpenAI API has no tokenizer endpoint (select needs prompt logprobs and "
+            "token counts: run select against rm.RuntimeEndpoint)"
+        )
 
     def model_info(self) -> ModelInfo:
         return self._info

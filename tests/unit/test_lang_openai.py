@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import radixmesh as rm
+
 from radixmesh_bench import dsl_spec
 
 DOCUMENT = "Name: Ada Lovelace\nBirthday: December 10, 1815\nJob: Mathematician\nEnd.\n"
@@ -148,9 +149,9 @@ def test_speculation_makes_one_call_and_produces_the_same_values(base_url: str) 
     spec = rm.function(num_api_spec_tokens=64)(character)
     state = spec.run(backend=completion_backend(base_url), temperature=0)
     assert {k: state[k] for k in EXPECTED} == EXPECTED
-    assert (
-        state.text()
-        == "Fill in a character.\nName: Ada Lovelace\nBirthday: December 10, 1815\nJob: Mathematician\n"
+    assert state.text() == (
+        "Fill in a character.\nName: Ada Lovelace\nBirthday: December 10, 1815\n"
+        "Job: Mathematician\n"
     )
     assert len(FakeOpenAI.requests) == 1
     body = FakeOpenAI.requests[0][1]

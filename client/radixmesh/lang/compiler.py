@@ -27,8 +27,11 @@ from radixmesh.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Text,
     Variable,
+    VarScopeBegin,
+    VarScopeEnd,
 )
 from radixmesh.lang.params import GenParams, split_sampling
 from radixmesh.lang.roles import RoleRenderer
@@ -73,6 +76,10 @@ def describe(op: GraphOp) -> str:
         return "fork -> streams " + ", ".join(str(s) for s in op.streams)
     if isinstance(op, GetForkItem):
         return f"get_fork_item %{op.fork}[{op.index}]"
+    if isinstance(op, VarScopeBegin | VarScopeEnd):
+        return f"var_scope {op.name!r} {'begin' if isinstance(op, VarScopeBegin) else 'end'}"
+    if isinstance(op, SeparateReasoning):
+        return f"separate_reasoning {op.name!r}"
     return f"join %{op.fork} ({op.mode})"
 
 

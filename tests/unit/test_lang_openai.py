@@ -53,7 +53,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             text, finish = continuation(prompt), "stop"
         elif self.path == "/v1/chat/completions":
             prompt = json.dumps(body["messages"])
-            text, finish = "Hello from chat.", "stop"
+            reply = DOCUMENT if body["model"] == "fake-chat-doc" else "Hello from chat."
+            text, finish = reply, "stop"
         else:
             self._send(404, {"error": {"message": "no such route"}})
             return
@@ -223,6 +224,41 @@ def test_chat_model_needs_gen_right_after_assistant(base_url: str) -> None:
     with pytest.raises(rm.ProgramError, match="right after the assistant role opens"):
         bad.run(backend=backend)["x"]
     assert FakeOpenAI.requests == []
+
+
+@rm.function(num_api_spec_tokens=48)
+def chat_character(s: rm.ProgramState, first_field: str) -> None:
+    s += rm.user("Construct a character.")
+    s += rm.assistant(
+        first_field
+        + rm.gen("name", stop="\n")
+        + "\nBirthday:"
+        + rm.gen("birthday", stop="\n")
+        + "\nJob:"
+        + rm.gen("job", stop="\n")
+    )
+
+
+def test_chat_speculation_fills_a_whole_turn_with_one_call(base_url: str) -> None:
+    backend = rm.OpenAI("fake-chat-doc", base_url=base_url, api_key="k")
+    state = chat_character.run(first_field="Name:", backend=backend)
+    assert {k: state[k] for k in EXPECTED} == EXPECTED
+    assert len(FakeOpenAI.requests) == 1
+    body = FakeOpenAI.requests[0][1]
+    assert body["max_tokens"] == 48 and "stop" not in body
+    assert body["messages"] == [{"role": "user", "content": "Construct a character."}]
+    assert state.messages()[-1]["content"] == (
+        "Name: Ada Lovelace\nBirthday: December 10, 1815\nJob: Mathematician"
+    )
+
+
+def test_chat_speculation_that_never_fits_fails_after_three_calls(base_url: str) -> None:
+    backend = rm.OpenAI("fake-chat-doc", base_url=base_url, api_key="k")
+    state = chat_character.run(first_field="Hobby:", backend=backend)
+    with pytest.raises(rm.ProgramError, match="did not fit the program's template"):
+        state["name"]
+    state.wait()
+    assert len(FakeOpenAI.requests) == 3
 
 
 def test_http_errors_and_select_fail_clearly(base_url: str) -> None:

@@ -46,7 +46,7 @@ from radixmesh.lang.ir import (
 from radixmesh.lang.meta import select_meta
 from radixmesh.lang.params import GenParams
 from radixmesh.lang.scoring import run_select
-from radixmesh.lang.speculation import Speculator
+from radixmesh.lang.speculation import CHAT_TRIES, Speculator, Term, match_turn
 from radixmesh.lang.stream_ops import (
     Await,
     End,
@@ -98,6 +98,9 @@ class StreamExecutor:
         self._roles_started = False
         self._scopes: dict[str, int] = {}  # open var_scope name -> text position
         self._spec = Speculator(ctx.spec_tokens) if ctx.spec_tokens is not None else None
+        # Chat speculation: the open assistant turn's terms and the gens' (futures, params).
+        self._turn: list[Term] | None = None
+        self._turn_gens: list[tuple[list[Future[Any]], GenParams]] = []
         self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
         if ctx.parallel:
             name = f"radixmesh-stream-{self.id}"
@@ -332,6 +335,9 @@ class StreamExecutor:
 
     def _fill(self, text: str) -> None:
         """Appends constant text (not model output): it is matched against the speculation."""
+        if self._turn is not None:  # chat speculation: part of the turn's template
+            self._turn.append(Term(text))
+            return
         if self._spec is not None:
             self._spec.fill(text)
         self._append(text)
@@ -380,6 +386,11 @@ class StreamExecutor:
         value: Any = None
         if isinstance(leaf, Text):
             self._fill(leaf.value)
+        elif isinstance(leaf, Gen) and self._turn is not None:
+            params = leaf.params.merged_over(self.ctx.defaults)
+            self._turn.append(Term("", leaf.name or "", params.stop))
+            self._turn_gens.append((outputs, params))
+            return  # resolved when the turn is generated, at the role's end
         elif isinstance(leaf, Gen):
             value = self._execute_gen(leaf)
         elif isinstance(leaf, VarScopeBegin):
@@ -407,6 +418,8 @@ class StreamExecutor:
             self._begin_role(leaf.role)
         elif isinstance(leaf, RoleEnd):
             assert self._role is not None and self._role[0] == leaf.role  # checked at submit
+            if self._turn is not None:
+                self._finish_turn()
             # As SGLang: a message's content is the role's text without leading whitespace.
             content = self._text[self._role[1] :].lstrip()
             self._messages.append({"role": leaf.role, "content": content})
@@ -424,6 +437,53 @@ class StreamExecutor:
         self._fill(renderer.begin(role, first=first))
         self._roles_started = True
         self._role = (role, len(self._text))
+        chat = getattr(self.ctx.backend, "is_chat_model", False)
+        if role == "assistant" and chat and self.ctx.spec_tokens is not None:
+            self._turn, self._turn_gens = [], []
+
+    def _finish_turn(self) -> None:
+        """Chat speculation: one call generates the whole assistant turn, which is then split
+        along its template (speculation.match_turn); see the speculation module."""
+        assert self._turn is not None and self.ctx.spec_tokens is not None
+        terms, gens = self._turn, self._turn_gens
+        self._turn, self._turn_gens = None, []
+        completion: Completion | None = None
+        if gens:
+            first = gens[0][1]
+            params = first.replace(
+                max_new_tokens=max(first.max_new_tokens or 0, self.ctx.spec_tokens), stop=()
+            )
+            for _ in range(CHAT_TRIES):
+                completion = self.ctx.backend.generate_chat(  # type: ignore[attr-defined]
+                    self._messages, params
+                )
+                self.ctx.stats.add("gen", completion)
+                if match_turn(terms, completion.text):
+                    break
+            else:
+                reply = completion.text[:200] if completion else ""
+                err = ProgramError(
+                    f"the assistant turn did not fit the program's template after "
+                    f"{CHAT_TRIES} calls (last reply {reply!r}); run without "
+                    "num_api_spec_tokens"
+                )
+                for outputs, _ in gens:
+                    for future in outputs:
+                        future.set_exception(err)
+                raise err
+        values = iter(gens)
+        for term in terms:
+            self._append(term.text, term.name)
+            if term.name is None:
+                continue
+            outputs, params = next(values)
+            if term.name:
+                source = completion if outputs is gens[0][0] else None
+                meta = meta_for(self.ctx.backend, source or Completion(term.text), params)
+                with self._cond:
+                    self._meta[term.name] = meta
+            for future in outputs:
+                future.set_result(term.text)
 
     def _execute_gen(self, leaf: Gen) -> str | list[str]:
         params = leaf.params.merged_over(self.ctx.defaults)

@@ -46,7 +46,7 @@ from radixmesh.lang.ir import (
 from radixmesh.lang.meta import select_meta
 from radixmesh.lang.params import GenParams
 from radixmesh.lang.scoring import run_select
-from radixmesh.lang.speculation import CHAT_TRIES, Speculator, Term, match_turn
+from radixmesh.lang.speculation import Speculator, Term, generate_turn
 from radixmesh.lang.stream_ops import (
     Await,
     End,
@@ -443,45 +443,37 @@ class StreamExecutor:
 
     def _finish_turn(self) -> None:
         """Chat speculation: one call generates the whole assistant turn, which is then split
-        along its template (speculation.match_turn); see the speculation module."""
+        along its template (see the speculation module)."""
         assert self._turn is not None and self.ctx.spec_tokens is not None
         terms, gens = self._turn, self._turn_gens
         self._turn, self._turn_gens = None, []
-        completion: Completion | None = None
+        calls: list[Completion] = []
         if gens:
-            first = gens[0][1]
-            params = first.replace(
-                max_new_tokens=max(first.max_new_tokens or 0, self.ctx.spec_tokens), stop=()
-            )
-            for _ in range(CHAT_TRIES):
-                completion = self.ctx.backend.generate_chat(  # type: ignore[attr-defined]
+
+            def generate(params: GenParams) -> Completion:
+                completion: Completion = self.ctx.backend.generate_chat(  # type: ignore[attr-defined]
                     self._messages, params
                 )
                 self.ctx.stats.add("gen", completion)
-                if match_turn(terms, completion.text):
-                    break
-            else:
-                reply = completion.text[:200] if completion else ""
-                err = ProgramError(
-                    f"the assistant turn did not fit the program's template after "
-                    f"{CHAT_TRIES} calls (last reply {reply!r}); run without "
-                    "num_api_spec_tokens"
-                )
+                return completion
+
+            try:
+                calls = generate_turn(terms, gens[0][1], self.ctx.spec_tokens, generate)
+            except ProgramError as err:
                 for outputs, _ in gens:
                     for future in outputs:
                         future.set_exception(err)
-                raise err
+                raise
         values = iter(gens)
         for term in terms:
             self._append(term.text, term.name)
             if term.name is None:
                 continue
             outputs, params = next(values)
-            if term.name:
-                source = completion if outputs is gens[0][0] else None
-                meta = meta_for(self.ctx.backend, source or Completion(term.text), params)
+            if term.name:  # the turn's call is the first gen's meta; the others are slices
+                source = calls[-1] if outputs is gens[0][0] else Completion(term.text)
                 with self._cond:
-                    self._meta[term.name] = meta
+                    self._meta[term.name] = meta_for(self.ctx.backend, source, params)
             for future in outputs:
                 future.set_result(term.text)
 
@@ -524,8 +516,6 @@ class StreamExecutor:
                 "with a chat model, gen must come right after the assistant role opens "
                 "(e.g. s += rm.assistant(rm.gen('answer')))"
             )
-        if self._spec is not None:
-            raise ProgramError("num_api_spec_tokens needs a completion model (is_chat_model=False)")
         if (params.n or 1) > 1:
             raise ProgramError("gen(n=...) > 1 is not supported with a chat model")
         result: Completion = self.ctx.backend.generate_chat(  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixmesh.lang.backend import Completion
+from radixmesh.lang.errors import ProgramError
 from radixmesh.lang.params import GenParams
 
 Generate = Callable[[GenParams], Completion]
@@ -110,3 +111,21 @@ def match_turn(terms: list[Term], reply: str) -> bool:
     for term, value in zip(gens, values, strict=True):
         term.text = value
     return True
+
+
+def generate_turn(
+    terms: list[Term], params: GenParams, num_tokens: int, generate: Generate
+) -> list[Completion]:
+    """Generates a whole assistant turn (no stop strings, at least `num_tokens` tokens) until
+    it fits `terms` (`match_turn`), at most CHAT_TRIES calls; returns the calls made.
+    Raises ProgramError (with the calls' count) when no reply fits."""
+    wider = params.replace(max_new_tokens=max(params.max_new_tokens or 0, num_tokens), stop=())
+    calls: list[Completion] = []
+    for _ in range(CHAT_TRIES):
+        calls.append(generate(wider))
+        if match_turn(terms, calls[-1].text):
+            return calls
+    raise ProgramError(
+        f"the assistant turn did not fit the program's template after {CHAT_TRIES} calls "
+        f"(last reply {calls[-1].text[:200]!r}); run without num_api_spec_tokens"
+    )

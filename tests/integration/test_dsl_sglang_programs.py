@@ -207,3 +207,24 @@ def test_api_speculation_on_the_runtime(backend: rm.GrpcBackend) -> None:
         assert spec["name"] == plain["name"]  # the same greedy text up to the first stop
     assert "\n" not in spec["name"] and "\n" not in spec["birthday"]
     assert len(spec.stats.requests) <= len(plain.stats.requests) == 2
+
+
+@rm.function
+def with_logprobs(s):  # type: ignore[no-untyped-def]
+    s += "The sky is" + rm.gen(
+        "g", max_tokens=3, return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True
+    )
+
+
+def test_gen_logprobs_in_meta_info(backend: rm.GrpcBackend) -> None:
+    state = with_logprobs.run(temperature=0)
+    meta = state.get_meta_info("g")
+    assert meta is not None
+    entries = meta["output_token_logprobs"]
+    assert len(entries) == meta["completion_tokens"] <= 3
+    assert all(isinstance(lp, float) and lp <= 0 and isinstance(t, int) for lp, t, _ in entries)
+    assert "".join(text for _, _, text in entries) == state["g"]
+    tops = meta["output_top_logprobs"]
+    assert [len(t) for t in tops] == [2] * len(entries)
+    # temperature 0: the sampled token is the best alternative
+    assert all(top[0][1] == tid for top, (_, tid, _) in zip(tops, entries, strict=True))

@@ -244,10 +244,13 @@ def test_text_async_iter_and_position_ids_offset() -> None:
 
     @rm.function
     def forked(s: rm.ProgramState) -> None:
-        s.fork(2, position_ids_offset=[0, 1])
+        s += "P"
+        forks = s.fork(2, position_ids_offset=[0, 1])  # accepted and ignored, as SGLang does
+        forks += [" a", " b"]
+        forks.join("concate_and_append")
 
-    with pytest.raises(ValueError, match="position_ids_offset"):
-        forked.run(backend=echo_backend())
+    assert forked.run(backend=echo_backend()).text() == "P a b"
+    assert forked.trace().num_streams == 3
 
 
 def test_appending_none_is_an_error() -> None:

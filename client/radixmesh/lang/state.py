@@ -85,11 +85,8 @@ class ProgramState:
 
         With the frontend hint on (the default), the shared prefix is sent first as a
         prefix-only request so that every branch hits the radix cache. `position_ids_offset`
-        (SGLang's, for KV-level parallel encoding) is accepted and must be None: RadixMesh
-        shares prefixes through the radix cache instead.
+        is accepted and ignored, as SGLang's interpreter does.
         """
-        if position_ids_offset is not None:
-            raise ValueError("position_ids_offset is not supported; forks share the radix cache")
         return ForkGroup(self._executor, [ProgramState(e) for e in self._executor.fork(int(size))])
 
     @contextmanager

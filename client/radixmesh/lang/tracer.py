@@ -119,8 +119,7 @@ class TracerState:
     def fork(
         self, size: int = 1, position_ids_offset: Sequence[int] | None = None
     ) -> TracerForkGroup:
-        if position_ids_offset is not None:
-            raise ValueError("position_ids_offset is not supported; forks share the radix cache")
+        # position_ids_offset: accepted and ignored, as in SGLang (see ProgramState.fork)
         size = int(size)
         if size < 1:
             raise ValueError("fork needs size >= 1")

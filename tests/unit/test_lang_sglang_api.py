@@ -269,3 +269,24 @@ def test_gen_params_carry_logprob_options_into_the_request() -> None:
     request = logprob_request(params)
     assert request is not None and request.top_logprobs == 3
     assert request.prompt_logprobs_from == 1  # position 0 has no logprob
+
+
+def test_sglang_forms_trace_and_the_graph_runs_like_the_interpreter() -> None:
+    @rm.function
+    def prog(s: rm.ProgramState, topic: str) -> None:
+        s += "About " + topic + ":"
+        forks = s.fork(2)
+        forks += lambda i: f" view{i}"
+        for i in range(2):
+            forks[i] += rm.gen("x", stop="!")
+        forks.join("gather_variable")
+        with s.var_scope("tail"):
+            s += rm.user_begin() + "more" + rm.user_end()
+
+    graph = prog.trace()
+    assert "var_scope 'tail' end" in str(graph)
+    interpreted = prog.run(topic="cats", backend=echo_backend())
+    compiled = graph.run(topic="cats", backend=echo_backend()).wait()
+    assert compiled.text() == interpreted.text()
+    assert compiled["x"] == interpreted["x"] == [" view0", " view1"]
+    assert compiled["tail"] == interpreted["tail"] == "<|im_start|>user\nmore<|im_end|>\n"

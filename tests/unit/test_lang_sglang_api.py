@@ -256,7 +256,7 @@ def test_text_async_iter_and_position_ids_offset() -> None:
 def test_appending_none_is_an_error() -> None:
     @rm.function
     def prog(s: rm.ProgramState) -> None:
-        s += None  # type: ignore[operator]
+        s += None  # type: ignore[arg-type]
 
     with pytest.raises(ValueError, match="None"):
         prog.run(backend=echo_backend())

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
 from radixmesh_server.model_store import resolve_model
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +40,19 @@ class Stack:
         tls = self.launcher.probe_tls(name)
         addr = self.launcher.specs[name].probe_address
         return asyncio.run(check_ready(addr, service, tls=tls))
+
+    def channel_as(self, name: str, role: str) -> grpc.aio.Channel:
+        """An asyncio channel to internal service `name`, presenting the certificate of `role`
+        (e.g. "tokenizer" to reach the scheduler, "scheduler" to reach model or grammar)."""
+        address = self.address(name)
+        files = self.launcher.pki.get(role)
+        if files is None:  # a stack without internal TLS
+            return grpc.aio.insecure_channel(address)
+        creds = grpc.ssl_channel_credentials(
+            files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+        )
+        options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+        return grpc.aio.secure_channel(address, creds, options=options)
 
     def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))

@@ -13,12 +13,20 @@ import sys
 
 def add_bench_commands(b: argparse.ArgumentParser) -> None:
     bsub = b.add_subparsers(dest="bench", required=True)
-    from radixmesh_bench import cli_help, constrained, cpu_serving, dsl_ablation, radix_workloads
+    from radixmesh_bench import (
+        cli_help,
+        constrained,
+        cpu_serving,
+        dsl_ablation,
+        radix_workloads,
+        security_cost,
+    )
 
     cpu_serving.add_parser(bsub)
     radix_workloads.add_parser(bsub)
     dsl_ablation.add_parser(bsub)
     constrained.add_parser(bsub)
+    security_cost.add_parser(bsub)
     cli_help.add_parser(bsub)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,7 +32,9 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh_server.log_tail import death_report, log_size
+from radixmesh_server.pki import CertFiles, make_local_pki
 from radixmesh_server.ports import port_in_use, port_message
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +53,16 @@ class ServiceSpec:
     module: str
     port: int
     args: list[str] = field(default_factory=list)
+    public: bool = False  # the front door: its port is the public API, never mutual TLS
+    health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def probe_address(self) -> str:
+        return f"127.0.0.1:{self.health_port or self.port}"
 
 
 class StartupFailure(RuntimeError):
@@ -100,13 +109,30 @@ def stack_specs(
             "tokenizer_service",
             p.tokenizer,
             [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model, *tokenizer_args],
+            public=True,
         ),
     ]
 
 
-async def check_ready(address: str, service: str = "readiness", timeout: float = 1.0) -> bool:
+def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
+    """A channel for health checks: mutual TLS with `tls` (the launcher's own certificate)."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
+async def check_ready(
+    address: str,
+    service: str = "readiness",
+    timeout: float = 1.0,
+    tls: CertFiles | None = None,
+) -> bool:
     try:
-        async with grpc.aio.insecure_channel(address) as chan:
+        async with health_channel(address, tls) as chan:
             stub = health_pb2_grpc.HealthStub(chan)
             resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
@@ -124,7 +150,11 @@ class Launcher:
         env: dict[str, str] | None = None,
         max_backoff: float = 5.0,
         max_startup_failures: int = 3,
+        internal_tls: bool = False,
     ) -> None:
+        """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
+        (each service gets a certificate naming its role; the files live in a 0700 temporary
+        directory removed by `stop_all`)."""
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -141,17 +171,33 @@ class Launcher:
         self._ready: dict[str, bool] = {}  # has the current process been ready yet?
         self._early_deaths: dict[str, int] = {s.name: 0 for s in specs}  # in a row, pre-ready
         self._next_check: dict[str, float] = {}
+        self.pki_dir: Path | None = None
+        self.pki: dict[str, CertFiles] = {}
+        if internal_tls:
+            self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
+            self.pki = make_local_pki(self.pki_dir, [*self.specs, "launcher", "client"])
+
+    def _service_env(self, name: str) -> dict[str, str]:
+        files = self.pki.get(name)
+        if files is None:
+            return self.env
+        return {
+            **self.env,
+            "RADIXMESH_MTLS_CA": str(files.ca),
+            "RADIXMESH_MTLS_CERT": str(files.cert),
+            "RADIXMESH_MTLS_KEY": str(files.key),
+        }
 
     def start(self, name: str) -> None:
         spec = self.specs[name]
         cmd = [sys.executable, "-m", spec.module, "--port", str(spec.port), *spec.args]
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if spec.health_port:
+            cmd += ["--health-port", str(spec.health_port)]
         self._log_start[name] = log_size(self.log_path(name))
         self._ready[name] = False
-        out = self.log_path(name).open("ab")
-        self._logs.append(out)
+        out = self._open_log(name)
         self.procs[name] = subprocess.Popen(
-            cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
+            cmd, env=self._service_env(name), stdout=out, stderr=out, start_new_session=True
         )
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
 
@@ -164,13 +210,22 @@ class Launcher:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
+    def _open_log(self, name: str) -> Any:
+        """Service logs are for the operator alone: created 0600 in a 0700 directory."""
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        f = os.fdopen(fd, "ab")
+        self._logs.append(f)
+        return f
+
     def check_ports(self) -> None:
         """Every service's port must be free: a port held by another process would answer our
         health checks and make a stack that cannot serve look ready."""
         for spec in self.specs.values():
             host = spec.address.rsplit(":", 1)[0]
-            if port_in_use(host, spec.port):
-                raise StartupFailure(port_message(spec.name, host, spec.port))
+            for port in (spec.port, spec.health_port):
+                if port and port_in_use(host, port):
+                    raise StartupFailure(port_message(spec.name, host, port))
 
     def start_all(self) -> None:
         self.check_ports()
@@ -209,7 +264,7 @@ class Launcher:
                         f"service {name} exited with code {proc.returncode} during start-up "
                         f"(its last lines are above; full log: {self.log_path(name)})"
                     )
-                if await check_ready(self.specs[name].address):
+                if await check_ready(self.specs[name].probe_address, tls=self.probe_tls(name)):
                     pending.remove(name)
                     self._mark_ready(name)
                     if progress:
@@ -221,6 +276,11 @@ class Launcher:
                 raise TimeoutError(f"services not ready after {timeout:.0f}s: {pending}")
             if pending:
                 await asyncio.sleep(0.2)
+
+    def probe_tls(self, name: str) -> CertFiles | None:
+        """Credentials for a health check of `name`: internal ports only speak mutual TLS."""
+        spec = self.specs[name]
+        return None if spec.public or spec.health_port else self.pki.get("launcher")
 
     def _mark_ready(self, name: str) -> None:
         self._ready[name] = True
@@ -235,7 +295,8 @@ class Launcher:
                 continue
             if now >= self._next_check.get(name, 0.0):
                 self._next_check[name] = now + 0.5
-                if await check_ready(self.specs[name].address, timeout=0.5):
+                spec = self.specs[name]
+                if await check_ready(spec.probe_address, timeout=0.5, tls=self.probe_tls(name)):
                     self._mark_ready(name)
 
     def _check_restartable(self, name: str) -> None:
@@ -300,3 +361,5 @@ class Launcher:
                 proc.wait()
         for f in self._logs:
             f.close()
+        if self.pki_dir is not None:
+            shutil.rmtree(self.pki_dir, ignore_errors=True)

@@ -42,8 +42,11 @@ def test_client_on_an_internal_port_is_told_where_the_api_is(stack: Stack, servi
     addr = stack.address(service)
     with Client(addr, timeout=10) as c, pytest.raises(RadixMeshError) as exc:
         c.generate("hi", max_new_tokens=1)
-    assert exc.value.code == grpc.StatusCode.UNIMPLEMENTED
-    assert f"{addr} is RadixMesh's {service} service, an internal port, not the API" in str(
+    # Internal links speak mutual TLS here (as under `radixmesh serve`): the plaintext client
+    # cannot connect, and the server's certificate says which service it is. (Plaintext
+    # internal ports answer UNIMPLEMENTED and are identified through reflection: unit test.)
+    assert exc.value.code == grpc.StatusCode.UNAVAILABLE
+    assert f"{addr} is RadixMesh's {service} service, an internal port (mutual TLS)" in str(
         exc.value
     )
     assert "the API is the tokenizer service's port" in exc.value.message
@@ -59,7 +62,7 @@ def test_async_client_on_an_internal_port(stack: Stack) -> None:
         raise AssertionError("the scheduler port served Generate")
 
     err = asyncio.run(call())
-    assert "is RadixMesh's scheduler service, an internal port" in err.message
+    assert "is RadixMesh's scheduler service, an internal port (mutual TLS)" in err.message
 
 
 def test_unknown_chat_role_is_refused_with_the_valid_roles(stack: Stack) -> None:

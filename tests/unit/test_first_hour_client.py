@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from radixmesh.api import build_request
 from radixmesh.wrong_port import wrong_service_message
 
@@ -126,3 +127,20 @@ def test_heartbeat_reports_elapsed_time_and_returns_or_raises() -> None:
 
     with pytest.raises(OSError, match="disk full"):
         with_heartbeat("converting", broken, every=0.01, say=say)
+
+
+def test_internal_certificate_names_its_role(tmp_path: Path) -> None:
+    from cryptography import x509
+    from radixmesh.wrong_port import INTERNAL_CERT_NAME, _last_common_name
+
+    from radixmesh_server.pki import make_local_pki
+    from radixmesh_server.security import INTERNAL_SERVER_NAME
+
+    assert INTERNAL_CERT_NAME.decode() == INTERNAL_SERVER_NAME  # the client's copy is current
+    files = make_local_pki(tmp_path, ["scheduler", "model"])
+    for role in ("scheduler", "model"):
+        der = x509.load_pem_x509_certificate(files[role].cert.read_bytes()).public_bytes(
+            serialization.Encoding.DER
+        )
+        assert INTERNAL_CERT_NAME in der
+        assert _last_common_name(der) == role  # the subject's CN, not the CA's (issuer)

@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 import torch
 
-from model_service.attention.reference import ReferenceAttention, RowPlan
+from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.mask_device import allowed_on_device
@@ -109,7 +109,7 @@ class ModelRunner:
         self,
         model: LlamaForCausalLM,
         pool: KVPool,
-        attention: ReferenceAttention,
+        attention: AttentionBackend,
         device: torch.device,
         decode_graphs: DecodeCudaGraphs | None = None,
     ) -> None:

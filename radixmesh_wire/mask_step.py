@@ -1,8 +1,10 @@
-"""Client-side helper: collect one step's grammar operations and pack them into a MaskStep.
+"""One grammar mask step, typed (`MaskStepPlan` -> grammar.proto MaskStep, MaskStepResult ->
+`MaskStepOutcome`), and a builder that collects a step's operations.
 
-For the scheduler's grammar link (and tests, benchmarks). Operations may be added in any order;
-the service applies them in its fixed order (releases, binds, rollbacks, accepts, masks), so a
-caller only has to remember what happened to each request since the last step.
+The scheduler's `GrammarOps` plans a step and its grammar link encodes it here; tests and
+benchmarks use `MaskStepBuilder`. Operations may be added in any order: the service applies them
+in its fixed order (releases, binds, rollbacks, accepts, masks), so a caller only has to
+remember what happened to each request since the last step.
 
     b = MaskStepBuilder()
     b.bind(7, "json_schema", schema)       # at admission (after Compile said ok)
@@ -14,8 +16,10 @@ caller only has to remember what happened to each request since the last step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
-from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
+from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import grammar_pb2 as pb
 
 KIND_TO_PB: dict[str, int] = {
@@ -23,6 +27,9 @@ KIND_TO_PB: dict[str, int] = {
     "regex": pb.GRAMMAR_KIND_REGEX,
     "ebnf": pb.GRAMMAR_KIND_EBNF,
 }
+ERROR_COMPILE: int = pb.GRAMMAR_ERROR_COMPILE  # a row failed because its grammar does not compile
+
+_ENCODING = {int(e): e for e in MaskEncoding}
 
 
 def grammar_spec(kind: str, text: str) -> pb.GrammarSpec:
@@ -33,55 +40,115 @@ def grammar_spec(kind: str, text: str) -> pb.GrammarSpec:
         raise ValueError(f"unknown grammar kind {kind!r}") from None
 
 
-class MaskStepBuilder:
-    def __init__(self) -> None:
-        self._reset()
+@dataclass(frozen=True)
+class Bind:
+    handle: int
+    kind: str  # json_schema, regex or ebnf
+    text: str
+    replay: list[int]  # tokens the request already accepted (a re-bind after a restart)
 
-    def _reset(self) -> None:
-        self._releases: list[int] = []
-        self._binds: list[pb.Bind] = []
-        self._rollbacks: list[pb.Rollback] = []
-        self._accepts: dict[int, list[int]] = {}
-        self._want: list[int] = []
-        self._jump: list[int] = []
+
+@dataclass
+class MaskStepPlan:
+    """Everything one mask step asks of the grammar service."""
+
+    step_id: int
+    releases: list[int] = field(default_factory=list)
+    binds: list[Bind] = field(default_factory=list)
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (handle, tokens to undo)
+    accepts: dict[int, list[int]] = field(default_factory=dict)  # handle -> tokens, in order
+    want: list[int] = field(default_factory=list)  # rows whose next-token mask is wanted
+    jump: list[int] = field(default_factory=list)  # the subset that wants a jump-forward too
+
+
+@dataclass(frozen=True, slots=True)
+class MaskRowResult:
+    handle: int
+    row: EncodedRow
+    jump: tuple[int, list[int]] | None  # (rollback, forced tokens) of a jump-forward, if any
+
+
+@dataclass(frozen=True, slots=True)
+class RowFailure:
+    handle: int
+    code: int  # GrammarErrorCode (ERROR_COMPILE: the grammar itself)
+    message: str
+
+
+@dataclass
+class MaskStepOutcome:
+    step_id: int
+    rows: list[MaskRowResult]  # one per wanted row, in `want` order (failed rows left out)
+    errors: list[RowFailure]
+
+
+def encode_mask_step(plan: MaskStepPlan) -> pb.MaskStep:
+    handles = list(plan.accepts)
+    counts = [len(plan.accepts[h]) for h in handles]
+    return pb.MaskStep(
+        step_id=plan.step_id,
+        release_handles=pack_i32(plan.releases),
+        binds=[
+            pb.Bind(
+                handle=b.handle,
+                grammar=grammar_spec(b.kind, b.text),
+                replay_tokens=pack_i32(b.replay),
+            )
+            for b in plan.binds
+        ],
+        rollbacks=[pb.Rollback(handle=h, num_tokens=n) for h, n in plan.rollbacks if n],
+        accept_handles=pack_i32(handles),
+        # One token each (the plain decode step) travels without counts.
+        accept_counts=b"" if all(c == 1 for c in counts) else pack_i32(counts),
+        accept_tokens=pack_i32([t for h in handles for t in plan.accepts[h]]),
+        mask_handles=pack_i32(plan.want),
+        jump_forward_handles=pack_i32(plan.jump),
+    )
+
+
+def decode_mask_result(res: pb.MaskStepResult) -> MaskStepOutcome:
+    rows = []
+    for m in res.rows:
+        enc = _ENCODING.get(m.encoding)
+        if enc is None:
+            raise ValueError(f"mask row of handle {m.handle}: unknown encoding {m.encoding}")
+        jf = m.jump_forward
+        jump = (jf.rollback, unpack_i32(jf.tokens)) if jf.tokens else None
+        rows.append(MaskRowResult(m.handle, EncodedRow(enc, m.data), jump))
+    errors = [RowFailure(e.handle, e.code, e.message) for e in res.errors]
+    return MaskStepOutcome(res.step_id, rows, errors)
+
+
+class MaskStepBuilder:
+    """Collects one step's operations; `build` encodes them and starts an empty step."""
+
+    def __init__(self) -> None:
+        self._plan = MaskStepPlan(0)
 
     def release(self, handle: int) -> None:
-        self._releases.append(handle)
+        self._plan.releases.append(handle)
 
     def bind(self, handle: int, kind: str, text: str, replay: Sequence[int] = ()) -> None:
-        self._binds.append(
-            pb.Bind(handle=handle, grammar=grammar_spec(kind, text), replay_tokens=pack_i32(replay))
-        )
+        grammar_spec(kind, text)  # an unknown kind fails here, at the call that names it
+        self._plan.binds.append(Bind(handle, kind, text, list(replay)))
 
     def rollback(self, handle: int, num_tokens: int) -> None:
         if num_tokens:
-            self._rollbacks.append(pb.Rollback(handle=handle, num_tokens=num_tokens))
+            self._plan.rollbacks.append((handle, num_tokens))
 
     def accept(self, handle: int, tokens: Iterable[int]) -> None:
-        self._accepts.setdefault(handle, []).extend(int(t) for t in tokens)
+        self._plan.accepts.setdefault(handle, []).extend(int(t) for t in tokens)
 
     def want(self, handle: int, jump_forward: bool = False) -> None:
-        self._want.append(handle)
+        self._plan.want.append(handle)
         if jump_forward:
-            self._jump.append(handle)
+            self._plan.jump.append(handle)
 
     def __bool__(self) -> bool:
-        return bool(self._releases or self._binds or self._rollbacks or self._accepts or self._want)
+        p = self._plan
+        return bool(p.releases or p.binds or p.rollbacks or p.accepts or p.want)
 
     def build(self, step_id: int) -> pb.MaskStep:
-        handles = list(self._accepts)
-        counts = [len(self._accepts[h]) for h in handles]
-        msg = pb.MaskStep(
-            step_id=step_id,
-            release_handles=pack_i32(self._releases),
-            binds=self._binds,
-            rollbacks=self._rollbacks,
-            accept_handles=pack_i32(handles),
-            # One token each (the plain decode step) travels without counts.
-            accept_counts=b"" if all(c == 1 for c in counts) else pack_i32(counts),
-            accept_tokens=pack_i32(t for h in handles for t in self._accepts[h]),
-            mask_handles=pack_i32(self._want),
-            jump_forward_handles=pack_i32(self._jump),
-        )
-        self._reset()
-        return msg
+        plan, self._plan = self._plan, MaskStepPlan(0)
+        plan.step_id = step_id
+        return encode_mask_step(plan)

@@ -1,5 +1,6 @@
-"""One grammar mask step, typed (`MaskStepPlan` -> grammar.proto MaskStep, MaskStepResult ->
-`MaskStepOutcome`), and a builder that collects a step's operations.
+"""grammar.proto mask steps <-> the typed `mask_step_ops` (`encode_mask_step`: MaskStepPlan ->
+MaskStep; `decode_mask_result`: MaskStepResult -> MaskStepOutcome), and a builder that collects
+a step's operations.
 
 The scheduler's `GrammarOps` plans a step and its grammar link encodes it here; tests and
 benchmarks use `MaskStepBuilder`. Operations may be added in any order: the service applies them
@@ -16,18 +17,37 @@ remember what happened to each request since the last step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
+from radixmesh_wire.mask_step_ops import (
+    ERROR_COMPILE,
+    Bind,
+    MaskRowResult,
+    MaskStepOutcome,
+    MaskStepPlan,
+    RowFailure,
+)
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import grammar_pb2 as pb
+
+__all__ = [
+    "ERROR_COMPILE",
+    "Bind",
+    "MaskRowResult",
+    "MaskStepBuilder",
+    "MaskStepOutcome",
+    "MaskStepPlan",
+    "RowFailure",
+    "decode_mask_result",
+    "encode_mask_step",
+    "grammar_spec",
+]
 
 KIND_TO_PB: dict[str, int] = {
     "json_schema": pb.GRAMMAR_KIND_JSON_SCHEMA,
     "regex": pb.GRAMMAR_KIND_REGEX,
     "ebnf": pb.GRAMMAR_KIND_EBNF,
 }
-ERROR_COMPILE: int = pb.GRAMMAR_ERROR_COMPILE  # a row failed because its grammar does not compile
 
 _ENCODING = {int(e): e for e in MaskEncoding}
 
@@ -38,48 +58,6 @@ def grammar_spec(kind: str, text: str) -> pb.GrammarSpec:
         return pb.GrammarSpec(kind=KIND_TO_PB[kind], text=text)  # type: ignore[arg-type]
     except KeyError:
         raise ValueError(f"unknown grammar kind {kind!r}") from None
-
-
-@dataclass(frozen=True)
-class Bind:
-    handle: int
-    kind: str  # json_schema, regex or ebnf
-    text: str
-    replay: list[int]  # tokens the request already accepted (a re-bind after a restart)
-
-
-@dataclass
-class MaskStepPlan:
-    """Everything one mask step asks of the grammar service."""
-
-    step_id: int
-    releases: list[int] = field(default_factory=list)
-    binds: list[Bind] = field(default_factory=list)
-    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (handle, tokens to undo)
-    accepts: dict[int, list[int]] = field(default_factory=dict)  # handle -> tokens, in order
-    want: list[int] = field(default_factory=list)  # rows whose next-token mask is wanted
-    jump: list[int] = field(default_factory=list)  # the subset that wants a jump-forward too
-
-
-@dataclass(frozen=True, slots=True)
-class MaskRowResult:
-    handle: int
-    row: EncodedRow
-    jump: tuple[int, list[int]] | None  # (rollback, forced tokens) of a jump-forward, if any
-
-
-@dataclass(frozen=True, slots=True)
-class RowFailure:
-    handle: int
-    code: int  # GrammarErrorCode (ERROR_COMPILE: the grammar itself)
-    message: str
-
-
-@dataclass
-class MaskStepOutcome:
-    step_id: int
-    rows: list[MaskRowResult]  # one per wanted row, in `want` order (failed rows left out)
-    errors: list[RowFailure]
 
 
 def encode_mask_step(plan: MaskStepPlan) -> pb.MaskStep:

@@ -14,11 +14,10 @@ import structlog
 
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.grammar_link import GrammarUnavailable
 from scheduler_service.outbox import Batch, Extra
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
-from scheduler_service.status import Status
+from scheduler_service.status import GrammarUnavailable, Status
 
 log = structlog.get_logger(__name__)
 

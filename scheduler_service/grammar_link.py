@@ -26,12 +26,11 @@ from radixmesh_wire.mask_step import (
     grammar_spec,
 )
 from radixmesh_wire.pb import grammar_pb2, grammar_pb2_grpc
+from scheduler_service.status import GrammarUnavailable
 
 log = structlog.get_logger(__name__)
 
-
-class GrammarUnavailable(Exception):
-    pass
+__all__ = ["GrammarLink", "GrammarUnavailable"]
 
 
 class GrammarLink:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixmesh_wire.mask_step import Bind, MaskStepPlan
+from radixmesh_wire.mask_step_ops import Bind, MaskStepPlan
 
 
 class GrammarOps:

@@ -17,12 +17,13 @@ A constrained row is never sampled without its mask.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
 from radixmesh_wire.mask_rows import EncodedRow
-from radixmesh_wire.mask_step import ERROR_COMPILE, MaskStepOutcome
+from radixmesh_wire.mask_step_ops import ERROR_COMPILE, MaskStepOutcome, MaskStepPlan
 from radixmesh_wire.step_ops import LateMasks
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.config import SchedulerConfig
@@ -32,19 +33,25 @@ from scheduler_service.constrained_rows import (
     strip_constrained,
     undo_decode,
 )
-from scheduler_service.grammar_link import GrammarLink, GrammarUnavailable
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
-from scheduler_service.status import Status
+from scheduler_service.status import GrammarUnavailable, Status
 
 log = structlog.get_logger(__name__)
 
 Fail = Callable[[Request, Status, str], None]
 
 
+class MaskService(Protocol):
+    """The grammar service as this module needs it (`GrammarLink`): one mask step at a time,
+    results in order; a lost service fails the awaitable with `GrammarUnavailable`."""
+
+    def step(self, plan: MaskStepPlan) -> Awaitable[MaskStepOutcome]: ...
+
+
 class StepMasks:
     def __init__(
-        self, cfg: SchedulerConfig, st: SchedState, grammar: GrammarLink, fail: Fail
+        self, cfg: SchedulerConfig, st: SchedState, grammar: MaskService, fail: Fail
     ) -> None:
         self.cfg = cfg
         self.st = st

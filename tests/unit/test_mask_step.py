@@ -102,3 +102,7 @@ def test_result_decodes_to_typed_rows() -> None:
         MaskRowResult(2, EncodedRow(MaskEncoding.ALLOWED, pack_i32([5])), (1, [8, 9])),
     ]
     assert out.errors == [RowFailure(6, ERROR_COMPILE, "bad")]
+
+
+def test_error_compile_is_the_proto_number() -> None:
+    assert ERROR_COMPILE == pb.GRAMMAR_ERROR_COMPILE

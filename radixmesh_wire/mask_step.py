@@ -22,7 +22,6 @@ from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
 from radixmesh_wire.mask_step_ops import (
     ERROR_COMPILE,
     Bind,
-    MaskRowResult,
     MaskStepOutcome,
     MaskStepPlan,
     RowFailure,
@@ -33,7 +32,6 @@ from radixmesh_wire.pb import grammar_pb2 as pb
 __all__ = [
     "ERROR_COMPILE",
     "Bind",
-    "MaskRowResult",
     "MaskStepBuilder",
     "MaskStepOutcome",
     "MaskStepPlan",
@@ -84,17 +82,23 @@ def encode_mask_step(plan: MaskStepPlan) -> pb.MaskStep:
     )
 
 
-def decode_mask_result(res: pb.MaskStepResult) -> MaskStepOutcome:
-    rows = []
+def decode_mask_result(res: pb.MaskStepResult, jumps_asked: bool = True) -> MaskStepOutcome:
+    """`jumps_asked`: the step asked for jump-forwards (else their per-row field is not read:
+    this runs for every constrained row of every step)."""
+    out = MaskStepOutcome(res.step_id)
+    rows, jumps, enc_of = out.rows, out.jumps, _ENCODING.get
     for m in res.rows:
-        enc = _ENCODING.get(m.encoding)
+        h = m.handle
+        enc = enc_of(m.encoding)
         if enc is None:
-            raise ValueError(f"mask row of handle {m.handle}: unknown encoding {m.encoding}")
-        jf = m.jump_forward
-        jump = (jf.rollback, unpack_i32(jf.tokens)) if jf.tokens else None
-        rows.append(MaskRowResult(m.handle, EncodedRow(enc, m.data), jump))
-    errors = [RowFailure(e.handle, e.code, e.message) for e in res.errors]
-    return MaskStepOutcome(res.step_id, rows, errors)
+            raise ValueError(f"mask row of handle {h}: unknown encoding {m.encoding}")
+        rows[h] = EncodedRow(enc, m.data)
+        if jumps_asked:
+            jf = m.jump_forward
+            if jf.tokens:
+                jumps[h] = (jf.rollback, unpack_i32(jf.tokens))
+    out.errors = [RowFailure(e.handle, e.code, e.message) for e in res.errors]
+    return out
 
 
 class MaskStepBuilder:

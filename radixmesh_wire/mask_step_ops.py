@@ -35,13 +35,6 @@ class MaskStepPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class MaskRowResult:
-    handle: int
-    row: EncodedRow
-    jump: tuple[int, list[int]] | None  # (rollback, forced tokens) of a jump-forward, if any
-
-
-@dataclass(frozen=True, slots=True)
 class RowFailure:
     handle: int
     code: int  # GrammarErrorCode (ERROR_COMPILE: the grammar itself)
@@ -50,6 +43,12 @@ class RowFailure:
 
 @dataclass
 class MaskStepOutcome:
+    """Columns, no object per row beyond its `EncodedRow` (this runs for every constrained row
+    of every step)."""
+
     step_id: int
-    rows: list[MaskRowResult]  # one per wanted row, in `want` order (failed rows left out)
-    errors: list[RowFailure]
+    # One per wanted row, by handle, in `want` order; a row whose grammar failed has encoding
+    # NONE and an entry in `errors`.
+    rows: dict[int, EncodedRow] = field(default_factory=dict)
+    jumps: dict[int, tuple[int, list[int]]] = field(default_factory=dict)  # (rollback, tokens)
+    errors: list[RowFailure] = field(default_factory=list)

@@ -7,6 +7,8 @@ Integer arrays are packed little-endian int32, float arrays float32.
 
 from __future__ import annotations
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
 from radixmesh_wire.packing import pack_f32, pack_i32, unpack_f32, unpack_i32
 from radixmesh_wire.pb import grammar_pb2, model_pb2
@@ -25,11 +27,13 @@ from radixmesh_wire.step_ops import (
 _ENCODING = {int(e): e for e in MaskEncoding}  # by wire number: cheaper than MaskEncoding(n)
 
 
-def _rows(masks: dict[int, EncodedRow]) -> list[grammar_pb2.MaskRow]:
-    return [
-        grammar_pb2.MaskRow(handle=h, encoding=row.encoding, data=row.data)  # type: ignore[arg-type]
-        for h, row in masks.items()
-    ]
+def _add_rows(
+    field: RepeatedCompositeFieldContainer[grammar_pb2.MaskRow], masks: dict[int, EncodedRow]
+) -> None:
+    """Mask rows into a repeated MaskRow field (`add` is ~2x faster than building messages)."""
+    add = field.add
+    for h, row in masks.items():
+        add(handle=h, encoding=row.encoding, data=row.data)
 
 
 def _row_map(rows: list[grammar_pb2.MaskRow]) -> dict[int, EncodedRow]:
@@ -91,7 +95,7 @@ def encode_step(ops: StepOps) -> model_pb2.Step:
         masks_follow=ops.masks_follow,
     )
     if ops.masks:
-        msg.masks.extend(_rows(ops.masks))
+        _add_rows(msg.masks, ops.masks)
     return msg
 
 
@@ -136,7 +140,9 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
 
 
 def encode_masks(m: LateMasks) -> model_pb2.StepMasks:
-    return model_pb2.StepMasks(step_id=m.step_id, rows=_rows(m.rows), skip_handles=pack_i32(m.skip))
+    msg = model_pb2.StepMasks(step_id=m.step_id, skip_handles=pack_i32(m.skip))
+    _add_rows(msg.rows, m.rows)
+    return msg
 
 
 def decode_masks(msg: model_pb2.StepMasks) -> LateMasks:

@@ -41,7 +41,8 @@ class GrammarLink:
         self._chan = channel(address)
         self._stub = grammar_pb2_grpc.GrammarStub(self._chan)
         self._out: asyncio.Queue[grammar_pb2.MaskRequest | None] = asyncio.Queue()
-        self._pending: deque[asyncio.Future[MaskStepOutcome]] = deque()
+        # Sent steps' futures, and whether each asked for jump-forwards.
+        self._pending: deque[tuple[asyncio.Future[MaskStepOutcome], bool]] = deque()
         self.on_reconnect: Callable[[], None] = lambda: None
 
     async def compile(self, kind: str, text: str, wait_s: float = 30.0) -> tuple[bool, str]:
@@ -67,7 +68,7 @@ class GrammarLink:
         if not self.up.is_set():
             fut.set_exception(GrammarUnavailable("grammar service is not connected"))
             return fut
-        self._pending.append(fut)
+        self._pending.append((fut, bool(plan.jump)))
         self._out.put_nowait(grammar_pb2.MaskRequest(step=encode_mask_step(plan)))
         return fut
 
@@ -82,7 +83,7 @@ class GrammarLink:
                 log.warning("grammar_link_down", code=exc.code().name)
             self.up.clear()
             while self._pending:
-                fut = self._pending.popleft()
+                fut, _ = self._pending.popleft()
                 if not fut.done():
                     fut.set_exception(GrammarUnavailable("grammar service lost"))
             await asyncio.sleep(backoff)
@@ -108,18 +109,20 @@ class GrammarLink:
             log.info("grammar_session", session=sid, vocab=self.vocab_size)
             while (reply := await call.read()) is not grpc.aio.EOF:
                 if self._pending:
-                    fut = self._pending.popleft()
+                    fut, jumps = self._pending.popleft()
                     if not fut.done():
-                        _resolve(fut, reply.result)
+                        _resolve(fut, reply.result, jumps)
         finally:
             self._out.put_nowait(None)
             with contextlib.suppress(Exception):
                 call.cancel()
 
 
-def _resolve(fut: asyncio.Future[MaskStepOutcome], res: grammar_pb2.MaskStepResult) -> None:
+def _resolve(
+    fut: asyncio.Future[MaskStepOutcome], res: grammar_pb2.MaskStepResult, jumps: bool
+) -> None:
     try:
-        fut.set_result(decode_mask_result(res))
+        fut.set_result(decode_mask_result(res, jumps_asked=jumps))
     except ValueError as exc:  # a reply this side cannot read: its rows wait, as if it were lost
         log.error("grammar_reply_unreadable", step=res.step_id, error=str(exc))
         fut.set_exception(GrammarUnavailable(f"unreadable grammar reply: {exc}"))

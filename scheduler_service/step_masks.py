@@ -102,9 +102,9 @@ class StepMasks:
                 st.waiting.remove(r)
             self.fail(r, code, message)
         masks = plan.ops.masks
-        for row in res.rows:
-            if row.handle in st.running:
-                masks[row.handle] = row.row
+        for h, row in res.rows.items():
+            if h in st.running:
+                masks[h] = row
 
     async def after_send(self, plan: PlannedStep) -> LateMasks:
         """Masks (or skips) for the sent step's constrained decode rows, once every earlier
@@ -134,14 +134,15 @@ class StepMasks:
             for h, (code, message) in failed.items():
                 self.fail(st.running[h], code, message)
             skip |= set(failed)
-            for row in res.rows:
-                req = st.running.get(row.handle)
-                if req is None or row.handle in failed:
+            jumps = res.jumps
+            for h, row in res.rows.items():
+                req = st.running.get(h)
+                if req is None or h in failed:
                     continue
-                if row.jump is not None:
-                    req.jump = row.jump  # applied by the next build
+                if jumps and h in jumps:
+                    req.jump = jumps[h]  # applied by the next build
                     undo_decode(st, req)
-                    skip.add(row.handle)
+                    skip.add(h)
                 else:
-                    rows[row.handle] = row.row
+                    rows[h] = row
         return LateMasks(plan.ops.step_id, rows, sorted(skip))

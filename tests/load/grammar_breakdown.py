@@ -94,18 +94,18 @@ def llama_tokenizer_dir() -> str:
     return os.environ.get("GRAMMAR_LOAD_TOKENIZER") or str(bundled_tokenizer_dir())
 
 
-def relay(res: pb.MaskStepResult, step_id: int) -> bytes:
+def relay(res: pb.MaskStepResult, step_id: int, jump: bool) -> bytes:
     """The scheduler's share: the grammar link decodes the result, `StepMasks.after_send` keeps
     each row that has no jump-forward tokens, and the model link encodes the `LateMasks` for
     the model service, which gRPC serializes."""
-    out = decode_mask_result(res)
+    out = decode_mask_result(res, jumps_asked=jump)
     rows: dict[int, EncodedRow] = {}
     skip: set[int] = set()
-    for row in out.rows:
-        if row.jump is not None:
-            skip.add(row.handle)
+    for h, row in out.rows.items():
+        if h in out.jumps:
+            skip.add(h)
         else:
-            rows[row.handle] = row.row
+            rows[h] = row
     return encode_masks(LateMasks(step_id, rows, sorted(skip))).SerializeToString()
 
 
@@ -164,7 +164,7 @@ def run_inproc(
         got = pb.MaskStepResult.FromString(data)
         c.lap("result_parse")
         assert not got.errors, got.errors[0]
-        masks = relay(got, i)
+        masks = relay(got, i, jump_forward)
         c.lap("relay")
         model_decode(masks, svc.engine.vocab_size, device)
         c.lap("model_decode")

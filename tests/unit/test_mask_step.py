@@ -9,7 +9,6 @@ from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding, encode_ids
 from radixmesh_wire.mask_step import (
     ERROR_COMPILE,
     Bind,
-    MaskRowResult,
     MaskStepBuilder,
     MaskStepPlan,
     RowFailure,
@@ -97,11 +96,15 @@ def test_result_decodes_to_typed_rows() -> None:
     )
     out = decode_mask_result(pb.MaskStepResult.FromString(res.SerializeToString()))
     assert out.step_id == 4
-    assert out.rows == [
-        MaskRowResult(1, row, None),
-        MaskRowResult(2, EncodedRow(MaskEncoding.ALLOWED, pack_i32([5])), (1, [8, 9])),
-    ]
+    assert out.rows == {1: row, 2: EncodedRow(MaskEncoding.ALLOWED, pack_i32([5]))}
+    assert list(out.rows) == [1, 2]  # the order asked for
+    assert out.jumps == {2: (1, [8, 9])}
     assert out.errors == [RowFailure(6, ERROR_COMPILE, "bad")]
+    # A step that asked for no jump-forward does not read them.
+    assert decode_mask_result(res, jumps_asked=False).jumps == {}
+    bad = pb.MaskStepResult(rows=[pb.MaskRow(handle=3, encoding=7)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="handle 3: unknown encoding 7"):
+        decode_mask_result(bad)
 
 
 def test_error_compile_is_the_proto_number() -> None:

@@ -64,36 +64,35 @@ def _sampling(s: Sampling) -> model_pb2.RequestSampling:
 
 
 def encode_step(ops: StepOps) -> model_pb2.Step:
+    # Per step: repeated fields are filled only when non-empty (passing empty lists to the
+    # constructor costs more than the whole decode-only step's packing).
     msg = model_pb2.Step(
         step_id=ops.step_id,
-        admits=[
-            model_pb2.Admit(
-                handle=a.handle,
-                sampling=_sampling(a.sampling),
-                output_offset=a.output_offset,
-                prefix_slots=pack_i32(a.prefix_slots),
-                input_ids=pack_i32(a.input_ids),
-                slots=pack_i32(a.slots),
-                sample=a.sample,
-            )
-            for a in ops.admits
-        ],
-        extends=[
-            model_pb2.Extend(
-                handle=e.handle,
-                input_ids=pack_i32(e.input_ids),
-                slots=pack_i32(e.slots),
-                sample=e.sample,
-            )
-            for e in ops.extends
-        ],
         decode_handles=pack_i32(ops.decode_handles),
         decode_slots=pack_i32(ops.decode_slots),
-        truncates=[model_pb2.Truncate(handle=h, length=n) for h, n in ops.truncates],
         release_handles=pack_i32(ops.releases),
         freed_slots=pack_i32(ops.freed_slots),
         masks_follow=ops.masks_follow,
     )
+    for a in ops.admits:
+        msg.admits.add(
+            handle=a.handle,
+            sampling=_sampling(a.sampling),
+            output_offset=a.output_offset,
+            prefix_slots=pack_i32(a.prefix_slots),
+            input_ids=pack_i32(a.input_ids),
+            slots=pack_i32(a.slots),
+            sample=a.sample,
+        )
+    for e in ops.extends:
+        msg.extends.add(
+            handle=e.handle,
+            input_ids=pack_i32(e.input_ids),
+            slots=pack_i32(e.slots),
+            sample=e.sample,
+        )
+    for h, n in ops.truncates:
+        msg.truncates.add(handle=h, length=n)
     if ops.masks:
         _add_rows(msg.masks, ops.masks)
     return msg

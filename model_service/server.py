@@ -25,15 +25,15 @@ import structlog
 from model_service.engine import Engine
 from model_service.runner import StepError
 from radixmesh_server.security import require_peer
-from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
-from radixmesh_wire.step_codec import decode_step, encode_output
+from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
 
 log = structlog.get_logger(__name__)
 
 MASK_WAIT_S = 60.0  # a masks_follow step whose masks never come fails instead of hanging
 
-Masks = tuple[dict[int, tuple[int, bytes]], set[int]]
+Masks = tuple[dict[int, EncodedRow], set[int]]
 
 
 class MaskMailbox:
@@ -55,13 +55,14 @@ class MaskMailbox:
 
     def deliver(self, msg: model_pb2.StepMasks) -> None:
         box = self._box(msg.step_id)
-        if not box.done():
-            box.set_result(
-                (
-                    {m.handle: (m.encoding, m.data) for m in msg.rows},
-                    set(unpack_i32(msg.skip_handles)),
-                )
-            )
+        if box.done():
+            return
+        try:
+            late = decode_masks(msg)
+        except ValueError as exc:  # the step that waits for them fails, not the session
+            box.set_exception(StepError(f"the masks of step {msg.step_id}: {exc}"))
+            return
+        box.set_result((late.rows, set(late.skip)))
 
     def wait(self, step_id: int) -> Masks:
         box = self._box(step_id)

@@ -14,7 +14,7 @@ import pytest
 
 from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
 from radixmesh_server.model_store import resolve_model
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from radixmesh_wire.packing import pack_f32, pack_i32, unpack_i32
+from radixmesh_wire.packing import pack_f32, pack_i32, unpack_f32, unpack_i32
 from radixmesh_wire.pb import model_pb2
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps, StepOutput
 
@@ -25,6 +25,17 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
                     s.prompt_logprobs_from,
                     s.min_new_tokens,
                     tuple(unpack_i32(s.stop_ids)),
+                    s.presence_penalty,
+                    s.frequency_penalty,
+                    s.repetition_penalty or 1.0,
+                    tuple(
+                        zip(
+                            unpack_i32(s.logit_bias_ids),
+                            unpack_f32(s.logit_bias_values),
+                            strict=True,
+                        )
+                    ),
+                    tuple(unpack_i32(s.penalty_history)),
                 ),
                 output_offset=a.output_offset,
                 prefix_slots=unpack_i32(a.prefix_slots),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.packing import pack_f32, pack_i32
 from radixmesh_wire.pb import model_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.policy import SchedulePolicy
@@ -55,6 +55,13 @@ def _sampling(req: Request) -> model_pb2.RequestSampling:
         prompt_logprobs_from=s.prompt_logprobs_from,
         min_new_tokens=s.min_new_tokens,
         stop_ids=pack_i32(sorted(req.stop_ids)),
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias_ids=pack_i32([t for t, _ in s.logit_bias]),
+        logit_bias_values=pack_f32([b for _, b in s.logit_bias]),
+        # the output so far (retraction re-admits with it): penalties must keep counting it
+        penalty_history=pack_i32(req.output) if s.penalized else b"",
     )
 
 

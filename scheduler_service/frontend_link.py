@@ -43,6 +43,10 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         return_logprob=lp.return_logprob,
         top_logprobs=lp.top_logprobs,
         prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from") else -1,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
     )
     kind = s.WhichOneof("constraint")
     return Request(

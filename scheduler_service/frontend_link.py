@@ -183,6 +183,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return
         self._admit(req, sink)
 
+    async def FlushCache(
+        self, request: scheduler_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FlushCacheResponse:
+        st = self.sched.st
+        if st is None:
+            return scheduler_pb2.FlushCacheResponse(message="the scheduler is not started yet")
+        busy = len(st.waiting) + len(st.running)
+        if busy:
+            return scheduler_pb2.FlushCacheResponse(
+                message=f"{busy} requests are waiting or running; flush when idle"
+            )
+        freed = st.cache.evict(st.cache.evictable_size)
+        log.info("cache_flushed", evicted_tokens=freed)
+        return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
+
     async def GetStats(
         self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Stats:

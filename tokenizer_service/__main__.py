@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import structlog
 
@@ -12,6 +13,8 @@ from radixmesh_server.model_store import ModelError, resolve_model
 from radixmesh_server.server import run, run_server
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.config import TokenizerConfig
+from tokenizer_service.core import FrontDoor
+from tokenizer_service.http_app import build_app, start_http
 from tokenizer_service.scheduler_link import SchedulerLink
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
@@ -21,21 +24,44 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(TokenizerConfig, argv)
     configure_logging("tokenizer", cfg.log_level)
     try:
-        tok = Tokenization(resolve_model(cfg.tokenizer or cfg.model))
+        folder = resolve_model(cfg.tokenizer or cfg.model)
+        tok = Tokenization(folder)
+        if cfg.chat_template:
+            tok.set_chat_template(_template_text(cfg.chat_template))
     except (ModelError, OSError) as exc:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
 
     async def serve() -> None:
         link = SchedulerLink(cfg.scheduler_address)
+        core = FrontDoor(cfg, tok, link)
 
         def register(server, health):  # type: ignore[no-untyped-def]
-            api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(cfg, tok, link), server)
+            api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(core), server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
-        await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)
+        runner = None
+        if cfg.http_port:
+            app = build_app(core, cfg, str(folder))
+            try:
+                runner = await start_http(app, cfg.host, cfg.http_port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"tokenizer: cannot serve HTTP on port {cfg.http_port}: {exc}"
+                ) from exc
+        try:
+            await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
 
     run(serve)
+
+
+def _template_text(value: str) -> str:
+    """--chat-template is a file path when one exists, else the template itself."""
+    path = Path(value)
+    return path.read_text() if path.is_file() else value
 
 
 if __name__ == "__main__":

@@ -18,4 +18,8 @@ class TokenizerConfig:
     tokenizer: str = field("", "tokenizer folder if different from --model")
     default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
     max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
+    http_port: int = field(8000, "HTTP port (OpenAI- and SGLang-compatible APIs); 0 = off")
+    served_model_name: str = field("", "model name the HTTP APIs answer to (default: the model's)")
+    chat_template: str = field("", "chat template (Jinja) file or text overriding the tokenizer's")
+    http_max_body_bytes: int = field(32 << 20, "largest HTTP request body (413 beyond it)")
     log_level: str = field("info", "log level")

@@ -204,8 +204,10 @@ def _common(b: Body, req: OpenAIRequest) -> None:
 def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
     b = Body(d)
     messages = d.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise HttpError(422, "'messages' must be a non-empty list", param="messages")
+    if not isinstance(messages, list):
+        raise HttpError(422, "'messages' must be a list of messages", param="messages")
+    if not messages:
+        raise HttpError(400, "'messages' is empty: send at least one message", param="messages")
     msgs = [_message(m, i) for i, m in enumerate(messages)]
     req = OpenAIRequest(model=b.str_("model"), inputs=[])
     _common(b, req)

@@ -88,6 +88,13 @@ class FrontDoor:
         except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
+    def tokenize_in_place(self, inp: GenerateInput) -> list[int]:
+        """Validate `inp` and replace its text or messages by their ids, so that running it
+        later does not tokenize again; raises GenerateError(INVALID_ARGUMENT)."""
+        ids, _ = self.prepare(inp)
+        inp.text, inp.messages, inp.input_ids = None, None, ids
+        return ids
+
     def prepare(self, inp: GenerateInput) -> tuple[list[int], api_pb2.SamplingParams]:
         """Tokenize and validate; raises GenerateError(INVALID_ARGUMENT)."""
         try:

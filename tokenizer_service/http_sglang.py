@@ -114,8 +114,12 @@ class SGLangApi:
             req = _parse(body, self.core.context_length)
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
-            for inp in req.inputs:
-                self.core.prepare(inp)
+            for k, inp in enumerate(req.inputs):
+                ids = self.core.tokenize_in_place(inp)
+                if req.start[k] == -1 and req.return_logprob:
+                    # SGLang's -1: the last prompt token only
+                    req.start[k] = len(ids) - 1
+                    inp.logprobs.prompt_logprobs_from = len(ids) - 1
         except HttpError as err:
             return error_response(err)
         except GenerateError as exc:
@@ -199,7 +203,7 @@ def _parse(d: dict[str, Any], context_length: int) -> _Request:
         lp = api_pb2.LogprobOptions(return_logprob=req.return_logprob, top_logprobs=req.top_n)
         if req.return_logprob and start >= 0:
             lp.prompt_logprobs_from = start
-        req.start.append(start if req.return_logprob else -1)
+        req.start.append(start)
         inp = GenerateInput(sampling=sampling, logprobs=lp, stream=req.stream)
         if isinstance(p, str):
             inp.text = p
@@ -276,7 +280,9 @@ class _Meta:
             inp: list[Any] = []
             in_top: list[Any] = []
             if start >= 0:
-                if start == 0:  # nothing precedes the first token: SGLang reports None
+                if (
+                    start == 0 and r.prompt_ids
+                ):  # nothing precedes the first token: SGLang reports None
                     inp.append(self._lp(r.prompt_ids[0], None))
                     in_top.append(None)
                 inp.extend(self._lp(x.token_id, x.logprob) for x in r.prompt_logprobs)

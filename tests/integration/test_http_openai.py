@@ -224,3 +224,22 @@ def test_health_ready_and_models(stack: Stack, model: str) -> None:
     assert ready.status_code == 200 and ready.json() == {"ready": True}
     r = requests.get(stack.http_url + "/v1/nope")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_grpc_api_takes_the_same_penalties(stack: Stack) -> None:
+    from radixmesh.api import Client, RadixMeshError
+
+    args = {"prompt": "cat cat cat cat cat", "max_new_tokens": 8, "temperature": 0}
+    with Client(stack.endpoint) as c:
+        base = c.generate(**args)
+        pen = c.generate(**args, frequency_penalty=2.0)
+        same = c.generate(**args, presence_penalty=0.0, repetition_penalty=1.0)
+        two = {**args, "max_new_tokens": 2}
+        biased = c.generate(**two, logit_bias={base.output_ids[0] + 1: 100})
+        with pytest.raises(RadixMeshError) as bad:
+            c.generate(**args, presence_penalty=3.0)
+    assert pen.output_ids != base.output_ids
+    assert same.output_ids == base.output_ids  # neutral values change nothing
+    assert biased.output_ids == [base.output_ids[0] + 1] * 2
+    assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "presence_penalty" in bad.value.message

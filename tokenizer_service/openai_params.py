@@ -123,7 +123,9 @@ def sampling_params(b: Body) -> api_pb2.SamplingParams:
         try:
             tid = int(k)
         except ValueError as exc:
-            raise HttpError(400, f"logit_bias key {k!r} is not a token id", "logit_bias") from exc
+            raise HttpError(
+                400, f"logit_bias key {k!r} is not a token id", param="logit_bias"
+            ) from exc
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise _type_error("logit_bias", "an object of token id -> number")
         s.logit_bias[tid] = float(v)

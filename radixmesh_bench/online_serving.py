@@ -279,12 +279,13 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
     inf_x = (max(finite) * 2) if finite else 1.0  # rate inf drawn right of the largest rate
-    for backend in sorted({r["backend"] for r in runs}):
+    for k, backend in enumerate(sorted({r["backend"] for r in runs})):
         mine = [r for r in runs if r["backend"] == backend]
         xs = [inf_x if r["request_rate"] == "inf" else r["request_rate"] for r in mine]
+        color = f"C{k}"  # one colour per client: p50 solid, p99 dashed
         for ax, key in zip(axes, ("e2e_ms", "ttft_ms"), strict=True):
-            ax.plot(xs, [r[key]["p50"] for r in mine], marker="o", label=f"{backend} p50")
-            ax.plot(xs, [r[key]["p99"] for r in mine], marker="x", ls="--", label=f"{backend} p99")
+            ax.plot(xs, [r[key]["p50"] for r in mine], "o-", color=color, label=f"{backend} p50")
+            ax.plot(xs, [r[key]["p99"] for r in mine], "x--", color=color, label=f"{backend} p99")
     for ax, title in zip(axes, ("end-to-end latency", "time to first token"), strict=True):
         ax.set_xlabel("request rate (req/s; rightmost = inf)")
         ax.set_ylabel("ms")

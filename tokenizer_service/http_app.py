@@ -13,7 +13,7 @@ from radixmesh_server.server import channel
 from radixmesh_wire.pb import scheduler_pb2_grpc
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
-from tokenizer_service.http_errors import HttpError, error_response
+from tokenizer_service.http_errors import MAX_BODY, HttpError, error_response
 from tokenizer_service.http_openai import OpenAIApi
 from tokenizer_service.http_sglang import SGLangApi
 
@@ -38,7 +38,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 def build_app(core: FrontDoor, cfg: TokenizerConfig, model_path: str) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=cfg.http_max_body_bytes)
-    app["max_body_bytes"] = cfg.http_max_body_bytes
+    app[MAX_BODY] = cfg.http_max_body_bytes
     names = [cfg.served_model_name or core.tok.model_name]
     sched = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler_address))
     server_args = {

@@ -25,6 +25,9 @@ _HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
 }
 
 
+MAX_BODY = web.AppKey("max_body_bytes", int)
+
+
 class HttpError(Exception):
     """Raised by request parsing and handlers; rendered by `error_response`."""
 
@@ -70,7 +73,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     except web.HTTPRequestEntityTooLarge as exc:
         raise HttpError(
             413,
-            f"the request body exceeds {request.app['max_body_bytes']} bytes",
+            f"the request body exceeds {request.app[MAX_BODY]} bytes",
             code="request_too_large",
         ) from exc
     try:

@@ -14,6 +14,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         dsl_ablation,
         online_serving,
         radix_workloads,
+        security_cost,
     )
 
     cpu_serving.add_parser(bsub)
@@ -21,3 +22,4 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     dsl_ablation.add_parser(bsub)
     constrained.add_parser(bsub)
     online_serving.add_parser(bsub)
+    security_cost.add_parser(bsub)

@@ -37,6 +37,7 @@ def _serve(ns: argparse.Namespace) -> int:
             tokenizer_args=tok_args,
         ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
+        internal_tls=True,
     )
 
     async def main() -> None:

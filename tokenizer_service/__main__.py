@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import ssl
 import sys
 from pathlib import Path
 
+import grpc
 import structlog
 
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.model_store import ModelError, resolve_model
-from radixmesh_server.server import run, run_server
+from radixmesh_server.security import configure_internal
+from radixmesh_server.server import Listen, run, run_server
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
+from tokenizer_service.auth import ApiKeyInterceptor, ApiKeys
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
 from tokenizer_service.http_app import build_app, start_http
@@ -23,6 +27,14 @@ from tokenizer_service.tokenization import Tokenization
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(TokenizerConfig, argv)
     configure_logging("tokenizer", cfg.log_level)
+    configure_internal(cfg)
+    keys = ApiKeys.from_config(cfg.api_keys, cfg.admin_api_keys, cfg.api_keys_file)
+    listen = Listen(
+        public=True,
+        credentials=_public_tls(cfg),
+        interceptors=(ApiKeyInterceptor(keys),),
+        health_port=cfg.health_port,
+    )
     try:
         folder = resolve_model(cfg.tokenizer or cfg.model)
         tok = Tokenization(folder)
@@ -37,20 +49,23 @@ def main(argv: list[str] | None = None) -> None:
         core = FrontDoor(cfg, tok, link)
 
         def register(server, health):  # type: ignore[no-untyped-def]
-            api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(core), server)
+            servicer = RadixMeshServicer(core, keys)
+            api_pb2_grpc.add_RadixMeshServicer_to_server(servicer, server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
         runner = None
         if cfg.http_port:
-            app = build_app(core, cfg, str(folder))
+            app = build_app(core, cfg, str(folder), keys)
             try:
-                runner = await start_http(app, cfg.host, cfg.http_port)
+                runner = await start_http(app, cfg.host, cfg.http_port, _http_tls(cfg))
             except OSError as exc:
                 raise SystemExit(
                     f"tokenizer: cannot serve HTTP on port {cfg.http_port}: {exc}"
                 ) from exc
         try:
-            await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)
+            await run_server(
+                "tokenizer", cfg.host, cfg.port, register, background=link.run, listen=listen
+            )
         finally:
             if runner is not None:
                 await runner.cleanup()
@@ -62,6 +77,27 @@ def _template_text(value: str) -> str:
     """--chat-template is a file path when one exists, else the template itself."""
     path = Path(value)
     return path.read_text() if path.is_file() else value
+
+
+def _public_tls(cfg: TokenizerConfig) -> grpc.ServerCredentials | None:
+    if not cfg.tls_cert and not cfg.tls_key:
+        return None
+    if not (cfg.tls_cert and cfg.tls_key):
+        raise SystemExit("TLS on the public port needs both --tls-cert and --tls-key")
+    try:
+        pair = (Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())
+    except OSError as exc:
+        raise SystemExit(f"cannot read the public TLS files: {exc}") from None
+    return grpc.ssl_server_credentials([pair])
+
+
+def _http_tls(cfg: TokenizerConfig) -> ssl.SSLContext | None:
+    """The public TLS pair (--tls-cert/--tls-key) serves HTTPS on --http-port too."""
+    if not (cfg.tls_cert and cfg.tls_key):
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return ctx
 
 
 if __name__ == "__main__":

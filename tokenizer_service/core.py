@@ -20,6 +20,7 @@ import grpc
 import structlog
 
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
+from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
@@ -53,6 +54,8 @@ class GenerateInput:
     logprobs: api_pb2.LogprobOptions = field(default_factory=api_pb2.LogprobOptions)
     stream: bool = False
     stream_interval: int = 1
+    tenant: str = ""  # the caller's (API key's) tenant; "" when keys are off
+    cache_salt: str = ""  # prefix-cache isolation within the tenant
 
 
 class FrontDoor:
@@ -60,6 +63,7 @@ class FrontDoor:
         self.cfg = cfg
         self.tok = tok
         self.link = link
+        self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
 
     @property
     def context_length(self) -> int:
@@ -120,13 +124,15 @@ class FrontDoor:
         """Chunks (when inp.stream) then one Complete; GenerateError on failure. Closing the
         generator early aborts the request."""
         rid = inp.rid or uuid.uuid4().hex
+        wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
         ids, sampling = prepared or self.prepare(inp)
         submit = scheduler_pb2.SubmitRequest(
-            rid=rid,
+            rid=wire_rid,
             input_ids=ids,
             sampling=sampling,
             logprobs=inp.logprobs,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
+            cache_namespace=cache_namespace(inp.tenant, inp.cache_salt),
         )
         try:
             queue = self.link.submit(submit)
@@ -135,6 +141,9 @@ class FrontDoor:
         log.debug("submitted", rid=rid, prompt_tokens=len(ids))
         stream = TextStream(self.tok, ids, sampling, inp.stream, inp.stream_interval)
         finished = False
+        owns = wire_rid not in self.owners  # a duplicate id must not take over the first
+        if owns:
+            self.owners[wire_rid] = inp.tenant
         try:
             while True:
                 item = await queue.get()
@@ -150,13 +159,23 @@ class FrontDoor:
                 if done:
                     finished = True
                     if stream.stopped_by_string:
-                        self.link.abort(rid, submit.key)
+                        self.link.abort(wire_rid, submit.key)
                     yield stream.complete(inp.logprobs)
                     return
         finally:
             if not finished:  # the consumer went away, or the stream broke
-                self.link.abort(rid, submit.key)
-            self.link.done(rid, submit.key)
+                self.link.abort(wire_rid, submit.key)
+            self.link.done(wire_rid, submit.key)
+            if owns:
+                del self.owners[wire_rid]
+
+    def abort(self, rid: str, tenant: str) -> bool:
+        """Client-initiated abort: only the tenant that submitted a request may abort it;
+        others learn nothing of it."""
+        wire_rid = _wire_rid(rid, tenant)
+        if self.owners.get(wire_rid) != tenant:
+            return False
+        return self.link.request_abort(wire_rid)
 
     async def run(self, inp: GenerateInput) -> Complete:
         """The whole result of a non-streaming request."""
@@ -164,6 +183,10 @@ class FrontDoor:
             if isinstance(ev, Complete):
                 return ev
         raise GenerateError(grpc.StatusCode.INTERNAL, "the request ended without a result")
+
+
+def _wire_rid(rid: str, tenant: str) -> str:
+    return f"{tenant}:{rid}" if tenant else rid
 
 
 def _status(value: int) -> grpc.StatusCode:

@@ -22,7 +22,10 @@ async def prefill_once(core: FrontDoor, inp: GenerateInput) -> tuple[list[int], 
     tokens that were already cached before this request)."""
     ids, _ = core.prepare(inp)
     pre = GenerateInput(
-        input_ids=ids, sampling=api_pb2.SamplingParams(max_new_tokens=0, temperature=0)
+        input_ids=ids,
+        sampling=api_pb2.SamplingParams(max_new_tokens=0, temperature=0),
+        tenant=inp.tenant,  # the choices must find it in their own cache namespace
+        cache_salt=inp.cache_salt,
     )
     done = await core.run(pre)
     return ids, done.cached_tokens

@@ -17,7 +17,13 @@ from aiohttp import web
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.fanout import choice_inputs, merged, prefill_once, run_all
-from tokenizer_service.http_errors import HttpError, error_response, from_status, read_json
+from tokenizer_service.http_errors import (
+    TENANT,
+    HttpError,
+    error_response,
+    from_status,
+    read_json,
+)
 from tokenizer_service.openai_params import OpenAIRequest, parse_chat, parse_completion
 from tokenizer_service.sse import DONE, frame, open_stream
 
@@ -63,6 +69,8 @@ class OpenAIApi:
                 parse_chat(body) if chat else parse_completion(body, self.core.cfg.max_top_logprobs)
             )
             model = self._model(req.model)
+            for inp in req.inputs:
+                inp.tenant = request.get(TENANT, "")
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
             inputs, cached = await self._inputs(req)

@@ -21,7 +21,13 @@ from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.fanout import merged, run_all
-from tokenizer_service.http_errors import HttpError, error_response, from_status, read_json
+from tokenizer_service.http_errors import (
+    TENANT,
+    HttpError,
+    error_response,
+    from_status,
+    read_json,
+)
 from tokenizer_service.openai_params import Body, sampling_params
 from tokenizer_service.sse import DONE, frame, open_stream
 
@@ -100,7 +106,9 @@ class SGLangApi:
         if not self.core.ready:
             return web.Response(status=503, text="not ready: the scheduler is not connected\n")
         inp = GenerateInput(
-            input_ids=[0], sampling=api_pb2.SamplingParams(max_new_tokens=1, temperature=0)
+            input_ids=[0],
+            sampling=api_pb2.SamplingParams(max_new_tokens=1, temperature=0),
+            tenant=request.get(TENANT, ""),
         )
         try:
             await self.core.run(inp)
@@ -112,6 +120,8 @@ class SGLangApi:
         try:
             body = await read_json(request)
             req = _parse(body, self.core.context_length)
+            for inp in req.inputs:
+                inp.tenant = request.get(TENANT, "")
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
             for k, inp in enumerate(req.inputs):

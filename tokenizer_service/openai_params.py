@@ -80,6 +80,7 @@ class OpenAIRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     user: str | None = None
+    cache_salt: str = ""  # vLLM's extension: prefix-cache isolation within the tenant
     prompt_texts: list[str] = field(default_factory=list)  # for echo
 
 
@@ -201,6 +202,7 @@ def _common(b: Body, req: OpenAIRequest) -> None:
             raise HttpError(400, "stream_options needs stream=true", param="stream_options")
         req.include_usage = bool(Body(opts).bool_("include_usage"))
     req.user = b.str_("user")
+    req.cache_salt = b.str_("cache_salt") or ""
 
 
 def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
@@ -230,6 +232,7 @@ def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
             sampling=sampling_params(b),
             logprobs=lp,
             stream=req.stream,
+            cache_salt=req.cache_salt,
         )
     )
     return req
@@ -277,7 +280,9 @@ def parse_completion(d: dict[str, Any], max_top_logprobs: int) -> OpenAIRequest:
         lp = api_pb2.LogprobOptions(return_logprob=req.logprobs, top_logprobs=req.top_logprobs)
         if req.echo and req.logprobs:
             lp.prompt_logprobs_from = 0
-        inp = GenerateInput(sampling=sampling, logprobs=lp, stream=req.stream)
+        inp = GenerateInput(
+            sampling=sampling, logprobs=lp, stream=req.stream, cache_salt=req.cache_salt
+        )
         if isinstance(prompt, str):
             inp.text = prompt
         else:

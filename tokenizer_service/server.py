@@ -12,6 +12,7 @@ import structlog
 
 from radixmesh_server.server import channel
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2_grpc
+from tokenizer_service.auth import ApiKeys, Principal
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.validation import InvalidRequest, check_input_ids
@@ -26,8 +27,9 @@ _FINISH = {
 
 
 class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
-    def __init__(self, core: FrontDoor) -> None:
+    def __init__(self, core: FrontDoor, keys: ApiKeys | None = None) -> None:
         self.core = core
+        self.keys = keys or ApiKeys({})
         self.tok = core.tok
         self.link = core.link
         self._stats_chan = channel(core.cfg.scheduler_address)
@@ -46,6 +48,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
         inp = _input(request)
+        inp.tenant = self._tenant(context)
         try:
             # aclosing: a cancelled call closes the core's generator now, which aborts
             async with aclosing(self.core.generate(inp)) as events:
@@ -88,7 +91,12 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     async def Abort(
         self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AbortResponse:
-        return api_pb2.AbortResponse(found=self.link.request_abort(request.request_id))
+        tenant = self._tenant(context)
+        return api_pb2.AbortResponse(found=self.core.abort(request.request_id, tenant))
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        # The interceptor already refused unknown keys; this names the caller's tenant.
+        return (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
 
     async def GetModelInfo(
         self, request: api_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -128,6 +136,7 @@ def _input(req: api_pb2.GenerateRequest) -> GenerateInput:
         logprobs=req.logprobs,
         stream=req.stream,
         stream_interval=req.stream_interval if req.HasField("stream_interval") else 1,
+        cache_salt=req.cache_salt,
     )
     kind = req.WhichOneof("input")
     if kind == "text":

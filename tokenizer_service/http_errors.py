@@ -26,7 +26,7 @@ _HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
 
 
 MAX_BODY = web.AppKey("max_body_bytes", int)
-TENANT = "radixmesh.tenant"  # request key: the caller's tenant, set by the auth middleware
+TENANT = web.RequestKey("tenant", str)  # the caller's tenant, set by the auth middleware
 
 
 class HttpError(Exception):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import jsonschema
@@ -42,7 +43,7 @@ def _stats(stack: Stack) -> api_pb2.Stats:
 
 
 def test_completions_plain_and_streamed_agree(client: openai.OpenAI, model: str) -> None:
-    args = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    args: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
     plain = client.completions.create(**args, extra_body={"ignore_eos": True})
     assert plain.object == "text_completion" and len(plain.choices) == 1
     ch = plain.choices[0]
@@ -70,7 +71,7 @@ def test_completions_plain_and_streamed_agree(client: openai.OpenAI, model: str)
 
 def test_chat_plain_streamed_stop_and_logprobs(client: openai.OpenAI, model: str) -> None:
     msgs = [{"role": "user", "content": "List three animals."}]
-    args = {"model": model, "messages": msgs, "max_tokens": 10, "temperature": 0}
+    args: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": 10, "temperature": 0}
     plain = client.chat.completions.create(**args, logprobs=True, top_logprobs=2)
     msg = plain.choices[0].message
     assert msg.role == "assistant" and msg.content
@@ -148,7 +149,12 @@ def test_json_schema_output_validates(client: openai.OpenAI, model: str) -> None
 def test_penalties_and_logit_bias_change_output(
     stack: Stack, client: openai.OpenAI, model: str
 ) -> None:
-    args = {"model": model, "prompt": "cat cat cat cat cat", "max_tokens": 8, "temperature": 0}
+    args: dict[str, Any] = {
+        "model": model,
+        "prompt": "cat cat cat cat cat",
+        "max_tokens": 8,
+        "temperature": 0,
+    }
     base = client.completions.create(**args).choices[0]
     freq = client.completions.create(**args, frequency_penalty=2.0).choices[0]
     assert freq.text != base.text
@@ -174,7 +180,7 @@ def test_errors_arrive_as_sdk_exceptions(client: openai.OpenAI, model: str) -> N
         client.completions.create(model=model, prompt="hi " * 9000, max_tokens=1)
     assert "context window" in long_.value.message
     with pytest.raises(openai.UnprocessableEntityError) as typ:
-        client.completions.create(model=model, prompt="hi", max_tokens="three")  # type: ignore[arg-type]
+        client.completions.create(model=model, prompt="hi", max_tokens="three")  # type: ignore[call-overload]
     assert "max_tokens" in typ.value.message
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=[], max_tokens=1)
@@ -192,7 +198,7 @@ def test_body_too_large_is_413(stack: Stack) -> None:
 
 
 def test_disconnect_mid_stream_frees_the_request(stack: Stack, model: str) -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "prompt": PROMPT,
         "max_tokens": 2000,
@@ -203,7 +209,7 @@ def test_disconnect_mid_stream_frees_the_request(stack: Stack, model: str) -> No
     with requests.post(stack.http_url + "/v1/completions", json=body, stream=True, timeout=30) as r:
         assert r.status_code == 200
         lines = r.iter_lines(decode_unicode=True)
-        first = next(line for line in lines if line.startswith("data: "))
+        first = next(str(line) for line in lines if str(line).startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["index"] == 0
         assert _stats(stack).running_requests >= 1
     # closed: the handler is cancelled, the request aborted, its slots freed
@@ -229,7 +235,7 @@ def test_health_ready_and_models(stack: Stack, model: str) -> None:
 def test_grpc_api_takes_the_same_penalties(stack: Stack) -> None:
     from radixmesh.api import Client, RadixMeshError
 
-    args = {"prompt": "cat cat cat cat cat", "max_new_tokens": 8, "temperature": 0}
+    args: dict[str, Any] = {"prompt": "cat cat cat cat cat", "max_new_tokens": 8, "temperature": 0}
     with Client(stack.endpoint) as c:
         base = c.generate(**args)
         pen = c.generate(**args, frequency_penalty=2.0)

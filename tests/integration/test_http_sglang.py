@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import requests
@@ -39,7 +40,7 @@ def _sse(resp: requests.Response) -> list[dict]:
 
 def test_bench_serving_body_streamed(stack: Stack) -> None:
     # async_request_sglang_generate's payload (return_logprob off, ignore_eos on)
-    payload = {
+    payload: dict[str, Any] = {
         "text": PROMPT,
         "sampling_params": {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True},
         "stream": True,
@@ -68,7 +69,7 @@ def test_bench_serving_body_streamed(stack: Stack) -> None:
 
 def test_runtime_endpoint_generate_body(stack: Stack) -> None:
     # RuntimeEndpoint.generate: skip/space flags plus SglSamplingParams.to_srt_kwargs()
-    data = {
+    data: dict[str, Any] = {
         "text": "The capital of France is",
         "sampling_params": {
             "skip_special_tokens": True,
@@ -122,7 +123,7 @@ def test_runtime_endpoint_select_bodies(stack: Stack) -> None:
     assert cached.json()["text"] == ""
     choices = [" yes", " no"]
     start = max(prompt_len - 2, 0)
-    data = {
+    data: dict[str, Any] = {
         "text": [prefix + c for c in choices],
         "sampling_params": {"max_new_tokens": 0, "temperature": 0},
         "return_logprob": True,

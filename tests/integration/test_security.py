@@ -130,7 +130,9 @@ async def _open_scheduler_session(sec: Stack, role: str | None, sid: str) -> grp
         stub = scheduler_pb2_grpc.SchedulerStub(chan)
 
         async def hello():  # type: ignore[no-untyped-def]
-            yield scheduler_pb2.FrontendMessage(hello=scheduler_pb2.FrontendHello(session_id=sid))
+            yield scheduler_pb2.FrontendMessage(
+                hello=scheduler_pb2.FrontendHello(session_id=sid)
+            )
             await asyncio.sleep(3600)
 
         call = stub.Session(hello())

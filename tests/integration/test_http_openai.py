@@ -249,3 +249,26 @@ def test_grpc_api_takes_the_same_penalties(stack: Stack) -> None:
     assert biased.output_ids == [base.output_ids[0] + 1] * 2
     assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "presence_penalty" in bad.value.message
+
+
+def test_echo_logprobs_and_extensions(client: openai.OpenAI, model: str) -> None:
+    res = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=2, temperature=0, echo=True, logprobs=1
+    )
+    ch = res.choices[0]
+    assert res.usage is not None and ch.text.startswith(PROMPT)
+    lp = ch.logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert len(lp.tokens) == res.usage.prompt_tokens + res.usage.completion_tokens
+    assert lp.token_logprobs[0] is None  # nothing precedes the first prompt token
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == ch.text
+    picked = client.completions.create(
+        model=model,
+        prompt="Is water wet? Answer:",
+        max_tokens=4,
+        temperature=0.7,
+        seed=1,
+        extra_body={"regex": " (yes|no)", "top_k": 5, "min_p": 0.05},
+    )
+    assert picked.choices[0].text in (" yes", " no")

@@ -62,3 +62,14 @@ def test_not_ready_app(model_dir: Path) -> None:
             assert r.status == 400 and "JSON object" in (await r.json())["error"]["message"]
 
     asyncio.run(go())
+
+
+def test_chat_template_override(model_dir: Path) -> None:
+    tok = Tokenization(model_dir)
+    tok.set_chat_template(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    ids = tok.apply_chat([{"role": "user", "content": "hi"}], True)
+    assert tok.decode(ids) == "<user>hi<assistant>"
+    assert tok.roles.roles["user"] == ("<user>", "")

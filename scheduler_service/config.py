@@ -56,6 +56,16 @@ class SchedulerConfig:
         "device), so scheduling and the gRPC hop hide behind the forward pass",
         choices=["on", "off"],
     )
+    model_probe_s: float = field(
+        1.0,
+        "ask the model's liveness this often; two unanswered (or NOT_SERVING) probes in a row "
+        "count as losing it (running requests then wait as continuations)",
+    )
+    model_hold_s: float = field(
+        60.0,
+        "while the model service is away, hold queued work this long (readiness NOT_SERVING); "
+        "then fail it with UNAVAILABLE and refuse new work until the model is back",
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 
@@ -66,5 +76,7 @@ class SchedulerConfig:
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:
             raise ValueError("--protect-ms must be >= 0")
+        if self.model_probe_s <= 0 or self.model_hold_s < 0:
+            raise ValueError("--model-probe-s must be > 0 and --model-hold-s >= 0")
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

@@ -50,7 +50,9 @@ def _long_requests(c: Client, n: int = 3) -> list:
     return futs
 
 
-@pytest.mark.parametrize("victim,dependant", [("model", "scheduler"), ("scheduler", "tokenizer")])
+# The model's restart is survived (tests/integration/test_restart.py); the scheduler's too
+# once the front door resubmits.
+@pytest.mark.parametrize("victim,dependant", [("scheduler", "tokenizer")])
 def test_kill_service(fragile: Stack, victim: str, dependant: str) -> None:
     with Client(fragile.endpoint) as c:
         futs = _long_requests(c)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
     async def serve() -> None:
-        link = SchedulerLink(cfg.scheduler_address)
+        link = SchedulerLink(cfg.scheduler_address, hold_s=cfg.scheduler_hold_s)
 
         def register(server, health):  # type: ignore[no-untyped-def]
             api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(cfg, tok, link), server)

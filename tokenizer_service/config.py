@@ -18,4 +18,10 @@ class TokenizerConfig:
     tokenizer: str = field("", "tokenizer folder if different from --model")
     default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
     max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
+    scheduler_hold_s: float = field(
+        60.0,
+        "while the scheduler is away, hold live and new requests this long (readiness "
+        "NOT_SERVING; live ones are resubmitted as continuations when it is back); then fail "
+        "them with UNAVAILABLE and refuse new ones until it is back",
+    )
     log_level: str = field("info", "log level")

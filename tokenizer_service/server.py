@@ -171,7 +171,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         except grpc.aio.AioRpcError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"scheduler: {exc.details()}")
             raise
-        stats.frontend_inflight = len(self.link.queues)
+        stats.frontend_inflight = len(self.link.live)
         return stats
 
 

@@ -119,3 +119,10 @@ def test_model_sigstop_detected(rstack: Stack, reference: list[GenerateResult]) 
             rstack.launcher.kill("model", signal.SIGCONT)
 
     _disturb(rstack, reference, freeze)
+
+
+def test_scheduler_kill9_resubmits(rstack: Stack, reference: list[GenerateResult]) -> None:
+    """The front door holds every live request and resubmits it as a continuation."""
+    restarts = rstack.launcher.restarts["scheduler"]
+    _disturb(rstack, reference, lambda: rstack.launcher.kill("scheduler"))
+    assert rstack.launcher.restarts["scheduler"] == restarts + 1

@@ -17,7 +17,12 @@ from tokenizer_service.detokenizer import IncrementalDetokenizer
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
-from tokenizer_service.validation import InvalidRequest, check_input_ids, normalize_sampling
+from tokenizer_service.validation import (
+    InvalidRequest,
+    check_input_ids,
+    check_resume,
+    normalize_sampling,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +77,8 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 self.cfg.default_max_new_tokens,
                 self.cfg.max_top_logprobs,
             )
+            resumed = list(request.resume_output_ids)
+            check_resume(resumed, self.tok.vocab_size, sampling.max_new_tokens)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
@@ -80,6 +87,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             input_ids=ids,
             sampling=sampling,
             logprobs=request.logprobs,
+            output_ids=resumed,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
         )
         try:
@@ -87,8 +95,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         except SchedulerLost as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return
-        log.debug("submitted", rid=rid, prompt_tokens=len(ids))
+        log.debug("submitted", rid=rid, prompt_tokens=len(ids), resumed=len(resumed))
         stream = _Stream(self, rid, ids, request, sampling)
+        stream.resume(resumed)
         finished = False
         try:
             while True:
@@ -214,6 +223,15 @@ class _Stream:
         self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
         self.matched_stop = ""
         self.stopped_by_string = False
+
+    def resume(self, ids: list[int]) -> None:
+        """A continuation: the client already has these ids and the text streamed for them
+        (text it was sent stops where a stop string could still begin: `safe_length`)."""
+        if not ids:
+            return
+        self.ids.extend(ids)
+        self.text = self.detok.push(ids)
+        self.emitted = self.stops.safe_length(self.text)
 
     def on_delta(self, u: Update) -> tuple[api_pb2.GenerateChunk | None, bool]:
         ex = u.extras

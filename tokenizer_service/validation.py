@@ -87,3 +87,14 @@ def check_input_ids(ids: list[int], vocab_size: int) -> None:
         f"input_ids contain {len(bad)} ids outside the vocabulary [0, {vocab_size}), "
         f"e.g. {bad[:3]}",
     )
+
+
+def check_resume(ids: list[int], vocab_size: int, max_new_tokens: int) -> None:
+    """`resume_output_ids` of a continuation: in the vocabulary, within the token budget."""
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    check(not bad, f"resume_output_ids contain ids outside the vocabulary, e.g. {bad[:3]}")
+    check(
+        len(ids) <= max_new_tokens,
+        f"resume_output_ids has {len(ids)} tokens but max_new_tokens is {max_new_tokens}: "
+        "send the original request's max_new_tokens (it counts the resumed tokens)",
+    )

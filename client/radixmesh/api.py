@@ -1,7 +1,9 @@
 """gRPC client for RadixMesh, sync (`Client`) and asyncio (`AsyncClient`).
 
 Needs only grpcio and protobuf. Errors surface as `RadixMeshError` carrying the gRPC status
-code and the server's message.
+code and the server's message. Generate calls retry a stream broken with UNAVAILABLE as a
+continuation of what was received (`radixmesh.retry`); pass `retry=NO_RETRY` (to the client or
+to one call) to opt out.
 
     from radixmesh import Client
     c = Client("localhost:50051")
@@ -10,19 +12,27 @@ code and the server's message.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from radixmesh.retry import Resumable, RetryPolicy
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 
 DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
 _OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
+    # A restarted front door is back in seconds: reconnect that fast (gRPC's default backoff
+    # grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _FINISH = {
     api_pb2.FINISH_REASON_STOP: "stop",
@@ -163,9 +173,15 @@ def _error(exc: grpc.RpcError) -> RadixMeshError:
 class Client:
     """Blocking client. Thread-safe: one channel, calls from any thread."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
         self.channel = grpc.insecure_channel(endpoint, options=_OPTIONS)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
@@ -178,27 +194,40 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, prompt: str | None = None, **kw: Any) -> GenerateResult:
-        req = build_request(prompt, **kw)
-        try:
-            for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "complete":
-                    return result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
+    def generate(
+        self, prompt: str | None = None, *, retry: RetryPolicy | None = None, **kw: Any
+    ) -> GenerateResult:
+        for item in self._generate(build_request(prompt, **kw), retry):
+            if isinstance(item, GenerateResult):
+                return item
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
-    def stream(self, prompt: str | None = None, **kw: Any) -> Iterator[Chunk | GenerateResult]:
+    def stream(
+        self, prompt: str | None = None, *, retry: RetryPolicy | None = None, **kw: Any
+    ) -> Iterator[Chunk | GenerateResult]:
         """Yields Chunks as text arrives, then the final GenerateResult."""
-        req = build_request(prompt, stream=True, **kw)
-        try:
-            for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "chunk":
-                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
-                else:
-                    yield result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
+        yield from self._generate(build_request(prompt, stream=True, **kw), retry)
+
+    def _generate(
+        self, req: api_pb2.GenerateRequest, retry: RetryPolicy | None
+    ) -> Iterator[Chunk | GenerateResult]:
+        call = Resumable(req, retry or self.retry, self.timeout)
+        while True:
+            attempt, timeout = call.next_request()
+            try:
+                for msg in self.stub.Generate(attempt, timeout=timeout):
+                    if msg.WhichOneof("response") == "chunk":
+                        call.on_chunk(msg.chunk)
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                    else:
+                        yield result_from_proto(msg.request_id, msg.complete)
+                        return
+                raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+            except grpc.RpcError as exc:
+                delay = call.retry_after(exc.code())  # type: ignore[attr-defined]
+                if delay is None:
+                    raise _error(exc) from None
+                time.sleep(delay)
 
     def tokenize(
         self,
@@ -247,9 +276,15 @@ class Client:
 class AsyncClient:
     """asyncio client; create it inside a running event loop."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
         self.channel = grpc.aio.insecure_channel(endpoint, options=_OPTIONS)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
@@ -269,17 +304,32 @@ class AsyncClient:
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
     async def stream(
-        self, prompt: str | None = None, _stream: bool = True, **kw: Any
+        self,
+        prompt: str | None = None,
+        _stream: bool = True,
+        *,
+        retry: RetryPolicy | None = None,
+        **kw: Any,
     ) -> AsyncIterator[Chunk | GenerateResult]:
-        req = build_request(prompt, stream=_stream, **kw)
-        try:
-            async for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "chunk":
-                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
-                else:
-                    yield result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
+        call = Resumable(
+            build_request(prompt, stream=_stream, **kw), retry or self.retry, self.timeout
+        )
+        while True:
+            attempt, timeout = call.next_request()
+            try:
+                async for msg in self.stub.Generate(attempt, timeout=timeout):
+                    if msg.WhichOneof("response") == "chunk":
+                        call.on_chunk(msg.chunk)
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                    else:
+                        yield result_from_proto(msg.request_id, msg.complete)
+                        return
+                raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+            except grpc.RpcError as exc:
+                delay = call.retry_after(exc.code())  # type: ignore[attr-defined]
+                if delay is None:
+                    raise _error(exc) from None
+                await asyncio.sleep(delay)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from radixmesh.api import Client, RadixMeshError
+from radixmesh.retry import NO_RETRY
 
 from radixmesh_server.launcher import check_ready
 from tests.conftest import Stack, start_stack
@@ -43,7 +44,9 @@ def _until(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 def _long_requests(c: Client, n: int = 3) -> list:
     pool = ThreadPoolExecutor(n)
     futs = [
-        pool.submit(c.generate, f"Story number {i}:", max_new_tokens=500, ignore_eos=True)
+        pool.submit(
+            c.generate, f"Story number {i}:", max_new_tokens=500, ignore_eos=True, retry=NO_RETRY
+        )
         for i in range(n)
     ]
     assert _until(lambda: c.stats().running_requests >= n, 30)

@@ -126,3 +126,10 @@ def test_scheduler_kill9_resubmits(rstack: Stack, reference: list[GenerateResult
     restarts = rstack.launcher.restarts["scheduler"]
     _disturb(rstack, reference, lambda: rstack.launcher.kill("scheduler"))
     assert rstack.launcher.restarts["scheduler"] == restarts + 1
+
+
+def test_front_door_kill9_client_resumes(rstack: Stack, reference: list[GenerateResult]) -> None:
+    """The client library resumes each broken stream as a continuation of the ids it got."""
+    restarts = rstack.launcher.restarts["tokenizer"]
+    _disturb(rstack, reference, lambda: rstack.launcher.kill("tokenizer"))
+    assert rstack.launcher.restarts["tokenizer"] == restarts + 1

@@ -229,4 +229,5 @@ async def serve(config: GrammarConfig) -> None:
         config.port,
         register=lambda server, _health: register(server, servicer),
         on_stop=servicer.close,
+        grace_s=config.shutdown_grace_s,
     )

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)
         return [model_pb2.DESCRIPTOR.services_by_name["ModelWorker"].full_name]
 
-    run(lambda: run_server("model", cfg.host, cfg.port, register))
+    run(lambda: run_server("model", cfg.host, cfg.port, register, grace_s=cfg.shutdown_grace_s))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ class ModelServiceConfig:
     )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
+    shutdown_grace_s: float = field(
+        35.0,
+        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
+        "their callers leave); keep it above the front door's grace",
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:

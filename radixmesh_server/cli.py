@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ SMOKE_PROMPT = "What is the capital of France?"
 
 
 def _serve(ns: argparse.Namespace) -> int:
+    from radixmesh_server.drain import INTERNAL_EXTRA_S
     from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
     from radixmesh_server.logging import configure_logging
     from radixmesh_server.model_store import ModelError, resolve_model
@@ -26,11 +28,24 @@ def _serve(ns: argparse.Namespace) -> int:
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
     launcher = Launcher(
-        stack_specs(ports, ns.model, model_args=model_args, scheduler_args=sched_args),
+        stack_specs(
+            ports,
+            ns.model,
+            model_args=model_args,
+            scheduler_args=sched_args,
+            shutdown_grace=ns.shutdown_grace,
+        ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
     )
 
     async def main() -> None:
+        # SIGTERM/SIGINT: stop supervising; the finally below forwards SIGTERM to every
+        # service, which drains (in-flight requests get --shutdown-grace seconds).
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
         launcher.start_all()
         print(f"radixmesh: starting services (model {ns.model}) ...", flush=True)
         await launcher.wait_ready(timeout=ns.startup_timeout)
@@ -46,13 +61,13 @@ def _serve(ns: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("radixmesh: stopping; draining in-flight requests ...", flush=True)
     except (RuntimeError, TimeoutError) as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 1
     finally:
-        launcher.stop_all()
+        launcher.stop_all(grace=ns.shutdown_grace + INTERNAL_EXTRA_S + 5.0)
     return 0
 
 
@@ -128,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info")
     s.add_argument("--startup-timeout", type=float, default=600.0)
     s.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")
+    s.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/Ctrl-C, seconds in-flight requests may take to finish before they end "
+        "with UNAVAILABLE",
+    )
     s.set_defaults(func=_serve)
 
     g = sub.add_parser("generate", help="one request, streamed to the terminal")

@@ -23,6 +23,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from radixmesh_server.drain import INTERNAL_EXTRA_S
+
 log = structlog.get_logger(__name__)
 
 PARENT_ENV = "RADIXMESH_PARENT_PID"
@@ -65,8 +67,16 @@ def stack_specs(
     scheduler_args: Sequence[str] = (),
     tokenizer_args: Sequence[str] = (),
     grammar_args: Sequence[str] = (),
+    shutdown_grace: float | None = None,
 ) -> list[ServiceSpec]:
+    """`shutdown_grace`: the front door's SIGTERM grace; internal services get a little more
+    (radixmesh_server.drain), so requests that fit it never lose a dependency first."""
     p = ports
+    if shutdown_grace is not None:
+        inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
+        model_args, grammar_args = [*model_args, *inner], [*grammar_args, *inner]
+        scheduler_args = [*scheduler_args, *inner]
+        tokenizer_args = [*tokenizer_args, "--shutdown-grace-s", str(shutdown_grace)]
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
         ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),
@@ -187,6 +197,8 @@ class Launcher:
         return proc.pid
 
     def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every service (each drains: radixmesh_server.drain); SIGKILL what is still
+        running `grace` seconds later."""
         self._stopping = True
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -3,7 +3,7 @@
 Health (grpc.health.v1): service "" and "liveness" report only that the process serves;
 "readiness" is SERVING only while every peer the service needs is reachable (the service calls
 `Health.set_ready`). Reflection lists every registered service. SIGTERM/SIGINT: readiness goes
-NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s`.
+NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s` (radixmesh_server.drain).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from radixmesh_server.drain import DEFAULT_GRACE_S, drain
 
 log = structlog.get_logger(__name__)
 
@@ -106,10 +108,12 @@ async def run_server(
     register: Callable[[grpc.aio.Server, Health], Iterable[str]],
     background: Callable[[Health], Coroutine[Any, Any, None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
-    grace_s: float = 5.0,
+    grace_s: float = DEFAULT_GRACE_S,
+    before_cancel: Callable[[], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT. `register` adds servicers and returns their full names;
-    `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining."""
+    `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining;
+    `before_cancel` ends in-flight work cleanly when the grace period runs out."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     hb = Health()
     names = list(register(server, hb))
@@ -140,7 +144,7 @@ async def run_server(
     orphan.cancel()
     log.info("draining", grace_s=grace_s)
     await hb.shutdown()
-    await server.stop(grace_s)
+    await drain(server, grace_s, before_cancel)
     if bg:
         bg.cancel()
     if on_stop:

@@ -22,7 +22,14 @@ def main(argv: list[str] | None = None) -> None:
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)
             return [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name]
 
-        await run_server("scheduler", cfg.host, cfg.port, register, background=sched.run)
+        await run_server(
+            "scheduler",
+            cfg.host,
+            cfg.port,
+            register,
+            background=sched.run,
+            grace_s=cfg.shutdown_grace_s,
+        )
 
     run(serve)
 

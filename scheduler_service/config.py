@@ -67,6 +67,11 @@ class SchedulerConfig:
         "then fail it with UNAVAILABLE and refuse new work until the model is back",
     )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
+    shutdown_grace_s: float = field(
+        35.0,
+        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
+        "their callers leave); keep it above the front door's grace",
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:

@@ -114,7 +114,10 @@ class ModelLink:
                 ok = resp.status == health_pb2.HealthCheckResponse.SERVING
                 why = "its liveness is NOT_SERVING (a stuck step thread)"
             except grpc.aio.AioRpcError as exc:
-                ok, why = False, f"its liveness check failed ({exc.code().name})"
+                # Only silence counts: a draining model refuses new calls (UNAVAILABLE) while
+                # its step stream works on, and a dead one breaks the stream itself.
+                ok = exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                why = "its liveness check went unanswered"
             misses = 0 if ok else misses + 1
             if misses >= self.probe_misses:
                 self._lost_reason = f"model service unresponsive: {why}"

@@ -33,7 +33,21 @@ def main(argv: list[str] | None = None) -> None:
             api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(cfg, tok, link), server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
-        await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)
+        def shutting_down() -> None:
+            link.end_all(
+                f"the front door is shutting down (--shutdown-grace-s={cfg.shutdown_grace_s:g}"
+                " passed before this request finished); retry"
+            )
+
+        await run_server(
+            "tokenizer",
+            cfg.host,
+            cfg.port,
+            register,
+            background=link.run,
+            grace_s=cfg.shutdown_grace_s,
+            before_cancel=shutting_down,
+        )
 
     run(serve)
 

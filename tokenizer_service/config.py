@@ -24,4 +24,9 @@ class TokenizerConfig:
         "NOT_SERVING; live ones are resubmitted as continuations when it is back); then fail "
         "them with UNAVAILABLE and refuse new ones until it is back",
     )
+    shutdown_grace_s: float = field(
+        30.0,
+        "on SIGTERM: stop accepting, let in-flight requests finish this long, then end the "
+        "rest with UNAVAILABLE",
+    )
     log_level: str = field("info", "log level")

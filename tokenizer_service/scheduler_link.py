@@ -101,6 +101,11 @@ class SchedulerLink:
         )
         return True
 
+    def end_all(self, reason: str) -> None:
+        """Shutdown: every live request ends now with UNAVAILABLE and `reason`."""
+        self.live.fail_all(SchedulerLost(reason))
+        self.keys.clear()
+
     def done(self, rid: str, key: int) -> None:
         self.live.remove(key)
         if self.keys.get(rid) == key:

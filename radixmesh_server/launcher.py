@@ -1,5 +1,7 @@
 """Local launcher: every service is its own OS process on its own localhost port. Waits for
-readiness, restarts a service that dies (exponential backoff), stops all on exit.
+readiness, restarts a service that dies (exponential backoff) or stops answering its liveness
+check (a frozen process, or one whose watchdog reports a stuck loop: SIGKILL, then restart),
+stops all on exit (SIGTERM: each service drains).
 
 Used by `radixmesh serve` and by the integration tests (which kill services through it).
 """
@@ -118,6 +120,7 @@ class Launcher:
         log_dir: Path | None = None,
         env: dict[str, str] | None = None,
         max_backoff: float = 5.0,
+        liveness_timeout_s: float = 10.0,
     ) -> None:
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -126,6 +129,12 @@ class Launcher:
         # Services watch this pid and stop when the launcher is gone (radixmesh_server.server).
         self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
+        self.liveness_timeout_s = liveness_timeout_s
+        # Liveness is probed only once a service has answered SERVING since its (re)start: a
+        # model loading its weights does not serve health yet.
+        self._seen_live: set[str] = set()
+        self._unlive_since: dict[str, float] = {}
+        self._next_probe = 0.0
         self._stopping = False
         self._logs: list[Any] = []
 
@@ -138,6 +147,8 @@ class Launcher:
             f = (self.log_dir / f"{name}.log").open("ab")
             self._logs.append(f)
             out = f
+        self._seen_live.discard(name)
+        self._unlive_since.pop(name, None)
         self.procs[name] = subprocess.Popen(
             cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
         )
@@ -189,7 +200,33 @@ class Launcher:
                     await asyncio.sleep(delay)
                     if not self._stopping:
                         self.start(name)
+            if time.monotonic() >= self._next_probe:
+                self._next_probe = time.monotonic() + 1.0
+                await self._probe_liveness()
             await asyncio.sleep(0.1)
+
+    async def _probe_liveness(self) -> None:
+        """SIGKILL a service whose liveness has failed (no answer within 2 s, or NOT_SERVING)
+        for `liveness_timeout_s`; the supervise loop then restarts it."""
+        names = [n for n, p in self.procs.items() if p.poll() is None]
+        oks = await asyncio.gather(
+            *(check_ready(self.specs[n].address, "liveness", timeout=2.0) for n in names)
+        )
+        now = time.monotonic()
+        for name, ok in zip(names, oks, strict=True):
+            if ok:
+                self._seen_live.add(name)
+                self._unlive_since.pop(name, None)
+                continue
+            if name not in self._seen_live or self._stopping:
+                continue
+            since = self._unlive_since.setdefault(name, now)
+            if now - since >= self.liveness_timeout_s:
+                log.error("service_unresponsive", service=name, for_s=round(now - since, 1))
+                with contextlib.suppress(ProcessLookupError):
+                    self.procs[name].kill()
+                self._seen_live.discard(name)
+                self._unlive_since.pop(name, None)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         proc = self.procs[name]

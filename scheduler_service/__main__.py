@@ -5,6 +5,7 @@ from __future__ import annotations
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.server import run, run_server
+from radixmesh_server.watchdog import Watchdog
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
@@ -16,7 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging("scheduler", cfg.log_level)
 
     async def serve() -> None:
-        sched = Scheduler(cfg)
+        dog = Watchdog()
+        sched = Scheduler(cfg, dog.progress("scheduler loop", cfg.watchdog_s))
 
         def register(server, health):  # type: ignore[no-untyped-def]
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg.port,
             register,
             background=sched.run,
+            watchdog=dog,
             grace_s=cfg.shutdown_grace_s,
         )
 

@@ -66,6 +66,11 @@ class SchedulerConfig:
         "while the model service is away, hold queued work this long (readiness NOT_SERVING); "
         "then fail it with UNAVAILABLE and refuse new work until the model is back",
     )
+    watchdog_s: float = field(
+        30.0,
+        "liveness turns NOT_SERVING (so the supervisor restarts us) when the scheduling loop "
+        "has work but made no progress for this long, or died",
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     shutdown_grace_s: float = field(
         35.0,

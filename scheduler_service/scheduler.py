@@ -21,6 +21,7 @@ import grpc
 import structlog
 
 from radixmesh_server.server import Health
+from radixmesh_server.watchdog import Progress
 from radixmesh_wire.pb import model_pb2
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
@@ -48,8 +49,10 @@ class SubmitError(Exception):
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig) -> None:
+    def __init__(self, cfg: SchedulerConfig, progress: Progress | None = None) -> None:
         self.cfg = cfg
+        # The loop's heartbeat for the liveness watchdog: busy from a wake-up to the next idle.
+        self.progress = progress or Progress("scheduler loop", cfg.watchdog_s)
         self.link = ModelLink(cfg.model_address, probe_s=cfg.model_probe_s)
         self.grammar = GrammarLink(cfg.grammar_address)
         self.grammar.on_reconnect = self._rebind_grammars
@@ -237,7 +240,22 @@ class Scheduler:
         assert st is not None
         depth = 2 if self.cfg.overlap == "on" else 1
         inflight: deque[tuple[PlannedStep, asyncio.Future[model_pb2.StepResult]]] = deque()
+        prog = self.progress
+        prog.begin()
+        try:
+            await self._steps(st, depth, inflight)
+        finally:
+            prog.end()
+
+    async def _steps(
+        self,
+        st: SchedState,
+        depth: int,
+        inflight: deque[tuple[PlannedStep, asyncio.Future[model_pb2.StepResult]]],
+    ) -> None:
+        prog = self.progress
         while True:
+            prog.beat()
             self._reap_aborted()
             sent = False
             if len(inflight) < depth and (st.waiting or st.running):
@@ -253,7 +271,11 @@ class Scheduler:
                         self.link.send_masks(await self.masks.after_send(plan))
             if not inflight:
                 self._flush()
-                await self._idle()
+                prog.end()  # idle is not stuck
+                try:
+                    await self._idle()
+                finally:
+                    prog.begin()
                 continue
             if sent and len(inflight) < depth:
                 continue  # room for one more step before waiting on the oldest

@@ -30,11 +30,13 @@ NEW = 48
 
 @pytest.fixture(scope="module")
 def rstack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
-    yield from start_stack(
+    for st in start_stack(
         tmp_path_factory.mktemp("restart"),
         ["--kv-tokens", "8192"],
         ["--debug-invariants", "--model-probe-s", "0.5"],
-    )
+    ):
+        st.launcher.liveness_timeout_s = 6.0  # restart a frozen service quickly
+        yield st
 
 
 def _until(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
@@ -119,6 +121,14 @@ def test_model_sigstop_detected(rstack: Stack, reference: list[GenerateResult]) 
             rstack.launcher.kill("model", signal.SIGCONT)
 
     _disturb(rstack, reference, freeze)
+
+
+def test_model_frozen_is_restarted(rstack: Stack, reference: list[GenerateResult]) -> None:
+    """Left frozen, the model stops answering its liveness check: the launcher kills and
+    restarts it, and the held continuations finish identical."""
+    restarts = rstack.launcher.restarts["model"]
+    _disturb(rstack, reference, lambda: rstack.launcher.kill("model", signal.SIGSTOP))
+    assert rstack.launcher.restarts["model"] == restarts + 1
 
 
 def test_scheduler_kill9_resubmits(rstack: Stack, reference: list[GenerateResult]) -> None:

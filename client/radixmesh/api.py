@@ -222,12 +222,17 @@ class Client:
                     else:
                         yield result_from_proto(msg.request_id, msg.complete)
                         return
-                raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+                # The stream closed without its final message: the front door went away.
+                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
+                if delay is None:
+                    raise RadixMeshError(
+                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
+                    )
             except grpc.RpcError as exc:
-                delay = call.retry_after(exc.code())  # type: ignore[attr-defined]
+                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
                 if delay is None:
                     raise _error(exc) from None
-                time.sleep(delay)
+            time.sleep(delay)
 
     def tokenize(
         self,
@@ -324,12 +329,17 @@ class AsyncClient:
                     else:
                         yield result_from_proto(msg.request_id, msg.complete)
                         return
-                raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+                # The stream closed without its final message: the front door went away.
+                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
+                if delay is None:
+                    raise RadixMeshError(
+                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
+                    )
             except grpc.RpcError as exc:
-                delay = call.retry_after(exc.code())  # type: ignore[attr-defined]
+                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
                 if delay is None:
                     raise _error(exc) from None
-                await asyncio.sleep(delay)
+            await asyncio.sleep(delay)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:

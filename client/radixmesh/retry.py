@@ -39,6 +39,15 @@ class RetryPolicy:
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 
+# A server killed mid-stream is sometimes reported as INTERNAL by the HTTP/2 layer (the stream
+# was reset) rather than UNAVAILABLE; those are transport failures, retried like UNAVAILABLE.
+# An INTERNAL the server itself answered is not retried.
+_TRANSPORT_HINTS = ("RST_STREAM", "Stream removed", "Socket closed", "Connection reset")
+
+
+def transport_failure(code: grpc.StatusCode, details: str) -> bool:
+    return code == grpc.StatusCode.INTERNAL and any(h in details for h in _TRANSPORT_HINTS)
+
 
 class Resumable:
     """One Generate call across attempts: the request to send next, and when to retry."""
@@ -76,8 +85,10 @@ class Resumable:
     def on_chunk(self, chunk: api_pb2.GenerateChunk) -> None:
         self.received.extend(chunk.token_ids)
 
-    def retry_after(self, code: grpc.StatusCode) -> float | None:
+    def retry_after(self, code: grpc.StatusCode, details: str = "") -> float | None:
         """Seconds to wait before the next attempt, or None to give up with this error."""
+        if transport_failure(code, details):
+            code = grpc.StatusCode.UNAVAILABLE
         if code not in self.policy.codes or self.attempts >= self.policy.max_attempts:
             return None
         delay = self._backoff

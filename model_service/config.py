@@ -37,9 +37,10 @@ class ModelServiceConfig:
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
     watchdog_s: float = field(
-        60.0,
+        120.0,
         "liveness turns NOT_SERVING (so the supervisor restarts us) when a step has been "
-        "running this long without finishing (a stuck step thread)",
+        "running this long without finishing (a stuck step thread); above the 60 s a step "
+        "may wait for late grammar masks",
     )
     shutdown_grace_s: float = field(
         35.0,

@@ -84,7 +84,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.engine = engine
         # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
         # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.
-        self.progress = progress or Progress("model step", 60.0)
+        self.progress = progress or Progress("model step", 120.0)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
         self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None

@@ -280,7 +280,11 @@ class Scheduler:
             if sent and len(inflight) < depth:
                 continue  # room for one more step before waiting on the oldest
             plan, fut = inflight.popleft()
-            res = await fut
+            prog.end()  # waiting on the model is its watchdog's business (and the prober's)
+            try:
+                res = await fut
+            finally:
+                prog.begin()
             t1 = time.perf_counter()
             if res.error:
                 log.error("step_failed", step=res.step_id, error=res.error)

@@ -219,6 +219,7 @@ class _Stream:
         self.emitted = 0  # chars of text already streamed
         self.unsent_ids: list[int] = []
         self.unsent_lps: list[api_pb2.TokenLogprob] = []
+        self.unsent_rollback = 0  # ids of sent chunks that a jump-forward dropped
         self.cached = 0
         self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
         self.matched_stop = ""
@@ -271,6 +272,7 @@ class _Stream:
         del self.logprobs[len(self.logprobs) - min(n, len(self.logprobs)) :]
         drop = min(n, len(self.unsent_ids))
         del self.unsent_ids[len(self.unsent_ids) - drop :]
+        self.unsent_rollback += n - drop  # the client must drop these from what it has
         self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt_tail)
         self.detok.push(self.ids)
         self.text = self.detok.text
@@ -281,13 +283,16 @@ class _Stream:
         if not done and len(self.unsent_ids) < self.interval:
             return None
         safe = len(self.text) if done else self.stops.safe_length(self.text)
-        if safe <= self.emitted and not self.unsent_ids:
+        if safe <= self.emitted and not self.unsent_ids and not self.unsent_rollback:
             return None
         chunk = api_pb2.GenerateChunk(
-            text=self.text[self.emitted : safe], token_ids=self.unsent_ids, logprobs=self.unsent_lps
+            text=self.text[self.emitted : safe],
+            token_ids=self.unsent_ids,
+            logprobs=self.unsent_lps,
+            rollback=self.unsent_rollback,
         )
         self.emitted = max(self.emitted, safe)
-        self.unsent_ids, self.unsent_lps = [], []
+        self.unsent_ids, self.unsent_lps, self.unsent_rollback = [], [], 0
         return chunk
 
     def complete(self) -> api_pb2.GenerateComplete:

@@ -74,6 +74,7 @@ class GenerateResult:
 class Chunk:
     text: str
     token_ids: list[int]
+    rollback: int = 0  # drop this many ids of earlier chunks first (jump-forward)
 
 
 def _lps(items: Any) -> list[TokenLogprob]:
@@ -218,7 +219,7 @@ class Client:
                 for msg in self.stub.Generate(attempt, timeout=timeout):
                     if msg.WhichOneof("response") == "chunk":
                         call.on_chunk(msg.chunk)
-                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
                     else:
                         yield result_from_proto(msg.request_id, msg.complete)
                         return
@@ -325,7 +326,7 @@ class AsyncClient:
                 async for msg in self.stub.Generate(attempt, timeout=timeout):
                     if msg.WhichOneof("response") == "chunk":
                         call.on_chunk(msg.chunk)
-                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
                     else:
                         yield result_from_proto(msg.request_id, msg.complete)
                         return

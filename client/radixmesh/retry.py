@@ -83,6 +83,8 @@ class Resumable:
         return req, left
 
     def on_chunk(self, chunk: api_pb2.GenerateChunk) -> None:
+        if chunk.rollback:  # jump-forward retokenized ids we already hold
+            del self.received[max(len(self.received) - chunk.rollback, 0) :]
         self.received.extend(chunk.token_ids)
 
     def retry_after(self, code: grpc.StatusCode, details: str = "") -> float | None:

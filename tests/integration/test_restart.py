@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from radixmesh.api import Client, GenerateResult
@@ -19,7 +20,7 @@ from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
 
-PROMPTS = [
+PROMPTS: list[tuple[str, dict[str, Any]]] = [
     ("Once upon a time", {"temperature": 0.8, "seed": 11}),
     ("The three laws of robotics are", {"temperature": 0}),
     ("def fibonacci(n):", {"temperature": 0.7, "seed": 5, "top_k": 40}),

@@ -32,6 +32,11 @@ class GrammarConfig(TransportConfig):
     error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
+    shutdown_grace_s: float = field(
+        35.0,
+        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
+        "their callers leave); keep it above the front door's grace",
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:

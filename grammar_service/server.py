@@ -234,4 +234,5 @@ async def serve(config: GrammarConfig) -> None:
         register=lambda server, _health: register(server, servicer),
         on_stop=servicer.close,
         listen=Listen(health_port=config.health_port),
+        grace_s=config.shutdown_grace_s,
     )

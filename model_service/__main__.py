@@ -12,6 +12,7 @@ from radixmesh_server.logging import configure_logging
 from radixmesh_server.model_store import ModelError
 from radixmesh_server.security import configure_internal
 from radixmesh_server.server import Listen, run, run_server
+from radixmesh_server.watchdog import Watchdog
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,14 +28,25 @@ def main(argv: list[str] | None = None) -> None:
     except (ModelError, ValueError, OSError) as exc:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
-    servicer = ModelWorkerServicer(engine)
+    dog = Watchdog()
+    servicer = ModelWorkerServicer(engine, dog.progress("model step", cfg.watchdog_s))
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)
         return [model_pb2.DESCRIPTOR.services_by_name["ModelWorker"].full_name]
 
     listen = Listen(health_port=cfg.health_port)
-    run(lambda: run_server("model", cfg.host, cfg.port, register, listen=listen))
+    run(
+        lambda: run_server(
+            "model",
+            cfg.host,
+            cfg.port,
+            register,
+            listen=listen,
+            watchdog=dog,
+            grace_s=cfg.shutdown_grace_s,
+        )
+    )
 
 
 if __name__ == "__main__":

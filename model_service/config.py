@@ -37,6 +37,17 @@ class ModelServiceConfig(TransportConfig):
     )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
+    watchdog_s: float = field(
+        120.0,
+        "liveness turns NOT_SERVING (so the supervisor restarts us) when a step has been "
+        "running this long without finishing (a stuck step thread); above the 60 s a step "
+        "may wait for late grammar masks",
+    )
+    shutdown_grace_s: float = field(
+        35.0,
+        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
+        "their callers leave); keep it above the front door's grace",
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:

@@ -25,6 +25,7 @@ import structlog
 from model_service.engine import Engine
 from model_service.runner import StepError
 from radixmesh_server.security import require_peer
+from radixmesh_server.watchdog import Progress
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
@@ -83,8 +84,11 @@ class MaskMailbox:
 
 
 class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
         self.engine = engine
+        # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
+        # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.
+        self.progress = progress or Progress("model step", 120.0)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
         self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None
@@ -159,9 +163,11 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 await queue.put(None)
 
         async def run(step: model_pb2.Step) -> model_pb2.StepReply:
+            self.progress.begin()
             try:
                 ops = decode_step(step)
                 fl = await loop.run_in_executor(self.executor, runner.launch, ops)
+                self.progress.beat()
                 out = await loop.run_in_executor(self.waiter, runner.finish, fl)
             except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
                 kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
@@ -177,6 +183,8 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                         step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
                     )
                 )
+            finally:
+                self.progress.end()
             return model_pb2.StepReply(result=encode_output(out))
 
         reader = asyncio.create_task(read())

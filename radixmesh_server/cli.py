@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -68,6 +69,7 @@ def _startup_progress(event: str, pending: list[str], elapsed: float) -> None:
 
 
 def _serve(ns: argparse.Namespace) -> int:
+    from radixmesh_server.drain import INTERNAL_EXTRA_S
     from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
     from radixmesh_server.logging import configure_logging
     from radixmesh_server.model_store import ModelError, describe_model_source, resolve_model
@@ -92,13 +94,25 @@ def _serve(ns: argparse.Namespace) -> int:
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
     launcher = Launcher(
         stack_specs(
-            ports, model, model_args=model_args, scheduler_args=sched_args, tokenizer_args=tok_args
+            ports,
+            model,
+            model_args=model_args,
+            scheduler_args=sched_args,
+            tokenizer_args=tok_args,
+            shutdown_grace=ns.shutdown_grace,
         ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         internal_tls=True,
     )
 
     async def main() -> None:
+        # SIGTERM/SIGINT: stop supervising; the finally below forwards SIGTERM to every
+        # service, which drains (in-flight requests get --shutdown-grace seconds).
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
         launcher.start_all()
         _say(f"starting services (model {folder}); logs in {launcher.log_dir}")
         await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
@@ -114,13 +128,13 @@ def _serve(ns: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("radixmesh: stopping; draining in-flight requests ...", flush=True)
     except (RuntimeError, TimeoutError) as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 1
     finally:
-        launcher.stop_all()
+        launcher.stop_all(grace=ns.shutdown_grace + INTERNAL_EXTRA_S + 5.0)
     return 0
 
 
@@ -249,6 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info")
     s.add_argument("--startup-timeout", type=float, default=600.0)
     s.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")
+    s.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/Ctrl-C, seconds in-flight requests may take to finish before they end "
+        "with UNAVAILABLE",
+    )
     s.set_defaults(func=_serve)
 
     g = sub.add_parser("generate", help="one request, streamed to the terminal")

@@ -1,5 +1,7 @@
 """Local launcher: every service is its own OS process on its own localhost port. Waits for
-readiness, restarts a service that dies (exponential backoff), stops all on exit.
+readiness, restarts a service that dies (exponential backoff) or stops answering its liveness
+check (a frozen process, or one whose watchdog reports a stuck loop: SIGKILL, then restart),
+stops all on exit (SIGTERM: each service drains).
 
 Start-up failures are reported, not hidden: ports are checked before starting, each service's
 output always goes to a log file (a temporary folder without `log_dir`) whose last lines reach
@@ -31,6 +33,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from radixmesh_server.drain import INTERNAL_EXTRA_S
 from radixmesh_server.log_tail import death_report, log_size
 from radixmesh_server.pki import CertFiles, make_local_pki
 from radixmesh_server.ports import port_in_use, port_message
@@ -90,8 +93,16 @@ def stack_specs(
     scheduler_args: Sequence[str] = (),
     tokenizer_args: Sequence[str] = (),
     grammar_args: Sequence[str] = (),
+    shutdown_grace: float | None = None,
 ) -> list[ServiceSpec]:
+    """`shutdown_grace`: the front door's SIGTERM grace; internal services get a little more
+    (radixmesh_server.drain), so requests that fit it never lose a dependency first."""
     p = ports
+    if shutdown_grace is not None:
+        inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
+        model_args, grammar_args = [*model_args, *inner], [*grammar_args, *inner]
+        scheduler_args = [*scheduler_args, *inner]
+        tokenizer_args = [*tokenizer_args, "--shutdown-grace-s", str(shutdown_grace)]
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
         ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),
@@ -158,6 +169,7 @@ class Launcher:
         max_backoff: float = 5.0,
         max_startup_failures: int = 3,
         internal_tls: bool = False,
+        liveness_timeout_s: float = 10.0,
     ) -> None:
         """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
         (each service gets a certificate naming its role; the files live in a 0700 temporary
@@ -171,6 +183,12 @@ class Launcher:
         # Services watch this pid and stop when the launcher is gone (radixmesh_server.server).
         self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
+        self.liveness_timeout_s = liveness_timeout_s
+        # Liveness is probed only once a service has answered SERVING since its (re)start: a
+        # model loading its weights does not serve health yet.
+        self._seen_live: set[str] = set()
+        self._unlive_since: dict[str, float] = {}
+        self._next_probe = 0.0
         self._stopping = False
         self._logs: list[Any] = []
         self.max_startup_failures = max_startup_failures
@@ -203,6 +221,8 @@ class Launcher:
         self._log_start[name] = log_size(self.log_path(name))
         self._ready[name] = False
         out = self._open_log(name)
+        self._seen_live.discard(name)
+        self._unlive_since.pop(name, None)
         self.procs[name] = subprocess.Popen(
             cmd, env=self._service_env(name), stdout=out, stderr=out, start_new_session=True
         )
@@ -346,7 +366,38 @@ class Launcher:
                     await asyncio.sleep(delay)
                     if not self._stopping:
                         self.start(name)
+            if time.monotonic() >= self._next_probe:
+                self._next_probe = time.monotonic() + 1.0
+                await self._probe_liveness()
             await asyncio.sleep(0.1)
+
+    async def _probe_liveness(self) -> None:
+        """SIGKILL a service whose liveness has failed (no answer within 2 s, or NOT_SERVING)
+        for `liveness_timeout_s`; the supervise loop then restarts it."""
+        names = [n for n, p in self.procs.items() if p.poll() is None]
+        oks = await asyncio.gather(
+            *(
+                check_ready(
+                    self.specs[n].probe_address, "liveness", timeout=2.0, tls=self.probe_tls(n)
+                )
+                for n in names
+            )
+        )
+        now = time.monotonic()
+        for name, ok in zip(names, oks, strict=True):
+            if ok:
+                self._seen_live.add(name)
+                self._unlive_since.pop(name, None)
+                continue
+            if name not in self._seen_live or self._stopping:
+                continue
+            since = self._unlive_since.setdefault(name, now)
+            if now - since >= self.liveness_timeout_s:
+                log.error("service_unresponsive", service=name, for_s=round(now - since, 1))
+                with contextlib.suppress(ProcessLookupError):
+                    self.procs[name].kill()
+                self._seen_live.discard(name)
+                self._unlive_since.pop(name, None)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         proc = self.procs[name]
@@ -354,6 +405,8 @@ class Launcher:
         return proc.pid
 
     def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every service (each drains: radixmesh_server.drain); SIGKILL what is still
+        running `grace` seconds later."""
         self._stopping = True
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -1,9 +1,10 @@
 """grpc.aio server bootstrap shared by every service.
 
-Health (grpc.health.v1): service "" and "liveness" report only that the process serves;
+Health (grpc.health.v1): service "" and "liveness" report that the process serves and that its
+loops make progress (radixmesh_server.watchdog);
 "readiness" is SERVING only while every peer the service needs is reachable (the service calls
 `Health.set_ready`). Reflection lists every registered service. SIGTERM/SIGINT: readiness goes
-NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s`.
+NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s` (radixmesh_server.drain).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from radixmesh_server.drain import DEFAULT_GRACE_S, drain
 from radixmesh_server.security import internal_tls
+from radixmesh_server.watchdog import Watchdog
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +84,18 @@ class Health:
         )
         await self.servicer.set(READINESS, status)
 
+    async def set_live(self, live: bool, reason: str = "") -> None:
+        """Liveness (the watchdog's verdict): NOT_SERVING asks the supervisor to restart us."""
+        if not live:
+            log.error("liveness", live=live, reason=reason)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if live
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", LIVENESS):
+            await self.servicer.set(name, status)
+
     async def shutdown(self) -> None:
         await self.set_ready(False, "shutting down")
         await self.servicer.enter_graceful_shutdown()
@@ -135,12 +150,18 @@ async def run_server(
     port: int,
     register: Callable[[grpc.aio.Server, Health], Iterable[str]],
     background: Callable[[Health], Coroutine[Any, Any, None]] | None = None,
+    watchdog: Watchdog | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
-    grace_s: float = 5.0,
+    grace_s: float = DEFAULT_GRACE_S,
+    before_cancel: Callable[[], None] | None = None,
     listen: Listen | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT. `register` adds servicers and returns their full names;
-    `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining."""
+    `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining;
+    `before_cancel` ends in-flight work cleanly when the grace period runs out; `watchdog`
+    (radixmesh_server.watchdog) turns liveness NOT_SERVING when a loop is stuck, and the
+    `background` task ending counts as dead; `listen` says how the port is exposed (TLS,
+    interceptors, a plaintext health-only port)."""
     listen = listen or Listen()
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=listen.interceptors)
     hb = Health()
@@ -179,14 +200,19 @@ async def run_server(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     bg = asyncio.create_task(background(hb)) if background else None
+    dog = watchdog or Watchdog()
+    if bg is not None:
+        dog.task("background loop", bg)
+    dog_task = asyncio.create_task(dog.run(hb))
     orphan = asyncio.create_task(_stop_when_orphaned(stop))
     if background is None:
         await hb.set_ready(True, "no peers needed")
     await stop.wait()
     orphan.cancel()
+    dog_task.cancel()
     log.info("draining", grace_s=grace_s)
     await hb.shutdown()
-    await server.stop(grace_s)
+    await drain(server, grace_s, before_cancel)
     if probes is not None:
         await probes.stop(0)
     if bg:

@@ -6,6 +6,7 @@ from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.security import configure_internal
 from radixmesh_server.server import Listen, run, run_server
+from radixmesh_server.watchdog import Watchdog
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
@@ -18,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_internal(cfg)
 
     async def serve() -> None:
-        sched = Scheduler(cfg)
+        dog = Watchdog()
+        sched = Scheduler(cfg, dog.progress("scheduler loop", cfg.watchdog_s))
 
         def register(server, health):  # type: ignore[no-untyped-def]
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
             register,
             background=sched.run,
             listen=Listen(health_port=cfg.health_port),
+            watchdog=dog,
+            grace_s=cfg.shutdown_grace_s,
         )
 
     run(serve)

@@ -57,7 +57,27 @@ class SchedulerConfig(TransportConfig):
         "device), so scheduling and the gRPC hop hide behind the forward pass",
         choices=["on", "off"],
     )
+    model_probe_s: float = field(
+        1.0,
+        "ask the model's liveness this often; two unanswered (or NOT_SERVING) probes in a row "
+        "count as losing it (running requests then wait as continuations)",
+    )
+    model_hold_s: float = field(
+        60.0,
+        "while the model service is away, hold queued work this long (readiness NOT_SERVING); "
+        "then fail it with UNAVAILABLE and refuse new work until the model is back",
+    )
+    watchdog_s: float = field(
+        30.0,
+        "liveness turns NOT_SERVING (so the supervisor restarts us) when the scheduling loop "
+        "has work but made no progress for this long, or died",
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
+    shutdown_grace_s: float = field(
+        35.0,
+        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
+        "their callers leave); keep it above the front door's grace",
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:
@@ -67,5 +87,7 @@ class SchedulerConfig(TransportConfig):
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:
             raise ValueError("--protect-ms must be >= 0")
+        if self.model_probe_s <= 0 or self.model_hold_s < 0:
+            raise ValueError("--model-probe-s must be > 0 and --model-hold-s >= 0")
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

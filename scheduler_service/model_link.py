@@ -5,6 +5,11 @@ returns a future for its result (results come back in order), so a caller may ke
 steps in flight. When the stream breaks every pending future fails with `ModelUnavailable`.
 Steps, late masks and results are typed (`radixmesh_wire.step_ops`): this module encodes and
 decodes them (`radixmesh_wire.step_codec`), so the scheduler's core never sees protobuf.
+
+HTTP/2 keepalive alone notices a frozen peer (SIGSTOP, a wedged host) only after a minute: while
+a session is open a prober asks the model's `liveness` health every `probe_s` and declares the
+session lost after `probe_misses` unanswered or NOT_SERVING replies (a stuck step thread turns
+the model's liveness NOT_SERVING through its watchdog), so a stuck model is noticed in seconds.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from collections import deque
 
 import grpc
 import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from radixmesh_server.server import channel
+from radixmesh_server.server import LIVENESS, channel
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import (
     decode_output,
@@ -35,14 +41,22 @@ class ModelUnavailable(Exception):
 
 
 class ModelLink:
-    def __init__(self, address: str) -> None:
+    """Invariant: `connected` is true only between a session's `opened` reply and its loss;
+    a reconnect in progress is not connected (submissions are then held, not sent)."""
+
+    def __init__(self, address: str, probe_s: float = 1.0, probe_misses: int = 2) -> None:
         self.address = address
+        self.probe_s = probe_s
+        self.probe_misses = probe_misses
         self.info: WorkerInfo | None = None
         self._chan: grpc.aio.Channel | None = None
         self._out: asyncio.Queue[model_pb2.StepRequest | None] = asyncio.Queue()
         self._pending: deque[tuple[int, asyncio.Future[StepOutcome]]] = deque()
         self._reader: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._lost_reason = ""
         self.closed = asyncio.Event()
+        self.closed.set()  # no session yet
 
     @property
     def connected(self) -> bool:
@@ -53,7 +67,7 @@ class ModelLink:
         stub = model_pb2_grpc.ModelWorkerStub(self._chan)
         sid = uuid.uuid4().hex[:12]
         self._out = asyncio.Queue()
-        self.closed = asyncio.Event()
+        self._lost_reason = ""
 
         async def requests():  # type: ignore[no-untyped-def]
             yield model_pb2.StepRequest(open=model_pb2.OpenSession(session_id=sid))
@@ -68,9 +82,13 @@ class ModelLink:
             await self._chan.close()
             raise ModelUnavailable(f"cannot open a step session at {self.address}: {exc}") from exc
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "opened":
+            call.cancel()
+            await self._chan.close()
             raise ModelUnavailable("model service closed the session at once")
         self.info = decode_worker_info(first.opened.info)
+        self.closed = asyncio.Event()
         self._reader = asyncio.create_task(self._read(call))
+        self._prober = asyncio.create_task(self._probe(call, self._chan))
         log.info("model_session", capacity=self.info.kv_capacity, model=self.info.model_name)
         return self.info
 
@@ -88,10 +106,36 @@ class ModelLink:
         except asyncio.CancelledError:
             reason = "closed"
         finally:
-            self._fail_all(reason)
+            self._fail_all(self._lost_reason or reason)
+
+    async def _probe(self, call: grpc.aio.StreamStreamCall, chan: grpc.aio.Channel) -> None:
+        """Ends the session when the model stops answering its liveness check."""
+        stub = health_pb2_grpc.HealthStub(chan)
+        misses = 0
+        while not self.closed.is_set():
+            await asyncio.sleep(self.probe_s)
+            try:
+                resp = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=LIVENESS), timeout=self.probe_s * 2
+                )
+                ok = resp.status == health_pb2.HealthCheckResponse.SERVING
+                why = "its liveness is NOT_SERVING (a stuck step thread)"
+            except grpc.aio.AioRpcError as exc:
+                # Only silence counts: a draining model refuses new calls (UNAVAILABLE) while
+                # its step stream works on, and a dead one breaks the stream itself.
+                ok = exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                why = "its liveness check went unanswered"
+            misses = 0 if ok else misses + 1
+            if misses >= self.probe_misses:
+                self._lost_reason = f"model service unresponsive: {why}"
+                log.warning("model_unresponsive", reason=why, misses=misses)
+                call.cancel()  # the reader sees the cancellation and fails pending steps
+                return
 
     def _fail_all(self, reason: str) -> None:
         self.closed.set()
+        if self._prober is not None:
+            self._prober.cancel()
         while self._pending:
             _, fut = self._pending.popleft()
             if not fut.done():
@@ -100,6 +144,8 @@ class ModelLink:
 
     def send(self, ops: StepOps) -> asyncio.Future[StepOutcome]:
         fut: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+        # A loss fails every pending step; the loop awaits only the oldest, the rest are moot.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         if self.closed.is_set():
             fut.set_exception(ModelUnavailable("model service is not connected"))
             return fut
@@ -114,6 +160,8 @@ class ModelLink:
 
     async def close(self) -> None:
         self._out.put_nowait(None)
+        if self._prober:
+            self._prober.cancel()
         if self._reader:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,13 +1,18 @@
 """The scheduling loop: connect to the model service, then build a step, send it, apply the
 result, hand deltas to the front-door sessions; repeat while there is work.
 
-Losing the model service fails every request promptly with UNAVAILABLE, frees its slots,
-flushes the prefix cache (the KV pool is gone) and reconnects with backoff.
+Losing the model service (stream broken, or its liveness probe unanswered: see ModelLink)
+returns every running request to the queue as a continuation (scheduler_service.continuations),
+flushes the prefix cache (the KV pool is gone) and reconnects with backoff. Meanwhile readiness
+is NOT_SERVING and requests are held, visibly and with bounds: the queue's --max-queue, and
+--model-hold-s after which the held requests fail with UNAVAILABLE and new ones are refused
+until the model is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -15,10 +20,12 @@ from collections.abc import Callable
 import structlog
 
 from radixmesh_server.server import Health
+from radixmesh_server.watchdog import Progress
 from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.outbox import Batch
@@ -42,9 +49,11 @@ class SubmitError(Exception):
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig) -> None:
+    def __init__(self, cfg: SchedulerConfig, progress: Progress | None = None) -> None:
         self.cfg = cfg
-        self.link = ModelLink(cfg.model_address)
+        # The loop's heartbeat for the liveness watchdog: busy from a wake-up to the next idle.
+        self.progress = progress or Progress("scheduler loop", cfg.watchdog_s)
+        self.link = ModelLink(cfg.model_address, probe_s=cfg.model_probe_s)
         self.grammar = GrammarLink(cfg.grammar_address)
         self.grammar.on_reconnect = self._rebind_grammars
         self.policy = SchedulePolicy(
@@ -58,12 +67,20 @@ class Scheduler:
         self.by_rid: dict[str, Request] = {}
         self.aborted: set[str] = set()  # rids to reap before the next step
         self.wake = asyncio.Event()
+        self.down_since: float | None = None  # when the model was lost (None: connected)
+        self.hold_expired = False  # held past --model-hold-s: refuse until the model is back
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         st = self.st
-        if st is None or not self.link.connected:
+        if st is None:
             raise SubmitError(Status.UNAVAILABLE, "the model service is not connected")
+        if self.hold_expired:
+            raise SubmitError(
+                Status.UNAVAILABLE,
+                f"the model service has been unreachable for more than {self.cfg.model_hold_s:g}"
+                " s; retry later",
+            )
         if req.rid in self.by_rid:
             raise SubmitError(Status.ALREADY_EXISTS, f"request {req.rid!r} is running")
         need = len(req.fill) + req.remaining
@@ -131,25 +148,61 @@ class Scheduler:
                 info = await self.link.connect()
             except ModelUnavailable as exc:
                 await health.set_ready(False, str(exc))
-                await asyncio.sleep(backoff)
+                await self._wait_down(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
             self._on_connected(info)
+            if self.down_since is not None:
+                held = len(self.st.waiting) if self.st else 0
+                log.info(
+                    "model_back", down_s=round(time.monotonic() - self.down_since, 2), held=held
+                )
+            self.down_since, self.hold_expired = None, False
             await health.set_ready(True, "model connected")
             try:
                 await self._loop()
             except ModelUnavailable as exc:
                 await health.set_ready(False, str(exc))
-                self._fail_all(Status.UNAVAILABLE, str(exc))
+                self._on_model_lost(str(exc))
                 await self.link.close()
+
+    def _on_model_lost(self, reason: str) -> None:
+        st = self.st
+        assert st is not None
+        self.down_since = time.monotonic()
+        requeued = requeue_running(st)
+        log.warning("model_lost", reason=reason, requeued=len(requeued), held=len(st.waiting))
+        self._flush()  # output applied before the loss still reaches the front door
+
+    async def _wait_down(self, seconds: float) -> None:
+        """While the model is away: reap aborts (a client may leave meanwhile) and enforce the
+        hold bound, waking early for aborts."""
+        self.wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), seconds)
+        if self.st is None:
+            return
+        self._reap_aborted()
+        if self.down_since is not None and not self.hold_expired:
+            down = time.monotonic() - self.down_since
+            if down > self.cfg.model_hold_s:
+                self.hold_expired = True
+                msg = (
+                    f"the model service has been unreachable for {down:.0f} s "
+                    f"(--model-hold-s={self.cfg.model_hold_s:g}); retry later"
+                )
+                log.warning("model_hold_expired", held=len(self.st.waiting), down_s=round(down))
+                self._fail_all(Status.UNAVAILABLE, msg)
+        self._flush()
 
     def _on_connected(self, info: WorkerInfo) -> None:
         self.info = info
         cap = info.kv_capacity
-        if self.st is None or self.st.cache.allocator.capacity != cap:
+        old = st = self.st
+        if old is None or old.cache.allocator.capacity != cap:
             alloc = SlotAllocator(cap, track_freed=info.nan_fill)
-            self.st = SchedState(
+            st = self.st = SchedState(
                 cache=make_prefix_cache(
                     self.cfg.radix,
                     alloc,
@@ -158,12 +211,16 @@ class Scheduler:
                 ),
                 context_length=info.context_length,
             )
+            if old is not None:  # a model back with another pool size: held work carries over
+                st.waiting, st.outboxes, st.stats = old.waiting, old.outboxes, old.stats
+                st.grammar_ops = old.grammar_ops
         else:
-            self.st.cache.reset()  # new session: the worker's KV pool content is gone
-            self.st.handles.reset()
-            self.st.pending_release.clear()
-        self.builder = BatchBuilder(self.cfg, self.st, self.policy)
-        self.masks = StepMasks(self.cfg, self.st, self.grammar, self._fail)
+            assert st is not None
+            st.cache.reset()  # new session: the worker's KV pool content is gone
+            st.handles.reset()
+            st.pending_release.clear()
+        self.builder = BatchBuilder(self.cfg, st, self.policy)
+        self.masks = StepMasks(self.cfg, st, self.grammar, self._fail)
 
     async def _idle(self) -> None:
         self.wake.clear()
@@ -184,7 +241,22 @@ class Scheduler:
         assert st is not None
         depth = 2 if self.cfg.overlap == "on" else 1
         inflight: deque[tuple[PlannedStep, asyncio.Future[StepOutcome]]] = deque()
+        prog = self.progress
+        prog.begin()
+        try:
+            await self._steps(st, depth, inflight)
+        finally:
+            prog.end()
+
+    async def _steps(
+        self,
+        st: SchedState,
+        depth: int,
+        inflight: deque[tuple[PlannedStep, asyncio.Future[StepOutcome]]],
+    ) -> None:
+        prog = self.progress
         while True:
+            prog.beat()
             self._reap_aborted()
             sent = False
             if len(inflight) < depth and (st.waiting or st.running):
@@ -200,12 +272,20 @@ class Scheduler:
                         self.link.send_masks(await self.masks.after_send(plan))
             if not inflight:
                 self._flush()
-                await self._idle()
+                prog.end()  # idle is not stuck
+                try:
+                    await self._idle()
+                finally:
+                    prog.begin()
                 continue
             if sent and len(inflight) < depth:
                 continue  # room for one more step before waiting on the oldest
             plan, fut = inflight.popleft()
-            res = await fut
+            prog.end()  # waiting on the model is its watchdog's business (and the prober's)
+            try:
+                res = await fut
+            finally:
+                prog.begin()
             t1 = time.perf_counter()
             if res.error:
                 log.error("step_failed", step=res.step_id, error=res.error)

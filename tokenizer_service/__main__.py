@@ -45,13 +45,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
     async def serve() -> None:
-        link = SchedulerLink(cfg.scheduler_address)
+        link = SchedulerLink(cfg.scheduler_address, hold_s=cfg.scheduler_hold_s)
         core = FrontDoor(cfg, tok, link)
 
         def register(server, health):  # type: ignore[no-untyped-def]
             servicer = RadixMeshServicer(core, keys)
             api_pb2_grpc.add_RadixMeshServicer_to_server(servicer, server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
+
+        def shutting_down() -> None:
+            link.end_all(
+                f"the front door is shutting down (--shutdown-grace-s={cfg.shutdown_grace_s:g}"
+                " passed before this request finished); retry"
+            )
 
         runner = None
         if cfg.http_port:
@@ -64,7 +70,14 @@ def main(argv: list[str] | None = None) -> None:
                 ) from exc
         try:
             await run_server(
-                "tokenizer", cfg.host, cfg.port, register, background=link.run, listen=listen
+                "tokenizer",
+                cfg.host,
+                cfg.port,
+                register,
+                background=link.run,
+                listen=listen,
+                grace_s=cfg.shutdown_grace_s,
+                before_cancel=shutting_down,
             )
         finally:
             if runner is not None:

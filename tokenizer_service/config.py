@@ -28,4 +28,15 @@ class TokenizerConfig(TransportConfig):
     api_keys_file: str = field("", "file of API keys: `KEY [tenant=NAME] [admin]` a line")
     tls_cert: str = field("", "certificate (PEM) for TLS on the public port; empty: plaintext")
     tls_key: str = field("", "private key (PEM) of --tls-cert")
+    scheduler_hold_s: float = field(
+        60.0,
+        "while the scheduler is away, hold live and new requests this long (readiness "
+        "NOT_SERVING; live ones are resubmitted as continuations when it is back); then fail "
+        "them with UNAVAILABLE and refuse new ones until it is back",
+    )
+    shutdown_grace_s: float = field(
+        30.0,
+        "on SIGTERM: stop accepting, let in-flight requests finish this long, then end the "
+        "rest with UNAVAILABLE",
+    )
     log_level: str = field("info", "log level")

@@ -30,6 +30,7 @@ from tokenizer_service.validation import (
     InvalidRequest,
     check_chat_roles,
     check_input_ids,
+    check_resume,
     normalize_sampling,
 )
 
@@ -61,6 +62,9 @@ class GenerateInput:
     stream_interval: int = 1
     tenant: str = ""  # the caller's (API key's) tenant; "" when keys are off
     cache_salt: str = ""  # prefix-cache isolation within the tenant
+    # A continuation (the client library's retry after a broken stream): the output ids the
+    # client already has; generation continues after them and chunks carry only what is new.
+    resume_output_ids: list[int] = field(default_factory=list)
 
 
 class FrontDoor:
@@ -132,11 +136,17 @@ class FrontDoor:
         rid = inp.rid or uuid.uuid4().hex
         wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
         ids, sampling = prepared or self.prepare(inp)
+        resumed = inp.resume_output_ids
+        try:
+            check_resume(resumed, self.tok.vocab_size, sampling.max_new_tokens)
+        except InvalidRequest as exc:
+            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         submit = scheduler_pb2.SubmitRequest(
             rid=wire_rid,
             input_ids=ids,
             sampling=sampling,
             logprobs=inp.logprobs,
+            output_ids=resumed,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
             cache_namespace=cache_namespace(inp.tenant, inp.cache_salt),
         )
@@ -144,8 +154,9 @@ class FrontDoor:
             queue = self.link.submit(submit)
         except SchedulerLost as exc:
             raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
-        log.debug("submitted", rid=rid, prompt_tokens=len(ids))
+        log.debug("submitted", rid=rid, prompt_tokens=len(ids), resumed=len(resumed))
         stream = TextStream(self.tok, ids, sampling, inp.stream, inp.stream_interval)
+        stream.resume(resumed)
         finished = False
         owns = wire_rid not in self.owners  # a duplicate id must not take over the first
         if owns:

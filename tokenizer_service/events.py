@@ -17,6 +17,7 @@ class Chunk:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob]
+    rollback: int = 0  # ids of earlier chunks a jump-forward dropped (the client drops them)
 
 
 @dataclass

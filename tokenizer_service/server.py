@@ -55,7 +55,10 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 async for ev in events:
                     if isinstance(ev, Chunk):
                         chunk = api_pb2.GenerateChunk(
-                            text=ev.text, token_ids=ev.token_ids, logprobs=_lps(ev.logprobs)
+                            text=ev.text,
+                            token_ids=ev.token_ids,
+                            logprobs=_lps(ev.logprobs),
+                            rollback=ev.rollback,
                         )
                         yield api_pb2.GenerateResponse(request_id=inp.rid, chunk=chunk)
                     else:
@@ -125,7 +128,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         except grpc.aio.AioRpcError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"scheduler: {exc.details()}")
             raise
-        stats.frontend_inflight = len(self.link.queues)
+        stats.frontend_inflight = len(self.link.live)
         return stats
 
 
@@ -137,6 +140,7 @@ def _input(req: api_pb2.GenerateRequest) -> GenerateInput:
         stream=req.stream,
         stream_interval=req.stream_interval if req.HasField("stream_interval") else 1,
         cache_salt=req.cache_salt,
+        resume_output_ids=list(req.resume_output_ids),
     )
     kind = req.WhichOneof("input")
     if kind == "text":

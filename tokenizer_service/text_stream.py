@@ -49,10 +49,20 @@ class TextStream:
         self.emitted = 0  # chars of text already streamed
         self.unsent_ids: list[int] = []
         self.unsent_lps: list[api_pb2.TokenLogprob] = []
+        self.unsent_rollback = 0  # ids of sent chunks that a jump-forward dropped
         self.cached = 0
         self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
         self.matched_stop = ""
         self.stopped_by_string = False
+
+    def resume(self, ids: list[int]) -> None:
+        """A continuation: the client already has these ids and the text streamed for them
+        (text it was sent stops where a stop string could still begin: `safe_length`)."""
+        if not ids:
+            return
+        self.ids.extend(ids)
+        self.text = self.detok.push(ids)
+        self.emitted = self.stops.safe_length(self.text)
 
     def on_delta(self, u: Update) -> tuple[Chunk | None, bool]:
         ex = u.extras
@@ -92,6 +102,7 @@ class TextStream:
         del self.logprobs[len(self.logprobs) - min(n, len(self.logprobs)) :]
         drop = min(n, len(self.unsent_ids))
         del self.unsent_ids[len(self.unsent_ids) - drop :]
+        self.unsent_rollback += n - drop  # the client must drop these from what it has
         self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt[-8:])
         self.detok.push(self.ids)
         self.text = self.detok.text
@@ -102,11 +113,16 @@ class TextStream:
         if not done and len(self.unsent_ids) < self.interval:
             return None
         safe = len(self.text) if done else self.stops.safe_length(self.text)
-        if safe <= self.emitted and not self.unsent_ids:
+        if safe <= self.emitted and not self.unsent_ids and not self.unsent_rollback:
             return None
-        chunk = Chunk(self.text[self.emitted : safe], self.unsent_ids, to_logprobs(self.unsent_lps))
+        chunk = Chunk(
+            self.text[self.emitted : safe],
+            self.unsent_ids,
+            to_logprobs(self.unsent_lps),
+            self.unsent_rollback,
+        )
         self.emitted = max(self.emitted, safe)
-        self.unsent_ids, self.unsent_lps = [], []
+        self.unsent_ids, self.unsent_lps, self.unsent_rollback = [], [], 0
         return chunk
 
     def complete(self, lp: api_pb2.LogprobOptions) -> Complete:

@@ -115,3 +115,14 @@ def check_chat_roles(roles: list[str]) -> None:
             role in CHAT_ROLES,
             f"chat message {i} has role {role!r}; valid roles are {', '.join(CHAT_ROLES)}",
         )
+
+
+def check_resume(ids: list[int], vocab_size: int, max_new_tokens: int) -> None:
+    """`resume_output_ids` of a continuation: in the vocabulary, within the token budget."""
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    check(not bad, f"resume_output_ids contain ids outside the vocabulary, e.g. {bad[:3]}")
+    check(
+        len(ids) <= max_new_tokens,
+        f"resume_output_ids has {len(ids)} tokens but max_new_tokens is {max_new_tokens}: "
+        "send the original request's max_new_tokens (it counts the resumed tokens)",
+    )

@@ -2,7 +2,8 @@
 
 The program DSL (SGLang-style) is re-exported here: `@rm.function`, `rm.gen`, `rm.select`,
 `rm.system` / `rm.user` / `rm.assistant`, `rm.set_default_backend(rm.RuntimeEndpoint(...))`;
-`rm.Client` / `rm.AsyncClient` are the plain gRPC clients (`radixmesh.api`). Dependencies: grpcio
+`rm.Client` / `rm.AsyncClient` are the plain gRPC clients (`radixmesh.api`; `rm.RetryPolicy`,
+`rm.NO_RETRY`: how a broken stream is resumed). Dependencies: grpcio
 and protobuf only.
 
 Names load on first use, so `import radixmesh.api` (the CLI's client commands) does not load
@@ -15,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _API = ("AsyncClient", "Client", "GenerateResult", "RadixMeshError")
+_RETRY = ("NO_RETRY", "RetryPolicy")
 
 if TYPE_CHECKING:
     from radixmesh.api import AsyncClient as AsyncClient
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from radixmesh.api import GenerateResult as GenerateResult
     from radixmesh.api import RadixMeshError as RadixMeshError
     from radixmesh.lang import *  # noqa: F403
+    from radixmesh.retry import NO_RETRY as NO_RETRY
+    from radixmesh.retry import RetryPolicy as RetryPolicy
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +33,8 @@ def __getattr__(name: str) -> Any:
         return __dir__()
     if name in _API:
         return getattr(importlib.import_module("radixmesh.api"), name)
+    if name in _RETRY:
+        return getattr(importlib.import_module("radixmesh.retry"), name)
     lang = importlib.import_module("radixmesh.lang")
     if name in lang.__all__:
         return getattr(lang, name)
@@ -36,4 +42,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*_API, *importlib.import_module("radixmesh.lang").__all__])
+    return sorted([*_API, *_RETRY, *importlib.import_module("radixmesh.lang").__all__])

@@ -1,7 +1,9 @@
 """gRPC client for RadixMesh, sync (`Client`) and asyncio (`AsyncClient`).
 
 Needs only grpcio and protobuf. Errors surface as `RadixMeshError` carrying the gRPC status
-code and the server's message.
+code and the server's message. Generate calls retry a stream broken with UNAVAILABLE as a
+continuation of what was received (`radixmesh.retry`); pass `retry=NO_RETRY` (to the client or
+to one call) to opt out.
 
     from radixmesh import Client
     c = Client("localhost:50051")
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from radixmesh.retry import Resumable, RetryPolicy
 from radixmesh.transport import open_aio_channel, open_channel
 from radixmesh.wrong_port import (
     internal_tls_message,
@@ -32,6 +36,11 @@ DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
 _OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
+    # A restarted front door is back in seconds: reconnect that fast (gRPC's default backoff
+    # grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _FINISH = {
     api_pb2.FINISH_REASON_STOP: "stop",
@@ -73,6 +82,7 @@ class GenerateResult:
 class Chunk:
     text: str
     token_ids: list[int]
+    rollback: int = 0  # drop this many ids of earlier chunks first (jump-forward)
 
 
 def _lps(items: Any) -> list[TokenLogprob]:
@@ -223,11 +233,14 @@ class Client:
         timeout: float | None = None,
         api_key: str | None = None,
         tls: bool | str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
-        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext);
+        `retry`: how a broken stream is resumed (default RetryPolicy(); NO_RETRY: never)."""
         self.endpoint = endpoint
         self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
         self.channel = open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
@@ -240,29 +253,45 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, prompt: str | None = None, **kw: Any) -> GenerateResult:
-        req = build_request(prompt, **kw)
-        try:
-            for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "complete":
-                    return result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise _error(exc, self.endpoint, self.channel) from None
+    def generate(
+        self, prompt: str | None = None, *, retry: RetryPolicy | None = None, **kw: Any
+    ) -> GenerateResult:
+        for item in self._generate(build_request(prompt, **kw), retry):
+            if isinstance(item, GenerateResult):
+                return item
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
     def stream(
-        self, prompt: str | None = None, **kw: Any
+        self, prompt: str | None = None, *, retry: RetryPolicy | None = None, **kw: Any
     ) -> Generator[Chunk | GenerateResult, None, None]:
         """Yields Chunks as text arrives, then the final GenerateResult."""
-        req = build_request(prompt, stream=True, **kw)
-        try:
-            for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "chunk":
-                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
-                else:
-                    yield result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise _error(exc, self.endpoint, self.channel) from None
+        yield from self._generate(build_request(prompt, stream=True, **kw), retry)
+
+    def _generate(
+        self, req: api_pb2.GenerateRequest, retry: RetryPolicy | None
+    ) -> Iterator[Chunk | GenerateResult]:
+        call = Resumable(req, retry or self.retry, self.timeout)
+        while True:
+            attempt, timeout = call.next_request()
+            try:
+                for msg in self.stub.Generate(attempt, timeout=timeout):
+                    if msg.WhichOneof("response") == "chunk":
+                        call.on_chunk(msg.chunk)
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
+                    else:
+                        yield result_from_proto(msg.request_id, msg.complete)
+                        return
+                # The stream closed without its final message: the front door went away.
+                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
+                if delay is None:
+                    raise RadixMeshError(
+                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
+                    )
+            except grpc.RpcError as exc:
+                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                if delay is None:
+                    raise _error(exc, self.endpoint, self.channel) from None
+            time.sleep(delay)
 
     def tokenize(
         self,
@@ -319,11 +348,14 @@ class AsyncClient:
         timeout: float | None = None,
         api_key: str | None = None,
         tls: bool | str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
-        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext);
+        `retry`: how a broken stream is resumed (default RetryPolicy(); NO_RETRY: never)."""
         self.endpoint = endpoint
         self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
         self.channel = open_aio_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self._open_sync = lambda: open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
@@ -344,17 +376,37 @@ class AsyncClient:
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
     async def stream(
-        self, prompt: str | None = None, _stream: bool = True, **kw: Any
+        self,
+        prompt: str | None = None,
+        _stream: bool = True,
+        *,
+        retry: RetryPolicy | None = None,
+        **kw: Any,
     ) -> AsyncIterator[Chunk | GenerateResult]:
-        req = build_request(prompt, stream=_stream, **kw)
-        try:
-            async for msg in self.stub.Generate(req, timeout=self.timeout):
-                if msg.WhichOneof("response") == "chunk":
-                    yield Chunk(msg.chunk.text, list(msg.chunk.token_ids))
-                else:
-                    yield result_from_proto(msg.request_id, msg.complete)
-        except grpc.RpcError as exc:
-            raise await _aerror(exc, self.endpoint, self._open_sync) from None
+        call = Resumable(
+            build_request(prompt, stream=_stream, **kw), retry or self.retry, self.timeout
+        )
+        while True:
+            attempt, timeout = call.next_request()
+            try:
+                async for msg in self.stub.Generate(attempt, timeout=timeout):
+                    if msg.WhichOneof("response") == "chunk":
+                        call.on_chunk(msg.chunk)
+                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
+                    else:
+                        yield result_from_proto(msg.request_id, msg.complete)
+                        return
+                # The stream closed without its final message: the front door went away.
+                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
+                if delay is None:
+                    raise RadixMeshError(
+                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
+                    )
+            except grpc.RpcError as exc:
+                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                if delay is None:
+                    raise await _aerror(exc, self.endpoint, self._open_sync) from None
+            await asyncio.sleep(delay)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:

@@ -294,7 +294,7 @@ def test_bad_grammars_rejected_while_unconstrained_runs(gstack: Stack, checker: 
             expected = checker.error(kind, text)
             t0 = time.monotonic()
             with pytest.raises(RadixMeshError) as err:
-                c.generate("Reply:", max_new_tokens=8, **{kind: text})
+                c.generate("Reply:", max_new_tokens=8, **{kind: text})  # type: ignore[arg-type]
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, err.value
             assert expected in err.value.message, (expected, err.value.message)
             assert time.monotonic() - t0 < 10

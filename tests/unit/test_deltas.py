@@ -106,14 +106,15 @@ def test_front_door_keys_count_up_wrap_and_skip_live_ones() -> None:
         link.submit(m)
     assert [m.key for m in msgs] == [1, 2, 3]
     link.done("r1", 2)
-    assert set(link.queues) == {1, 3} and set(link.keys) == {"r0", "r2"}
+    assert set(link.live.by_key) == {1, 3} and set(link.keys) == {"r0", "r2"}
     link._last_key = _MAX_KEY - 1
     late = [scheduler_pb2.SubmitRequest(rid=f"w{i}") for i in range(3)]
     for m in late:
         link.submit(m)
     assert [m.key for m in late] == [_MAX_KEY, 2, 4]  # 1 and 3 are still live
     link.abort("w1", 2)
-    assert 2 not in link.queues and "w1" not in link.keys
+    assert 2 not in link.live and "w1" not in link.keys
     sent = [link.out.get_nowait() for _ in range(link.out.qsize())]
     assert [m.WhichOneof("kind") for m in sent] == ["submit"] * 6 + ["abort"]
-    assert isinstance(link.queues[1], asyncio.Queue)
+    live = link.live.get(1)
+    assert live is not None and isinstance(live.queue, asyncio.Queue)

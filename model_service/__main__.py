@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ModelError, ValueError, OSError) as exc:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
-    servicer = ModelWorkerServicer(engine)
+    servicer = ModelWorkerServicer(engine, cfg.mask_wait_s, cfg.max_handles)
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)

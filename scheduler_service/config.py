@@ -56,6 +56,9 @@ class SchedulerConfig:
         "device), so scheduling and the gRPC hop hide behind the forward pass",
         choices=["on", "off"],
     )
+    max_top_logprobs: int = field(
+        64, "largest top_logprobs a submission may ask for (>= the front door's limit)"
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
 
@@ -66,5 +69,7 @@ class SchedulerConfig:
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:
             raise ValueError("--protect-ms must be >= 0")
+        if self.max_top_logprobs < 0:
+            raise ValueError("--max-top-logprobs must be >= 0")
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

@@ -29,16 +29,14 @@ from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 from scheduler_service.step_masks import StepMasks
+from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 
 log = structlog.get_logger(__name__)
 
 Sink = Callable[[Batch], None]  # one session's output of one flush
 
 
-class SubmitError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["Scheduler", "SubmitError"]
 
 
 class Scheduler:
@@ -66,15 +64,17 @@ class Scheduler:
             raise SubmitError(grpc.StatusCode.UNAVAILABLE, "the model service is not connected")
         if req.rid in self.by_rid:
             raise SubmitError(grpc.StatusCode.ALREADY_EXISTS, f"request {req.rid!r} is running")
-        need = len(req.fill) + req.remaining
-        cap = st.cache.allocator.capacity
-        if need > cap:
-            raise SubmitError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"prompt ({len(req.fill)} tokens) + max_new_tokens ({req.remaining})"
-                f" = {need} exceeds the KV capacity of {cap} tokens: shorten the "
-                "prompt or lower max_new_tokens",
-            )
+        info = self.info
+        assert info is not None
+        validate_submit(
+            req,
+            SubmitLimits(
+                vocab_size=int(info.vocab_size),
+                context_length=st.context_length,
+                kv_capacity=st.cache.allocator.capacity,
+                max_top_logprobs=self.cfg.max_top_logprobs,
+            ),
+        )
         if len(st.waiting) >= self.cfg.max_queue:
             raise SubmitError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -86,9 +86,11 @@ class Scheduler:
         st.waiting.append(req)
         self.wake.set()
 
-    def abort(self, rid: str) -> bool:
+    def abort(self, rid: str, session: str | None = None) -> bool:
+        """`session`: only a request of that front-door session (ids are the clients' own
+        and may collide across sessions)."""
         req = self.by_rid.get(rid)
-        if req is None or self.st is None:
+        if req is None or self.st is None or (session is not None and req.session != session):
             return False
         req.aborted = True
         self.aborted.add(rid)
@@ -108,6 +110,12 @@ class Scheduler:
         grammar = asyncio.create_task(self.grammar.run())
         try:
             await self._run_model(health)
+        except Exception as exc:
+            # Not expected (_run_model contains step errors): never die silently while health
+            # says SERVING.
+            log.exception("scheduler_loop_died", error=repr(exc))
+            await health.set_ready(False, f"scheduler loop died: {exc!r}")
+            raise
         finally:
             grammar.cancel()
 
@@ -141,6 +149,17 @@ class Scheduler:
             except ModelUnavailable as exc:
                 await health.set_ready(False, str(exc))
                 self._fail_all(grpc.StatusCode.UNAVAILABLE, str(exc))
+                await self.link.close()
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the service
+                # Steps in flight no longer match our state: fail the work in hand, then start
+                # a fresh model session (the worker drops its state) and keep serving.
+                log.exception(
+                    "scheduler_step_crashed", error=repr(exc), rids=sorted(self.by_rid)[:32]
+                )
+                await health.set_ready(False, f"scheduler step crashed, resetting: {exc!r}")
+                self._fail_all(
+                    grpc.StatusCode.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}"
+                )
                 await self.link.close()
 
     def _on_connected(self, info: model_pb2.WorkerInfo) -> None:
@@ -207,9 +226,7 @@ class Scheduler:
             res = await fut
             t1 = time.perf_counter()
             if res.error:
-                log.error("step_failed", step=res.step_id, error=res.error)
-                for r in [*st.running.values()]:
-                    self._fail(r, grpc.StatusCode.INTERNAL, f"model step failed: {res.error}")
+                self._fail_step(plan, res.error)
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
@@ -244,6 +261,24 @@ class Scheduler:
         ex = st.extra(r)
         ex.error_code = code.value[0]
         ex.error_message = message
+
+    def _fail_step(self, plan: PlannedStep, error: str) -> None:
+        """The worker refused or failed a step (it changed nothing or dropped those rows):
+        only the requests in that step fail; the rest keep running."""
+        st = self.st
+        assert st is not None
+        # Masks that never came are a slow grammar service, not a fault of the request.
+        code = (
+            grpc.StatusCode.UNAVAILABLE
+            if error.startswith("MaskTimeout")
+            else grpc.StatusCode.INTERNAL
+        )
+        rids = []
+        for h, (r, epoch) in plan.owners.items():
+            if r.handle == h and r.epoch == epoch:
+                rids.append(r.rid)
+                self._fail(r, code, f"model step failed: {error}")
+        log.error("step_failed", step=plan.msg.step_id, error=error, rids=rids)
 
     def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
         st = self.st

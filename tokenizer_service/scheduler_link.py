@@ -25,6 +25,10 @@ class SchedulerLost(Exception):
     pass
 
 
+class DuplicateRequest(Exception):
+    """A request id that is still running on this link (the running one stays abortable)."""
+
+
 _MAX_KEY = (1 << 31) - 1  # keys travel as int32
 
 
@@ -43,9 +47,13 @@ class SchedulerLink:
         """Assigns `msg.key`, sends the request, and returns the queue of its updates."""
         if not self.connected.is_set():
             raise SchedulerLost("the scheduler is not connected")
+        if msg.rid in self.keys:
+            raise DuplicateRequest(f"request {msg.rid!r} is running: use another request_id")
         msg.key = self._next_key()
         q: asyncio.Queue[Update | Exception] = asyncio.Queue()
         self.queues[msg.key] = q
+        # Never replaced while it runs: Abort(rid) must keep finding the first request even
+        # when another session's duplicate is refused by the scheduler.
         self.keys[msg.rid] = msg.key
         self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=msg))
         return q

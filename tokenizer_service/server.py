@@ -14,7 +14,7 @@ from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
-from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
+from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
 from tokenizer_service.validation import InvalidRequest, check_input_ids, normalize_sampling
@@ -86,6 +86,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             queue = self.link.submit(submit)
         except SchedulerLost as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
+        except DuplicateRequest as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
             return
         log.debug("submitted", rid=rid, prompt_tokens=len(ids))
         stream = _Stream(self, rid, ids, request, sampling)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+from radixmesh_server.launcher import Launcher, ServiceSpec, StackPorts, free_port, stack_specs
 from radixmesh_server.model_store import resolve_model
 
 
@@ -78,3 +78,29 @@ def nan_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iter
         ["--kv-tokens", "16384", "--nan-fill"],
         ["--debug-invariants"],
     )
+
+
+@dataclass
+class LoneModel:
+    address: str
+    pid: int
+
+
+@pytest.fixture(scope="session")
+def lone_model(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[LoneModel]:
+    """A model service with no scheduler, for tests that speak the step protocol themselves
+    (a step session replaces any other, so they cannot share a stack's model). Short mask
+    wait and few handles, so their bounds are quick to reach."""
+    spec = ServiceSpec(
+        "model",
+        "model_service",
+        free_port(),
+        ["--kv-tokens", "4096", "--mask-wait-s", "1", "--max-handles", "64"],
+    )
+    launcher = Launcher([spec], log_dir=tmp_path_factory.mktemp("lone_model"))
+    launcher.start_all()
+    try:
+        asyncio.run(launcher.wait_ready(timeout=300))
+        yield LoneModel(spec.address, launcher.procs["model"].pid)
+    finally:
+        launcher.stop_all()

@@ -75,6 +75,7 @@ class Scheduler:
                 max_top_logprobs=self.cfg.max_top_logprobs,
             ),
         )
+        req.end_with_grammar(info.eos_token_ids)
         if len(st.waiting) >= self.cfg.max_queue:
             raise SubmitError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -252,3 +252,31 @@ def test_model_refuses_bad_steps_and_bounds_mask_wait(lone_model: LoneModel) -> 
         assert not res.error and unpack_i32(res.handles) == [0]
     finally:
         sess.close()
+
+
+CONSTRAINED_ENDS = [
+    ({"regex": "[0-9]{2}", "min_new_tokens": 5}, 2),
+    ({"regex": "[0-9]{2}", "ignore_eos": True}, 2),
+    ({"regex": "[0-9]{2}", "ignore_eos": True, "min_new_tokens": 4, "temperature": 1.0}, 2),
+    ({"regex": "", "min_new_tokens": 1}, 0),
+]
+
+
+@pytest.mark.parametrize(("kw", "chars"), CONSTRAINED_ENDS)
+def test_grammar_end_wins_over_min_new_tokens_and_ignore_eos(
+    stack: Stack, kw: dict[str, object], chars: int
+) -> None:
+    """These once answered INTERNAL ("token 0 rejected by the grammar"): the grammar allowed
+    only EOS and min_new_tokens / ignore_eos banned it. The grammar's end wins."""
+    with Client(stack.endpoint) as c:
+        res = c.generate("The answer is", **{"max_new_tokens": 8, "temperature": 0, **kw})
+        assert res.finish_reason == "stop", res
+        assert len(res.text) == chars and res.text.isdigit() == (chars > 0), res.text
+
+
+def test_non_finite_temperature_is_refused(stack: Stack) -> None:
+    with Client(stack.endpoint) as c:
+        with pytest.raises(RadixMeshError) as err:
+            c.generate("hi", json_schema='{"type": "integer"}', temperature=float("inf"))
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "temperature" in err.value.message

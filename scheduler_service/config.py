@@ -39,7 +39,16 @@ class SchedulerConfig:
         "in-batch prefix sharing: of waiting requests sharing at least this many uncached "
         "tokens after the same cached prefix, admit one now and the rest next round; 0 disables",
     )
-    chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
+    chunk_tokens: int = field(
+        0,
+        "prefill token budget per step while no request decodes (chunked prefill); "
+        "0: 2048 on a GPU model, 512 on a CPU one",
+    )
+    decode_chunk_tokens: int = field(
+        0,
+        "prefill token budget per step while requests decode: each of their tokens waits at "
+        "most one step with this many prefill tokens; 0: --chunk-tokens on a GPU, 64 on a CPU",
+    )
     max_running: int = field(256, "most requests decoding at once")
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
     new_token_ratio: float = field(
@@ -63,8 +72,8 @@ class SchedulerConfig:
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:
-        if self.chunk_tokens < 1:
-            raise ValueError("--chunk-tokens must be >= 1")
+        if self.chunk_tokens < 0 or self.decode_chunk_tokens < 0:
+            raise ValueError("--chunk-tokens and --decode-chunk-tokens must be >= 0 (0: auto)")
         if self.in_batch_prefix_tokens < 0:
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:

@@ -19,6 +19,7 @@ from radixmesh_server.server import Health
 from radixmesh_wire.pb import model_pb2
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.model_link import ModelLink, ModelUnavailable
@@ -181,7 +182,10 @@ class Scheduler:
             self.st.cache.reset()  # new session: the worker's KV pool content is gone
             self.st.handles.reset()
             self.st.pending_release.clear()
-        self.builder = BatchBuilder(self.cfg, self.st, self.policy)
+        budget = ChunkBudget.resolve(
+            self.cfg.chunk_tokens, self.cfg.decode_chunk_tokens, info.device
+        )
+        self.builder = BatchBuilder(self.cfg, self.st, self.policy, budget)
         self.masks = StepMasks(self.cfg, self.st, self.grammar, self._fail)
 
     async def _idle(self) -> None:

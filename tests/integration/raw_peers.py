@@ -122,6 +122,17 @@ class ModelSession(_Bidi):
 
 
 def _next_with_timeout(call: Any, timeout: float) -> Any:
+    """The call's next message; its RpcError (the stream ended with a status) is raised here."""
     box: queue.Queue[Any] = queue.Queue()
-    threading.Thread(target=lambda: box.put(next(call)), daemon=True).start()
-    return box.get(timeout=timeout)
+
+    def read() -> None:
+        try:
+            box.put(next(call))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            box.put(exc)
+
+    threading.Thread(target=read, daemon=True).start()
+    item = box.get(timeout=timeout)
+    if isinstance(item, Exception):
+        raise item
+    return item

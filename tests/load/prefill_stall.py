@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,9 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     sched_args = shlex.split(a.scheduler_args)
-    gen = start_stack(Path(tempfile.mkdtemp(prefix="stall-")), ["--kv-tokens", "16384"], sched_args)
-    stack = next(gen)
-    try:
+    tmp = Path(tempfile.mkdtemp(prefix="stall-"))
+    with contextmanager(start_stack)(tmp, ["--kv-tokens", "16384"], sched_args) as stack:
         runs = [measure(stack.endpoint, a.long_tokens, seed) for seed in range(a.repeats)]
-    finally:
-        gen.close()
     report = {
         "label": a.label,
         "scheduler_args": sched_args,

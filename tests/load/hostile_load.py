@@ -61,6 +61,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.statuses: dict[str, Counter[str]] = {}
         self.healthy: list[float] = []
+        self.work: dict[str, float] = {}
 
     def status(self, kind: str, code: str) -> None:
         with self.lock:
@@ -197,10 +198,23 @@ def peak_rss_mib(pid: int) -> float:
     return round(kb / 1024, 1)
 
 
+def _work(endpoint: str) -> dict[str, float]:
+    with Client(endpoint) as c:
+        s = c.stats()
+    return {
+        "steps": s.steps,
+        "prompt_tokens": s.prompt_tokens,
+        "cached_prompt_tokens": s.cached_prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+    }
+
+
 def run_phase(
     endpoint: str, scheduler: str, seconds: float, healthy: int, hostile: int
 ) -> Recorder:
+    """One phase; `rec.work` is what the scheduler did meanwhile (steps, tokens computed)."""
     rec = Recorder()
+    before = _work(endpoint)
     stop = threading.Event()
     threads = [
         threading.Thread(target=healthy_loop, args=(endpoint, rec, stop, i)) for i in range(healthy)
@@ -215,6 +229,8 @@ def run_phase(
     stop.set()
     for t in threads:
         t.join()
+    after = _work(endpoint)
+    rec.work = {k: after[k] - before[k] for k in after}
     return rec
 
 
@@ -255,6 +271,7 @@ def main() -> int:
                 "p99": _pct(hostile.healthy, 0.99),
             },
         },
+        "scheduler_work": {"baseline": base.work, "hostile": hostile.work},
         "peak_rss_mib": rss,
         "memory_bound_mib": MEMORY_BOUND_MIB,
         "services_alive": alive,

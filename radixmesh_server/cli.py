@@ -28,6 +28,7 @@ def _serve(ns: argparse.Namespace) -> int:
     launcher = Launcher(
         stack_specs(ports, ns.model, model_args=model_args, scheduler_args=sched_args),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
+        internal_tls=True,
     )
 
     async def main() -> None:

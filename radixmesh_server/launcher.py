@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +24,9 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from radixmesh_server.pki import CertFiles, make_local_pki
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 
 log = structlog.get_logger(__name__)
 
@@ -40,10 +45,16 @@ class ServiceSpec:
     module: str
     port: int
     args: list[str] = field(default_factory=list)
+    public: bool = False  # the front door: its port is the public API, never mutual TLS
+    health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def probe_address(self) -> str:
+        return f"127.0.0.1:{self.health_port or self.port}"
 
 
 @dataclass
@@ -85,13 +96,30 @@ def stack_specs(
             "tokenizer_service",
             p.tokenizer,
             [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model, *tokenizer_args],
+            public=True,
         ),
     ]
 
 
-async def check_ready(address: str, service: str = "readiness", timeout: float = 1.0) -> bool:
+def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
+    """A channel for health checks: mutual TLS with `tls` (the launcher's own certificate)."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
+async def check_ready(
+    address: str,
+    service: str = "readiness",
+    timeout: float = 1.0,
+    tls: CertFiles | None = None,
+) -> bool:
     try:
-        async with grpc.aio.insecure_channel(address) as chan:
+        async with health_channel(address, tls) as chan:
             stub = health_pb2_grpc.HealthStub(chan)
             resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
@@ -108,7 +136,11 @@ class Launcher:
         log_dir: Path | None = None,
         env: dict[str, str] | None = None,
         max_backoff: float = 5.0,
+        internal_tls: bool = False,
     ) -> None:
+        """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
+        (each service gets a certificate naming its role; the files live in a 0700 temporary
+        directory removed by `stop_all`)."""
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -118,20 +150,44 @@ class Launcher:
         self.max_backoff = max_backoff
         self._stopping = False
         self._logs: list[Any] = []
+        self.pki_dir: Path | None = None
+        self.pki: dict[str, CertFiles] = {}
+        if internal_tls:
+            self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
+            self.pki = make_local_pki(self.pki_dir, [*self.specs, "launcher", "client"])
+
+    def _service_env(self, name: str) -> dict[str, str]:
+        files = self.pki.get(name)
+        if files is None:
+            return self.env
+        return {
+            **self.env,
+            "RADIXMESH_MTLS_CA": str(files.ca),
+            "RADIXMESH_MTLS_CERT": str(files.cert),
+            "RADIXMESH_MTLS_KEY": str(files.key),
+        }
 
     def start(self, name: str) -> None:
         spec = self.specs[name]
         cmd = [sys.executable, "-m", spec.module, "--port", str(spec.port), *spec.args]
+        if spec.health_port:
+            cmd += ["--health-port", str(spec.health_port)]
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            f = (self.log_dir / f"{name}.log").open("ab")
-            self._logs.append(f)
-            out = f
+            out = self._open_log(name)
         self.procs[name] = subprocess.Popen(
-            cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
+            cmd, env=self._service_env(name), stdout=out, stderr=out, start_new_session=True
         )
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
+
+    def _open_log(self, name: str) -> Any:
+        """Service logs are for the operator alone: created 0600 in a 0700 directory."""
+        assert self.log_dir is not None
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        f = os.fdopen(fd, "ab")
+        self._logs.append(f)
+        return f
 
     def start_all(self) -> None:
         for name in self.specs:
@@ -152,12 +208,17 @@ class Launcher:
                         f"service {name} exited with code {proc.returncode} "
                         f"during start-up{self._log_hint(name)}"
                     )
-                if await check_ready(self.specs[name].address):
+                if await check_ready(self.specs[name].probe_address, tls=self.probe_tls(name)):
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"services not ready after {timeout:.0f}s: {pending}")
             if pending:
                 await asyncio.sleep(0.2)
+
+    def probe_tls(self, name: str) -> CertFiles | None:
+        """Credentials for a health check of `name`: internal ports only speak mutual TLS."""
+        spec = self.specs[name]
+        return None if spec.public or spec.health_port else self.pki.get("launcher")
 
     def _log_hint(self, name: str) -> str:
         return f" (see {self.log_dir / (name + '.log')})" if self.log_dir else ""
@@ -201,3 +262,5 @@ class Launcher:
                 proc.wait()
         for f in self._logs:
             f.close()
+        if self.pki_dir is not None:
+            shutil.rmtree(self.pki_dir, ignore_errors=True)

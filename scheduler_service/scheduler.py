@@ -89,8 +89,8 @@ class Scheduler:
         self.wake.set()
 
     def abort(self, rid: str, session: str | None = None) -> bool:
-        """`session`: only a request of that front-door session (ids are the clients' own
-        and may collide across sessions)."""
+        """Abort `rid`; with `session`, only if that session submitted it (ids are the
+        clients' own and may collide across sessions)."""
         req = self.by_rid.get(rid)
         if req is None or self.st is None or (session is not None and req.session != session):
             return False

@@ -72,7 +72,8 @@ class StepMasks:
             if r is None:
                 continue
             code = grpc.StatusCode.INVALID_ARGUMENT if err.code == 3 else grpc.StatusCode.INTERNAL
-            log.error("grammar_row_failed", rid=r.rid, code=err.code, error=err.message)
+            log.warning("grammar_row_failed", rid=r.rid, code=err.code)
+            log.debug("grammar_row_failed_detail", rid=r.rid, error=err.message)  # user text
             failed[err.handle] = (code, f"grammar: {err.message}")
         return failed
 

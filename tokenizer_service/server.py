@@ -11,6 +11,7 @@ import structlog
 
 from radixmesh_server.server import channel
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from tokenizer_service.auth import ApiKeys, Principal, cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
@@ -23,10 +24,18 @@ log = structlog.get_logger(__name__)
 
 
 class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
-    def __init__(self, cfg: TokenizerConfig, tok: Tokenization, link: SchedulerLink) -> None:
+    def __init__(
+        self,
+        cfg: TokenizerConfig,
+        tok: Tokenization,
+        link: SchedulerLink,
+        keys: ApiKeys | None = None,
+    ) -> None:
         self.cfg = cfg
         self.tok = tok
         self.link = link
+        self.keys = keys or ApiKeys({})
+        self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
         self._stats_chan = channel(cfg.scheduler_address)
         self.sched_stub = scheduler_pb2_grpc.SchedulerStub(self._stats_chan)
 
@@ -61,6 +70,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
+        # The interceptor already refused unknown keys; this names the caller's tenant.
+        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
+        wire_rid = f"{tenant}:{rid}" if tenant else rid  # request ids are per tenant
         try:
             ids = self._prompt_ids(request)
             sampling = normalize_sampling(
@@ -76,11 +88,12 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
         submit = scheduler_pb2.SubmitRequest(
-            rid=rid,
+            rid=wire_rid,
             input_ids=ids,
             sampling=sampling,
             logprobs=request.logprobs,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
+            cache_namespace=cache_namespace(tenant, request.cache_salt),
         )
         try:
             queue = self.link.submit(submit)
@@ -93,6 +106,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         log.debug("submitted", rid=rid, prompt_tokens=len(ids))
         stream = _Stream(self, rid, ids, request, sampling)
         finished = False
+        owns = wire_rid not in self.owners  # a duplicate id must not take over the first
+        if owns:
+            self.owners[wire_rid] = tenant
         try:
             while True:
                 item = await queue.get()
@@ -110,13 +126,15 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 if done:
                     finished = True
                     if stream.stopped_by_string:
-                        self.link.abort(rid, submit.key)
+                        self.link.abort(wire_rid, submit.key)
                     yield api_pb2.GenerateResponse(request_id=rid, complete=stream.complete())
                     return
         finally:
             if not finished:  # client cancelled, deadline passed or the stream broke
-                self.link.abort(rid, submit.key)
-            self.link.done(rid, submit.key)
+                self.link.abort(wire_rid, submit.key)
+            self.link.done(wire_rid, submit.key)
+            if owns:
+                del self.owners[wire_rid]
 
     async def Tokenize(
         self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -145,7 +163,13 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     async def Abort(
         self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AbortResponse:
-        return api_pb2.AbortResponse(found=self.link.request_abort(request.request_id))
+        # Only the tenant that submitted a request may abort it; others learn nothing of it.
+        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
+        rid = request.request_id
+        wire_rid = f"{tenant}:{rid}" if tenant else rid
+        if self.owners.get(wire_rid) != tenant:
+            return api_pb2.AbortResponse(found=False)
+        return api_pb2.AbortResponse(found=self.link.request_abort(wire_rid))
 
     async def GetModelInfo(
         self, request: api_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from radixmesh.transport import open_aio_channel, open_channel
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 
 DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
@@ -113,12 +114,15 @@ def build_request(
     prompt_logprobs_from: int | None = None,
     stream: bool = False,
     stream_interval: int | None = None,
+    cache_salt: str = "",
 ) -> api_pb2.GenerateRequest:
-    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given."""
+    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given.
+    `cache_salt` keeps this request's prefix cache apart from other requests of the same
+    tenant that use another salt."""
     given = [x is not None for x in (prompt, input_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, input_ids or messages")
-    req = api_pb2.GenerateRequest(request_id=request_id, stream=stream)
+    req = api_pb2.GenerateRequest(request_id=request_id, stream=stream, cache_salt=cache_salt)
     if prompt is not None:
         req.text = prompt
     elif input_ids is not None:
@@ -163,10 +167,18 @@ def _error(exc: grpc.RpcError) -> RadixMeshError:
 class Client:
     """Blocking client. Thread-safe: one channel, calls from any thread."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls: bool | str | None = None,
+    ) -> None:
+        """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
         self.endpoint = endpoint
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(endpoint, options=_OPTIONS)
+        self.channel = open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     def close(self) -> None:
@@ -247,10 +259,18 @@ class Client:
 class AsyncClient:
     """asyncio client; create it inside a running event loop."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls: bool | str | None = None,
+    ) -> None:
+        """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
         self.endpoint = endpoint
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(endpoint, options=_OPTIONS)
+        self.channel = open_aio_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     async def close(self) -> None:

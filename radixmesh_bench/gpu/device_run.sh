@@ -9,7 +9,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/client:${PYTHONPATH:-} PYTHONUNBUFFERED=1  # client/: the radixmesh package
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 aot=$(python3 -c 'import flashinfer, pathlib; print(pathlib.Path(flashinfer.__file__).parent / "data" / "aot")')
 if [ -f .fi_aot/fi_jit.tar.xz ]; then

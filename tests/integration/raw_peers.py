@@ -1,6 +1,8 @@
 """Test clients that speak the internal streams directly, as a buggy or hostile peer would:
 a front-door session to the scheduler and a step session to a model worker (sync gRPC, one
-bidi call each, fed from a queue)."""
+bidi call each, fed from a queue). On a stack with internal mutual TLS they present the
+certificate of the role a real peer has (`channel_as`): the point is a buggy peer that got in,
+not an outsider (tests/integration/test_security.py covers those)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,24 @@ from typing import Any
 
 import grpc
 
+from radixmesh_server.launcher import Launcher
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+
+def channel_as(launcher: Launcher, name: str, role: str) -> grpc.Channel:
+    """A sync channel to internal service `name` with `role`'s certificate (plaintext on a
+    stack without internal TLS)."""
+    address = launcher.specs[name].address
+    files = launcher.pki.get(role)
+    if files is None:
+        return grpc.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.secure_channel(address, creds, options=options)
 
 
 @dataclass
@@ -50,9 +68,9 @@ class _Bidi:
 class SchedulerSession(_Bidi):
     """A front-door session: submit SubmitRequests, collect each key's outcome."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, chan: grpc.Channel) -> None:
         super().__init__()
-        self._chan = grpc.insecure_channel(address)
+        self._chan = chan
         stub = scheduler_pb2_grpc.SchedulerStub(self._chan)
         self.send(scheduler_pb2.FrontendMessage(hello=scheduler_pb2.FrontendHello()))
         self._call = stub.Session(self._requests())
@@ -103,13 +121,25 @@ class SchedulerSession(_Bidi):
 class ModelSession(_Bidi):
     """A step session: send Steps (and StepMasks), read StepResults in order."""
 
-    def __init__(self, address: str, session_id: str = "raw") -> None:
+    def __init__(self, chan: grpc.Channel, session_id: str = "raw", wait_s: float = 30.0) -> None:
         super().__init__()
-        self._chan = grpc.insecure_channel(address)
+        self._chan = chan
         stub = model_pb2_grpc.ModelWorkerStub(self._chan)
-        self.send(model_pb2.StepRequest(open=model_pb2.OpenSession(session_id=session_id)))
-        self._call = stub.Steps(self._requests())
-        self.info = next(self._call).opened.info
+        deadline = time.monotonic() + wait_s
+        while True:  # the worker refuses a second session until the previous one has ended
+            self._out = queue.Queue()
+            self.send(model_pb2.StepRequest(open=model_pb2.OpenSession(session_id=session_id)))
+            self._call = stub.Steps(self._requests())
+            try:
+                self.info = next(self._call).opened.info
+                return
+            except grpc.RpcError as exc:
+                self._out.put(None)
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def step(self, step: model_pb2.Step) -> None:
         self.send(model_pb2.StepRequest(step=step))

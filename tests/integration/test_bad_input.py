@@ -15,7 +15,7 @@ from radixmesh.api import Client, GenerateResult, RadixMeshError
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import api_pb2, model_pb2, scheduler_pb2
 from tests.conftest import LoneModel, Stack
-from tests.integration.raw_peers import ModelSession, SchedulerSession
+from tests.integration.raw_peers import ModelSession, SchedulerSession, channel_as
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +156,7 @@ def test_scheduler_refuses_bad_submissions_alone(stack: Stack) -> None:
             )
         )
         t.start()
-        sess = SchedulerSession(stack.address("scheduler"))
+        sess = SchedulerSession(channel_as(stack.launcher, "scheduler", "tokenizer"))
         try:
             ctx = sess.hello.context_length
             bad = [
@@ -218,7 +218,7 @@ def _admit_step(step_id: int, handle: int, ids: list[int], first_slot: int) -> m
 
 
 def test_model_refuses_bad_steps_and_bounds_mask_wait(lone_model: LoneModel) -> None:
-    sess = ModelSession(lone_model.address)
+    sess = ModelSession(grpc.insecure_channel(lone_model.address))
     try:
         sess.step(_admit_step(1, 0, [1, 2, 3], 0))
         ok = sess.result()

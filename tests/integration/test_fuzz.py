@@ -33,7 +33,13 @@ from radixmesh_wire.pb import (
     scheduler_pb2,
 )
 from tests.conftest import LoneModel, Stack
-from tests.integration.raw_peers import ModelSession, SchedulerSession, _Bidi, _next_with_timeout
+from tests.integration.raw_peers import (
+    ModelSession,
+    SchedulerSession,
+    _Bidi,
+    _next_with_timeout,
+    channel_as,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -182,7 +188,7 @@ def submits(draw: st.DrawFn) -> scheduler_pb2.FrontendMessage:
 
 
 def test_fuzz_scheduler_session(stack: Stack) -> None:
-    sess = SchedulerSession(stack.address("scheduler"))
+    sess = SchedulerSession(channel_as(stack.launcher, "scheduler", "tokenizer"))
     keys = iter(range(1, 10**6))
     try:
 
@@ -283,7 +289,7 @@ def steps(draw: st.DrawFn) -> model_pb2.Step:
 
 
 def test_fuzz_model_steps(lone_model: LoneModel) -> None:
-    sess = ModelSession(lone_model.address, "fuzz")
+    sess = ModelSession(grpc.insecure_channel(lone_model.address), "fuzz")
     ids: Iterator[int] = iter(range(1, 10**6))
     errors: list[str] = []
     try:
@@ -334,9 +340,9 @@ def lone_model_alive(m: LoneModel) -> bool:
 
 
 class GrammarSession(_Bidi):
-    def __init__(self, address: str) -> None:
+    def __init__(self, chan: grpc.Channel) -> None:
         super().__init__()
-        self._chan = grpc.insecure_channel(address)
+        self._chan = chan
         stub = grammar_pb2_grpc.GrammarStub(self._chan)
         self.send(grammar_pb2.MaskRequest(open=grammar_pb2.OpenMasks(session_id="fuzz")))
         self._call = stub.Masks(self._requests())
@@ -375,7 +381,7 @@ def mask_steps(draw: st.DrawFn) -> grammar_pb2.MaskStep:
 def test_fuzz_grammar_mask_steps(stack: Stack) -> None:
     """A malformed step may end the stream, but with a clear status (INVALID_ARGUMENT); the
     next session works."""
-    sessions = [GrammarSession(stack.address("grammar"))]
+    sessions = [GrammarSession(channel_as(stack.launcher, "grammar", "scheduler"))]
     ids = iter(range(1, 10**6))
     try:
 
@@ -387,7 +393,7 @@ def test_fuzz_grammar_mask_steps(stack: Stack) -> None:
                 res = sessions[-1].step(msg)
             except grpc.RpcError as exc:
                 assert exc.code() not in BAD_CODES, (exc, msg)
-                sessions.append(GrammarSession(stack.address("grammar")))
+                sessions.append(GrammarSession(channel_as(stack.launcher, "grammar", "scheduler")))
                 return
             assert res.step_id == msg.step_id
             for err in res.errors:

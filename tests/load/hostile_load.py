@@ -40,9 +40,10 @@ from typing import Any
 import grpc
 from radixmesh.api import Client, RadixMeshError
 
+from radixmesh_server.launcher import Launcher
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tests.conftest import start_stack
-from tests.integration.raw_peers import SchedulerSession
+from tests.integration.raw_peers import SchedulerSession, channel_as
 
 # Peak resident memory per service under this test's load, MiB (docs/architecture.md).
 MEMORY_BOUND_MIB = {"model": 3072, "scheduler": 1024, "tokenizer": 1024, "grammar": 2048}
@@ -99,7 +100,7 @@ def healthy_loop(endpoint: str, rec: Recorder, stop: threading.Event, seed: int)
                 rec.status("healthy", exc.code.name)
 
 
-def _public(endpoint: str, scheduler: str, context: int) -> list[tuple[str, Callable[..., Any]]]:
+def _public(endpoint: str) -> list[tuple[str, Callable[..., Any]]]:
     def gen(**kw: Any) -> Callable[[Client], Any]:
         return lambda c: c.generate(**kw)
 
@@ -162,11 +163,11 @@ def _internal(context: int) -> list[tuple[str, scheduler_pb2.SubmitRequest]]:
 
 
 def hostile_loop(
-    endpoint: str, scheduler: str, rec: Recorder, stop: threading.Event, worker: int
+    endpoint: str, launcher: Launcher, rec: Recorder, stop: threading.Event, worker: int
 ) -> None:
-    sess = SchedulerSession(scheduler)
+    sess = SchedulerSession(channel_as(launcher, "scheduler", "tokenizer"))
     keys = itertools.count(1)
-    public = _public(endpoint, scheduler, sess.hello.context_length)
+    public = _public(endpoint)
     internal = _internal(sess.hello.context_length)
     order = [("public", k, f) for k, f in public] + [("internal", k, m) for k, m in internal]
     random.Random(worker).shuffle(order)
@@ -210,7 +211,7 @@ def _work(endpoint: str) -> dict[str, float]:
 
 
 def run_phase(
-    endpoint: str, scheduler: str, seconds: float, healthy: int, hostile: int
+    endpoint: str, launcher: Launcher, seconds: float, healthy: int, hostile: int
 ) -> Recorder:
     """One phase; `rec.work` is what the scheduler did meanwhile (steps, tokens computed)."""
     rec = Recorder()
@@ -220,7 +221,7 @@ def run_phase(
         threading.Thread(target=healthy_loop, args=(endpoint, rec, stop, i)) for i in range(healthy)
     ]
     threads += [
-        threading.Thread(target=hostile_loop, args=(endpoint, scheduler, rec, stop, i))
+        threading.Thread(target=hostile_loop, args=(endpoint, launcher, rec, stop, i))
         for i in range(hostile)
     ]
     for t in threads:
@@ -243,9 +244,8 @@ def main() -> int:
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hostile-"))
     with contextmanager(start_stack)(tmp, ["--kv-tokens", "16384"], []) as stack:
-        sched = stack.address("scheduler")
-        base = run_phase(stack.endpoint, sched, a.seconds, a.healthy, 0)
-        hostile = run_phase(stack.endpoint, sched, a.seconds, a.healthy, a.hostile)
+        base = run_phase(stack.endpoint, stack.launcher, a.seconds, a.healthy, 0)
+        hostile = run_phase(stack.endpoint, stack.launcher, a.seconds, a.healthy, a.hostile)
         alive = {n: p.poll() is None for n, p in stack.launcher.procs.items()}
         rss = {n: peak_rss_mib(p.pid) for n, p in stack.launcher.procs.items() if alive[n]}
         restarts = dict(stack.launcher.restarts)

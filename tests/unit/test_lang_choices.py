@@ -201,7 +201,9 @@ def test_select_in_a_program_appends_the_choice_and_records_meta() -> None:
     state = prog.run(backend=backend)
     assert state.text() == "It was very good."
     meta = state.get_meta_info("rating")
-    assert isinstance(meta, rm.SelectResult) and meta.scores == (-0.5, -0.7)
+    assert isinstance(meta, dict) and isinstance(meta.source, rm.SelectResult)
+    assert meta.scores == pytest.approx((-0.5, -0.7))  # attribute reads reach the SelectResult
+    assert meta["normalized_prompt_logprobs"] == pytest.approx([-0.5, -0.7])
     assert state.stats.requests[0].kind == "hint"
     assert [r.kind for r in state.stats.requests].count("select") == 2
 

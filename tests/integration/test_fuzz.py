@@ -113,6 +113,31 @@ def generate_requests(draw: st.DrawFn) -> api_pb2.GenerateRequest:
     return req
 
 
+@st.composite
+def valid_requests(draw: st.DrawFn) -> api_pb2.GenerateRequest:
+    """Requests the API accepts, with the edge values that once failed (grammar ends within
+    min_new_tokens, ignore_eos on a grammar, extreme finite temperatures)."""
+    s = api_pb2.SamplingParams(
+        max_new_tokens=draw(st.integers(0, 3)),
+        temperature=draw(st.sampled_from([0.0, 0.7, 1.0, 1e-30, 1e30])),
+        ignore_eos=draw(st.booleans()),
+    )
+    s.min_new_tokens = draw(st.integers(0, s.max_new_tokens))
+    if draw(st.booleans()):
+        s.top_p = draw(st.sampled_from([1e-6, 0.5, 1.0]))
+    if draw(st.booleans()):
+        s.top_k = draw(st.sampled_from([-1, 0, 1, 40]))
+    kind = draw(st.sampled_from(["none", "regex", "json_schema"]))
+    if kind == "regex":
+        s.regex = draw(st.sampled_from(["[0-9]{2}", "", "(yes|no)", "[a-z]+"]))
+    elif kind == "json_schema":
+        s.json_schema = draw(st.sampled_from(['{"type": "integer"}', '{"type": "boolean"}']))
+    req = api_pb2.GenerateRequest(text=draw(st.text(min_size=1, max_size=30)), sampling=s)
+    req.logprobs.top_logprobs = draw(st.integers(0, 3))
+    req.stream = draw(st.booleans())
+    return req
+
+
 def _healthy(c: Client) -> float:
     t0 = time.perf_counter()
     res = c.generate("The capital of France is", max_new_tokens=6, temperature=0, ignore_eos=True)
@@ -146,7 +171,7 @@ def test_fuzz_generate(stack: Stack) -> None:
         codes: list[grpc.StatusCode] = []
 
         @FUZZ
-        @given(req=generate_requests())
+        @given(req=st.one_of(valid_requests(), generate_requests()))
         def run(req: api_pb2.GenerateRequest) -> None:
             code = _consume(stub, req)
             codes.append(code)

@@ -1,4 +1,4 @@
-"""gRPC face of the model service: worker info and the step stream (DESIGN.md section 3).
+"""gRPC face of the model service: worker info and the step stream (docs/architecture.md).
 
 One session at a time owns the KV pool: a second session is refused while one is open (with
 mutual TLS only the scheduler role may open one), and a new session (a restarted or

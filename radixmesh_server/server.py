@@ -159,9 +159,17 @@ async def run_server(
     if not listen.public and tls is not None:
         creds = tls.server_credentials()
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise SystemExit(f"{name}: cannot listen on {host}:{port} (port in use?)")
+        # One line naming the address, then exit 1: the launcher shows it (log tail) and does
+        # not restart into the same wall.
+        log.error("cannot_listen", address=f"{host}:{port}", reason="address in use or not local")
+        raise SystemExit(f"{name}: cannot listen on {host}:{port}: address in use or not local")
     await server.start()
     await hb.start()
     probes = await _health_only_server(host, listen.health_port, hb) if listen.health_port else None
@@ -189,5 +197,5 @@ async def run_server(
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    # uvloop was measured to make no difference to our gRPC hops (DESIGN.md section 3).
+    # uvloop was measured to make no difference to our gRPC hops (docs/architecture.md).
     asyncio.run(main())

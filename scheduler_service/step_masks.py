@@ -1,6 +1,6 @@
 """Grammar masks for a step's constrained rows, fetched from the grammar service.
 
-Two moments (DESIGN.md section 3):
+Two moments (docs/architecture.md, Step protocol):
 
 - `before_send`: admits/extends that sample (a request's first token, the token after a
   jump-forward). Their grammar state is known when the step is built, so their masks travel

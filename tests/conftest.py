@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +72,7 @@ def start_stack(
     tokenizer_args: list[str] | None = None,
     internal_tls: bool = True,
     tokenizer_health_port: int = 0,
-) -> Iterator[Stack]:
+) -> Generator[Stack, None, None]:
     """A whole stack as `radixmesh serve` runs it: internal links over mutual TLS.
     `tokenizer_health_port`: probe the front door there (needed when its port speaks TLS)."""
     ports = StackPorts.free()

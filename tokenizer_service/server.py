@@ -18,7 +18,12 @@ from tokenizer_service.detokenizer import IncrementalDetokenizer
 from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
-from tokenizer_service.validation import InvalidRequest, check_input_ids, normalize_sampling
+from tokenizer_service.validation import (
+    InvalidRequest,
+    check_chat_roles,
+    check_input_ids,
+    normalize_sampling,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +65,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         if not chat.messages:
             raise InvalidRequest("chat has no messages")
         msgs = [{"role": m.role, "content": m.content} for m in chat.messages]
+        check_chat_roles([m.role for m in chat.messages])
         gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
         try:
             return self.tok.apply_chat(msgs, gen)

@@ -33,10 +33,13 @@ def _auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {key}"),) if key else ()
 
 
-_FIELDS = ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-
-
-class _Details(collections.namedtuple("_Details", _FIELDS), grpc.ClientCallDetails):
+class _Details(
+    collections.namedtuple(
+        "_Details",
+        ["method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"],
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 

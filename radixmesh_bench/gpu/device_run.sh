@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs GPU benchmark parts on the GPU machine, from the repository root:
 #   bash radixmesh_bench/gpu/device_run.sh check:210 test:100 decode1:140 batch64:130
-# Each argument is PART[:TIMEOUT_S]. Needs the wheels in .whl (../shared/device/fetch-wheels.sh);
+# Each argument is PART[:TIMEOUT_S]. Needs the GPU wheels in .whl (see docs/gpu.md);
 # reuses flashinfer kernels compiled by an earlier run when .fi_aot/fi_jit.tar.xz is present, and
 # leaves this run's kernels in $OUT/fi_jit.tar.xz. Results go to $OUT/<part>.json.
 set -o pipefail

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -19,7 +20,7 @@ from tests.integration.raw_peers import ModelSession, SchedulerSession, channel_
 
 pytestmark = pytest.mark.integration
 
-BAD = [
+BAD: list[tuple[dict[str, Any], str]] = [
     ({"prompt": ""}, "empty"),
     ({"prompt": "hi", "max_new_tokens": -1}, "max_new_tokens"),
     ({"prompt": "hi", "max_new_tokens": 10**6}, "context window"),
@@ -60,7 +61,7 @@ def test_max_new_tokens_zero_only_prefills(stack: Stack) -> None:
         assert again.cached_tokens > 0
 
 
-def _wait_idle(c: Client, timeout: float = 10.0) -> object:
+def _wait_idle(c: Client, timeout: float = 10.0) -> api_pb2.Stats:
     """Poll GetStats until nothing runs or the deadline passes (a condition, not a sleep)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -240,8 +240,9 @@ def test_chunked_prefill_and_continuation() -> None:
     (s,) = plan2.admitted
     assert s.n_tokens == 5 and not s.chunked and plan2.tokens_this_step == 10
     # Nothing new: the continuation takes the whole budget.
+    nothing: list[Item] = []
     plan3 = admit_prefills(
-        [], c, chunk_budget=10, max_running=10, num_running=2, chunked_remaining=10
+        nothing, c, chunk_budget=10, max_running=10, num_running=2, chunked_remaining=10
     )
     assert plan3.continuation_slots is not None and len(plan3.continuation_slots) == 10
     owned = a.new_slots + plan2.continuation_slots + plan3.continuation_slots + s.new_slots

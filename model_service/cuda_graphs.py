@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from model_service.attention.backend import RowPlan
 from model_service.attention.flashinfer import FlashInferAttention, kv_indices
-from model_service.attention.reference import RowPlan
 from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaForCausalLM
 
@@ -46,7 +46,8 @@ def buckets_up_to(max_bs: int = DEFAULT_MAX_BS) -> list[int]:
 
 
 class _GraphAttention:
-    """The attention backend seen by the captured forward pass: static slots, one wrapper."""
+    """The attention seen by the captured forward pass (a `LayerAttention`): static slots, one
+    wrapper, planned by `DecodeCudaGraphs` outside the graph."""
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, wrapper: Any) -> None:
         self.pool = pool

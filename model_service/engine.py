@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import structlog
 import torch
 
-from model_service.attention.flashinfer import choose_attention
+from model_service.attention.flashinfer import FlashInferAttention, choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
@@ -162,7 +163,7 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         ):
             graphs = capture_decode_graphs(
                 model,
-                attention,
+                cast(FlashInferAttention, attention),  # the one backend of that name
                 scratch_slot=capacity,
                 max_kv_tokens=capacity,
                 max_bs=cfg.cuda_graph_max_bs,

@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 import torch
 
-from model_service.attention.reference import ReferenceAttention, RowPlan
+from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.mask_device import allowed_on_device
@@ -32,7 +32,7 @@ from model_service.models.llama import LlamaForCausalLM
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.transfer import array_to_device, to_device, to_host
-from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
+from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import (
     PromptLogprobs,
     RowOutput,
@@ -46,7 +46,7 @@ log = structlog.get_logger(__name__)
 BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see ModelRunner._account)
 
 # (masks by handle, handles not to sample: their decode is undone) for a masks_follow step
-MaskSource = Callable[[int], tuple[dict[int, tuple[int, bytes]], set[int]]]
+MaskSource = Callable[[int], tuple[dict[int, EncodedRow], set[int]]]
 
 
 class StepError(Exception):
@@ -109,7 +109,7 @@ class ModelRunner:
         self,
         model: LlamaForCausalLM,
         pool: KVPool,
-        attention: ReferenceAttention,
+        attention: AttentionBackend,
         device: torch.device,
         decode_graphs: DecodeCudaGraphs | None = None,
     ) -> None:
@@ -278,7 +278,7 @@ class ModelRunner:
                 fl.sample_start.record()
         self._sample(rows, sample_rows, logits, masks, skip, fl)
 
-    def _masks_for(self, ops: StepOps) -> tuple[dict[int, tuple[int, bytes]], set[int]]:
+    def _masks_for(self, ops: StepOps) -> tuple[dict[int, EncodedRow], set[int]]:
         if not ops.masks_follow:
             return ops.masks, set()
         if self.mask_source is None:
@@ -316,13 +316,13 @@ class ModelRunner:
         return out
 
     def _apply_masks(
-        self, sampled: list[_Row], lg: torch.Tensor, masks: dict[int, tuple[int, bytes]]
+        self, sampled: list[_Row], lg: torch.Tensor, masks: dict[int, EncodedRow]
     ) -> None:
         """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
         idx = [i for i, r in enumerate(sampled) if r.handle in masks]
         if not idx:
             return
-        rows = [EncodedRow(MaskEncoding(e), d) for e, d in (masks[sampled[i].handle] for i in idx)]
+        rows = [masks[sampled[i].handle] for i in idx]
         allowed = allowed_on_device(rows, lg.shape[-1], lg.device)
         sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
@@ -360,7 +360,7 @@ class ModelRunner:
         rows: list[_Row],
         sample_rows: list[int],
         logits: torch.Tensor,
-        masks: dict[int, tuple[int, bytes]],
+        masks: dict[int, EncodedRow],
         skip: set[int],
         fl: InFlight,
     ) -> None:

@@ -26,14 +26,14 @@ from model_service.engine import Engine
 from model_service.runner import InFlight, StepError
 from model_service.step_validation import StepLimits, validate_step
 from radixmesh_server.security import require_peer
-from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
-from radixmesh_wire.step_codec import decode_step, encode_output
+from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
 from radixmesh_wire.step_ops import StepOps
 
 log = structlog.get_logger(__name__)
 
-Masks = tuple[dict[int, tuple[int, bytes]], set[int]]
+Masks = tuple[dict[int, EncodedRow], set[int]]
 
 
 class MaskTimeout(StepError):
@@ -71,13 +71,14 @@ class MaskMailbox:
         if box is None:
             log.warning("masks_dropped", step=msg.step_id, reason="no step waits for them")
             return
-        if not box.done():
-            box.set_result(
-                (
-                    {m.handle: (m.encoding, m.data) for m in msg.rows},
-                    set(unpack_i32(msg.skip_handles)),
-                )
-            )
+        if box.done():
+            return
+        try:
+            late = decode_masks(msg)
+        except ValueError as exc:  # the step that waits for them fails, not the session
+            box.set_exception(StepError(f"the masks of step {msg.step_id}: {exc}"))
+            return
+        box.set_result((late.rows, set(late.skip)))
 
     def wait(self, step_id: int) -> Masks:
         box = self._box(step_id)

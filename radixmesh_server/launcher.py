@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh_server.log_tail import death_report, log_size
 from radixmesh_server.pki import CertFiles, make_local_pki
 from radixmesh_server.ports import port_in_use, port_message
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Every certificate carries the name clients verify (channels override the target name with
 # it), so certificates do not depend on pod addresses.
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 
 @dataclass(frozen=True)

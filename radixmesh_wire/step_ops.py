@@ -1,8 +1,31 @@
-"""Typed step operations (decoded from the model.proto Step at the server boundary)."""
+"""Typed step operations: the step protocol (model.proto) as both ends see it.
+
+The scheduler plans a `StepOps` (and `LateMasks`) and reads a `StepOutcome`; the model service
+executes a `StepOps` and reports a `StepOutput`. `step_codec` converts each to and from its
+protobuf message at the process boundary, so neither side's core touches protobuf.
+
+Id and slot lists are plain lists here; the codec packs them into int32 `bytes` (the wire
+form of lists on internal streams). Ops are built once and not changed after `encode_step`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from radixmesh_wire.mask_rows import EncodedRow
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What the scheduler learns of the model service when a step session opens."""
+
+    model_name: str
+    kv_capacity: int  # token slots: slot ids are 0 .. kv_capacity - 1
+    context_length: int
+    vocab_size: int
+    nan_fill: bool  # debug: freed slots are poisoned, so the scheduler reports them
+    eos_token_ids: tuple[int, ...] = ()  # a constrained request ends at these (its grammar's end)
+    device: str = ""  # "cuda..." or else CPU: the default prefill chunk sizes (chunk_budget)
 
 
 @dataclass(frozen=True)
@@ -45,11 +68,20 @@ class StepOps:
     extends: list[ExtendOp] = field(default_factory=list)
     decode_handles: list[int] = field(default_factory=list)
     decode_slots: list[int] = field(default_factory=list)
-    truncates: list[tuple[int, int]] = field(default_factory=list)
+    truncates: list[tuple[int, int]] = field(default_factory=list)  # (handle, keep length)
     releases: list[int] = field(default_factory=list)
     freed_slots: list[int] = field(default_factory=list)
-    masks: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # handle -> (encoding, data)
-    masks_follow: bool = False  # the constrained decode rows' masks come in a later StepMasks
+    masks: dict[int, EncodedRow] = field(default_factory=dict)  # grammar masks by handle
+    masks_follow: bool = False  # the constrained decode rows' masks come in a later LateMasks
+
+
+@dataclass
+class LateMasks:
+    """The masks of a `masks_follow` step's constrained decode rows (model.proto StepMasks)."""
+
+    step_id: int
+    rows: dict[int, EncodedRow] = field(default_factory=dict)
+    skip: list[int] = field(default_factory=list)  # decode rows not to sample after all
 
 
 @dataclass
@@ -70,7 +102,24 @@ class PromptLogprobs:
 
 @dataclass
 class StepOutput:
+    """A step's result as the model service produces it (one object per sampled row)."""
+
     step_id: int
     rows: list[RowOutput]
     prompt_logprobs: list[PromptLogprobs]
     forward_ms: float
+
+
+@dataclass
+class StepOutcome:
+    """A step's result as the scheduler reads it: columns, no object per row (it runs for
+    every running request every step). `handles[i]` sampled `tokens[i]` with `logprobs[i]`."""
+
+    step_id: int
+    handles: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    top: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # top ids, lps
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    forward_ms: float = 0.0
+    error: str = ""  # non-empty: the step failed (the worker stays up)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixmesh_wire.packing import pack_i32
-from radixmesh_wire.pb import model_pb2
+from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
 from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.policy import SchedulePolicy
@@ -25,7 +24,9 @@ from scheduler_service.state import SchedState
 
 @dataclass
 class PlannedStep:
-    msg: model_pb2.Step
+    """A built step: the ops for the model service and what applying its result needs."""
+
+    ops: StepOps
     prefill_only: list[Request] = field(default_factory=list)  # finish after this step
     prefilled: list[Request] = field(default_factory=list)  # computed prompt tokens this step
     retracted: list[Request] = field(default_factory=list)
@@ -34,28 +35,30 @@ class PlannedStep:
     owners: dict[int, tuple[Request, int]] = field(default_factory=dict)
     sampling: list[int] = field(default_factory=list)  # handles of rows that sample
     late: list[int] = field(default_factory=list)  # constrained decode rows: masks follow
-    decoded: list[int] = field(default_factory=list)  # decode handles, as in msg
+
+    @property
+    def decoded(self) -> list[int]:
+        return self.ops.decode_handles
 
     @property
     def empty(self) -> bool:
-        m = self.msg
+        m = self.ops
         return not (m.admits or m.extends or m.decode_handles)
 
 
-def _sampling(req: Request) -> model_pb2.RequestSampling:
+def _sampling(req: Request) -> Sampling:
     s = req.spec
-    return model_pb2.RequestSampling(
+    return Sampling(
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
         min_p=s.min_p,
         seed=s.seed,
-        has_seed=True,
         return_logprob=s.return_logprob,
         top_logprobs=s.top_logprobs,
         prompt_logprobs_from=s.prompt_logprobs_from,
         min_new_tokens=s.min_new_tokens,
-        stop_ids=pack_i32(sorted(req.stop_ids)),
+        stop_ids=tuple(sorted(req.stop_ids)),
     )
 
 
@@ -80,24 +83,24 @@ class BatchBuilder:
     def build(self) -> PlannedStep:
         st = self.st
         st.step_id += 1
-        plan = PlannedStep(model_pb2.Step(step_id=st.step_id))
-        plan.msg.release_handles = pack_i32(st.pending_release)
+        plan = PlannedStep(StepOps(step_id=st.step_id, releases=st.pending_release))
         for h in st.pending_release:
             st.handles.give(h)  # safe: the worker releases before it sees a later admit
-        st.pending_release = []
+        st.pending_release = []  # a new list: the plan keeps the old one
         jumped = self._jumps(plan)  # first: a refused jump decodes normally in this same step
         self._decodes(plan, skip=jumped)
         self._prefill(plan)
         self._track_samplers(plan)
         # Last: the worker poisons these (NaN-fill debug) before this step writes any slot.
-        plan.msg.freed_slots = pack_i32(st.cache.allocator.drain_freed())
+        plan.ops.freed_slots = st.cache.allocator.drain_freed()
         return plan
 
     def _track_samplers(self, plan: PlannedStep) -> None:
         """Owners and pending counts of the admits/extends (decodes: done in `_decodes`)."""
-        st, m = self.st, plan.msg
+        st, m = self.st, plan.ops
         sampling = []
-        for op in (*m.admits, *m.extends):
+        row_ops: list[AdmitOp | ExtendOp] = [*m.admits, *m.extends]
+        for op in row_ops:
             r = st.running[op.handle]
             plan.owners[op.handle] = (r, r.epoch)
             if op.sample:
@@ -140,10 +143,10 @@ class BatchBuilder:
                 st.grammar_ops.accept(r.handle, t)
             st.stats.jump_forwards += 1
             st.stats.jump_forward_tokens += len(new_out) - kept_out
-            plan.msg.truncates.append(model_pb2.Truncate(handle=r.handle, length=keep))
+            plan.ops.truncates.append((r.handle, keep))
             jumped.add(r.handle)
             if slots:
-                plan.msg.extends.append(self._extend_op(plan, r, slots))
+                plan.ops.extends.append(self._extend_op(plan, r, slots))
         return jumped
 
     # -- decode ------------------------------------------------------------------------------
@@ -194,9 +197,8 @@ class BatchBuilder:
             owners[h] = (r, r.epoch)
             if r.grammar is not None:
                 late.append(h)
-        plan.decoded = handles
-        plan.msg.decode_handles = pack_i32(handles)
-        plan.msg.decode_slots = pack_i32(got)
+        plan.ops.decode_handles = handles
+        plan.ops.decode_slots = got
 
     def _retract(self, r: Request) -> None:
         st = self.st
@@ -232,14 +234,14 @@ class BatchBuilder:
             chunked_remaining=remaining,
         )
         if chunked is not None and pp.continuation_slots:
-            plan.msg.extends.append(self._extend_op(plan, chunked, pp.continuation_slots))
+            plan.ops.extends.append(self._extend_op(plan, chunked, pp.continuation_slots))
         for a in pp.admitted:
             self._start(plan, a.item, a.match, a.new_slots)
         if pp.admitted:
             taken = {id(a.item) for a in pp.admitted}
             st.waiting = [r for r in st.waiting if id(r) not in taken]
 
-    def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> model_pb2.Extend:
+    def _extend_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> ExtendOp:
         ids = r.fill[r.kv_len : r.kv_len + len(slots)]
         if r.phase is Phase.PREFILL:  # prompt chunks only: jump-forward tails may be cut again
             plan.prefilled.append(r)
@@ -251,9 +253,7 @@ class BatchBuilder:
             r.phase = Phase.DECODE
             if not sample:
                 plan.prefill_only.append(r)
-        return model_pb2.Extend(
-            handle=r.handle, input_ids=pack_i32(ids), slots=pack_i32(slots), sample=sample
-        )
+        return ExtendOp(r.handle, ids, list(slots), sample)
 
     def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]) -> None:
         """`match.node` is already locked by the adder; `slots` hold the first chunk."""
@@ -274,12 +274,12 @@ class BatchBuilder:
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
         ext = self._extend_op(plan, r, slots)
-        plan.msg.admits.append(
-            model_pb2.Admit(
+        plan.ops.admits.append(
+            AdmitOp(
                 handle=r.handle,
                 sampling=_sampling(r),
                 output_offset=len(r.output),
-                prefix_slots=pack_i32(prefix),
+                prefix_slots=list(prefix),
                 input_ids=ext.input_ids,
                 slots=ext.slots,
                 sample=ext.sample,

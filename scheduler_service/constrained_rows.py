@@ -4,7 +4,6 @@ row the worker is told to skip."""
 
 from __future__ import annotations
 
-from radixmesh_wire.packing import pack_i32, unpack_i32
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
@@ -13,14 +12,14 @@ from scheduler_service.state import SchedState
 def constrained_prefills(st: SchedState, plan: PlannedStep) -> list[int]:
     """Handles of constrained admits/extends that sample in this step: their masks go with the
     step (decode rows' masks follow it: `PlannedStep.late`)."""
-    m = plan.msg
+    m = plan.ops
     want = [a.handle for a in m.admits if a.sample and _constrained(st, a.handle)]
     want += [e.handle for e in m.extends if e.sample and _constrained(st, e.handle)]
     return want
 
 
 def undo_decode(st: SchedState, r: Request) -> None:
-    """The worker skips this request's decode in a sent step (StepMasks.skip_handles) and
+    """The worker skips this request's decode in a sent step (LateMasks.skip) and
     drops the slot it wrote: give the slot back, so the request is as if never decoded."""
     slot = r.kv_slots.pop()
     r.kv_len -= 1
@@ -42,25 +41,26 @@ def drop_rows(st: SchedState, plan: PlannedStep, handles: set[int]) -> None:
     prefix stays cached, so the retry is cheap)."""
     if not handles:
         return
-    m = plan.msg
-    dh, ds = unpack_i32(m.decode_handles), unpack_i32(m.decode_slots)
+    m = plan.ops
+    dh, ds = m.decode_handles, m.decode_slots
     keep = [(h, s) for h, s in zip(dh, ds, strict=True) if h not in handles]
     for h in dh:
         if h in handles and (r := st.running.get(h)) is not None:
             undo_decode(st, r)
             r.pending -= 1
-    plan.decoded = [h for h in plan.decoded if h not in handles]
     plan.late = [h for h in plan.late if h not in handles]
     plan.sampling = [h for h in plan.sampling if h not in handles]
     m.masks_follow = bool(plan.late)
-    m.decode_handles = pack_i32([h for h, _ in keep])
-    m.decode_slots = pack_i32([s for _, s in keep])
-    for ops in (m.admits, m.extends):
-        for op in [op for op in ops if op.handle in handles]:
-            ops.remove(op)
-            r = st.running.get(op.handle)
-            if r is not None:
-                _requeue(st, plan, r)
+    m.decode_handles = [h for h, _ in keep]  # also `plan.decoded`
+    m.decode_slots = [s for _, s in keep]
+    dropped = [op.handle for op in m.admits if op.handle in handles]
+    dropped += [op.handle for op in m.extends if op.handle in handles]
+    m.admits = [op for op in m.admits if op.handle not in handles]
+    m.extends = [op for op in m.extends if op.handle not in handles]
+    for h in dropped:
+        r = st.running.get(h)
+        if r is not None:
+            _requeue(st, plan, r)
 
 
 def _requeue(st: SchedState, plan: PlannedStep, r: Request) -> None:

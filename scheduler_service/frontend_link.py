@@ -15,10 +15,10 @@ import structlog
 from radixmesh_server.security import require_peer
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.grammar_link import GrammarUnavailable
 from scheduler_service.outbox import Batch, Extra
 from scheduler_service.request import Request, SamplingSpec, namespace_offset
 from scheduler_service.scheduler import Scheduler, SubmitError
+from scheduler_service.status import GrammarUnavailable, Status
 
 log = structlog.get_logger(__name__)
 
@@ -96,9 +96,10 @@ def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:
     return out
 
 
-def _error(req: Request, code: grpc.StatusCode, message: str) -> Batch:
-    """The whole output of a request refused before it reached the queue."""
-    return Batch([], [], [Extra(req.key, req.rid, error_code=code.value[0], error_message=message)])
+def _error(req: Request, code: Status, message: str) -> Batch:
+    """The whole output of a request refused before it reached the queue. The front door reads
+    `error_code` as a gRPC status code: `Status` numbers are gRPC's."""
+    return Batch([], [], [Extra(req.key, req.rid, error_code=int(code), error_message=message)])
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -169,7 +170,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
         req = request_from_proto(msg, session)
         if req.rid in self.sched.by_rid:  # before compiling: the running one stays abortable
-            sink(_error(req, grpc.StatusCode.ALREADY_EXISTS, f"request {req.rid!r} is running"))
+            sink(_error(req, Status.ALREADY_EXISTS, f"request {req.rid!r} is running"))
             return
         if req.grammar is None:
             self._admit(req, sink)
@@ -189,12 +190,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             ok, error = await self.sched.grammar.compile(*req.grammar)
         except GrammarUnavailable as exc:
-            sink(_error(req, grpc.StatusCode.UNAVAILABLE, str(exc)))
+            sink(_error(req, Status.UNAVAILABLE, str(exc)))
             return
         if not ok:
-            sink(
-                _error(req, grpc.StatusCode.INVALID_ARGUMENT, f"invalid {req.grammar[0]}: {error}")
-            )
+            sink(_error(req, Status.INVALID_ARGUMENT, f"invalid {req.grammar[0]}: {error}"))
             return
         self._admit(req, sink)
 

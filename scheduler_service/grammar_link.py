@@ -18,14 +18,19 @@ import grpc
 import structlog
 
 from radixmesh_server.server import channel
-from radixmesh_wire.mask_step import grammar_spec
+from radixmesh_wire.mask_step import (
+    MaskStepOutcome,
+    MaskStepPlan,
+    decode_mask_result,
+    encode_mask_step,
+    grammar_spec,
+)
 from radixmesh_wire.pb import grammar_pb2, grammar_pb2_grpc
+from scheduler_service.status import GrammarUnavailable
 
 log = structlog.get_logger(__name__)
 
-
-class GrammarUnavailable(Exception):
-    pass
+__all__ = ["GrammarLink", "GrammarUnavailable"]
 
 
 class GrammarLink:
@@ -36,7 +41,8 @@ class GrammarLink:
         self._chan = channel(address)
         self._stub = grammar_pb2_grpc.GrammarStub(self._chan)
         self._out: asyncio.Queue[grammar_pb2.MaskRequest | None] = asyncio.Queue()
-        self._pending: deque[asyncio.Future[grammar_pb2.MaskStepResult]] = deque()
+        # Sent steps' futures, and whether each asked for jump-forwards.
+        self._pending: deque[tuple[asyncio.Future[MaskStepOutcome], bool]] = deque()
         self.on_reconnect: Callable[[], None] = lambda: None
 
     async def compile(self, kind: str, text: str, wait_s: float = 30.0) -> tuple[bool, str]:
@@ -56,13 +62,14 @@ class GrammarLink:
                     await asyncio.wait_for(self.up.wait(), wait_s)
         raise AssertionError("unreachable")
 
-    def step(self, msg: grammar_pb2.MaskStep) -> asyncio.Future[grammar_pb2.MaskStepResult]:
-        fut: asyncio.Future[grammar_pb2.MaskStepResult] = asyncio.get_running_loop().create_future()
+    def step(self, plan: MaskStepPlan) -> asyncio.Future[MaskStepOutcome]:
+        """Send one mask step; the future gets its decoded result (results come in order)."""
+        fut: asyncio.Future[MaskStepOutcome] = asyncio.get_running_loop().create_future()
         if not self.up.is_set():
             fut.set_exception(GrammarUnavailable("grammar service is not connected"))
             return fut
-        self._pending.append(fut)
-        self._out.put_nowait(grammar_pb2.MaskRequest(step=msg))
+        self._pending.append((fut, bool(plan.jump)))
+        self._out.put_nowait(grammar_pb2.MaskRequest(step=encode_mask_step(plan)))
         return fut
 
     async def run(self) -> None:
@@ -76,7 +83,7 @@ class GrammarLink:
                 log.warning("grammar_link_down", code=exc.code().name)
             self.up.clear()
             while self._pending:
-                fut = self._pending.popleft()
+                fut, _ = self._pending.popleft()
                 if not fut.done():
                     fut.set_exception(GrammarUnavailable("grammar service lost"))
             await asyncio.sleep(backoff)
@@ -102,10 +109,20 @@ class GrammarLink:
             log.info("grammar_session", vocab=self.vocab_size)
             while (reply := await call.read()) is not grpc.aio.EOF:
                 if self._pending:
-                    fut = self._pending.popleft()
+                    fut, jumps = self._pending.popleft()
                     if not fut.done():
-                        fut.set_result(reply.result)
+                        _resolve(fut, reply.result, jumps)
         finally:
             self._out.put_nowait(None)
             with contextlib.suppress(Exception):
                 call.cancel()
+
+
+def _resolve(
+    fut: asyncio.Future[MaskStepOutcome], res: grammar_pb2.MaskStepResult, jumps: bool
+) -> None:
+    try:
+        fut.set_result(decode_mask_result(res, jumps_asked=jumps))
+    except ValueError as exc:  # a reply this side cannot read: its rows wait, as if it were lost
+        log.error("grammar_reply_unreadable", step=res.step_id, error=str(exc))
+        fut.set_exception(GrammarUnavailable(f"unreadable grammar reply: {exc}"))

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixmesh_wire.mask_step import MaskStepBuilder
-from radixmesh_wire.pb import grammar_pb2
+from radixmesh_wire.mask_step_ops import Bind, MaskStepPlan
 
 
 class GrammarOps:
@@ -48,20 +47,19 @@ class GrammarOps:
     def __bool__(self) -> bool:
         return bool(self.binds or self.accepts or self.releases or self.rollbacks)
 
-    def build(
-        self, step_id: int, want: Sequence[int], jump: Sequence[int] = ()
-    ) -> grammar_pb2.MaskStep:
-        b = MaskStepBuilder()
-        for h in self.releases:
-            b.release(h)
-        for h, (kind, text, replay) in self.binds.items():
-            b.bind(h, kind, text, replay)
-        for h, n in self.rollbacks.items():
-            b.rollback(h, n)
-        for h, toks in self.accepts.items():
-            b.accept(h, toks)
+    def build(self, step_id: int, want: Sequence[int], jump: Sequence[int] = ()) -> MaskStepPlan:
+        """The mask step of everything collected (then forgotten here), asking for the masks
+        of `want` and jump-forwards of `jump` (a subset of `want`)."""
         jumps = set(jump)
-        for h in want:
-            b.want(h, jump_forward=h in jumps)
-        self.clear()
-        return b.build(step_id)
+        plan = MaskStepPlan(
+            step_id,
+            releases=self.releases,
+            binds=[Bind(h, kind, text, replay) for h, (kind, text, replay) in self.binds.items()],
+            rollbacks=[(h, n) for h, n in self.rollbacks.items() if n],
+            accepts=self.accepts,
+            want=list(want),
+            jump=[h for h in want if h in jumps],
+        )
+        # New containers, not clear(): the plan keeps the old ones.
+        self.binds, self.accepts, self.releases, self.rollbacks = {}, {}, [], {}
+        return plan

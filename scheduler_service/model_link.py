@@ -1,8 +1,10 @@
 """The scheduler's end of the step stream to the model service.
 
-`connect()` opens a session and returns the worker's info; `send(step)` writes a step and
+`connect()` opens a session and returns the worker's info; `send(ops)` writes a step and
 returns a future for its result (results come back in order), so a caller may keep several
 steps in flight. When the stream breaks every pending future fails with `ModelUnavailable`.
+Steps, late masks and results are typed (`radixmesh_wire.step_ops`): this module encodes and
+decodes them (`radixmesh_wire.step_codec`), so the scheduler's core never sees protobuf.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ import structlog
 
 from radixmesh_server.server import channel
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
+from radixmesh_wire.step_codec import (
+    decode_output,
+    decode_worker_info,
+    encode_masks,
+    encode_step,
+)
+from radixmesh_wire.step_ops import LateMasks, StepOps, StepOutcome, WorkerInfo
 
 log = structlog.get_logger(__name__)
 
@@ -28,10 +37,10 @@ class ModelUnavailable(Exception):
 class ModelLink:
     def __init__(self, address: str) -> None:
         self.address = address
-        self.info: model_pb2.WorkerInfo | None = None
+        self.info: WorkerInfo | None = None
         self._chan: grpc.aio.Channel | None = None
         self._out: asyncio.Queue[model_pb2.StepRequest | None] = asyncio.Queue()
-        self._pending: deque[tuple[int, asyncio.Future[model_pb2.StepResult]]] = deque()
+        self._pending: deque[tuple[int, asyncio.Future[StepOutcome]]] = deque()
         self._reader: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
 
@@ -39,7 +48,7 @@ class ModelLink:
     def connected(self) -> bool:
         return self.info is not None and not self.closed.is_set()
 
-    async def connect(self, timeout: float = 5.0) -> model_pb2.WorkerInfo:
+    async def connect(self, timeout: float = 5.0) -> WorkerInfo:
         self._chan = channel(self.address)
         stub = model_pb2_grpc.ModelWorkerStub(self._chan)
         sid = uuid.uuid4().hex[:12]
@@ -60,7 +69,7 @@ class ModelLink:
             raise ModelUnavailable(f"cannot open a step session at {self.address}: {exc}") from exc
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "opened":
             raise ModelUnavailable("model service closed the session at once")
-        self.info = first.opened.info
+        self.info = decode_worker_info(first.opened.info)
         self._reader = asyncio.create_task(self._read(call))
         log.info("model_session", capacity=self.info.kv_capacity, model=self.info.model_name)
         return self.info
@@ -73,7 +82,7 @@ class ModelLink:
                     continue
                 step_id, fut = self._pending.popleft()
                 if not fut.done():
-                    fut.set_result(reply.result)
+                    fut.set_result(decode_output(reply.result))
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
         except asyncio.CancelledError:
@@ -89,19 +98,19 @@ class ModelLink:
                 fut.set_exception(ModelUnavailable(f"model service lost: {reason}"))
         log.warning("model_link_closed", reason=reason)
 
-    def send(self, step: model_pb2.Step) -> asyncio.Future[model_pb2.StepResult]:
-        fut: asyncio.Future[model_pb2.StepResult] = asyncio.get_running_loop().create_future()
+    def send(self, ops: StepOps) -> asyncio.Future[StepOutcome]:
+        fut: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
         if self.closed.is_set():
             fut.set_exception(ModelUnavailable("model service is not connected"))
             return fut
-        self._pending.append((step.step_id, fut))
-        self._out.put_nowait(model_pb2.StepRequest(step=step))
+        self._pending.append((ops.step_id, fut))
+        self._out.put_nowait(model_pb2.StepRequest(step=encode_step(ops)))
         return fut
 
-    def send_masks(self, masks: model_pb2.StepMasks) -> None:
+    def send_masks(self, masks: LateMasks) -> None:
         """The late masks of a sent `masks_follow` step (no reply of its own)."""
         if not self.closed.is_set():
-            self._out.put_nowait(model_pb2.StepRequest(masks=masks))
+            self._out.put_nowait(model_pb2.StepRequest(masks=encode_masks(masks)))
 
     async def close(self) -> None:
         self._out.put_nowait(None)

@@ -7,8 +7,7 @@ slot `SchedState.release` already freed."""
 
 from __future__ import annotations
 
-from radixmesh_wire.packing import unpack_f32, unpack_i32
-from radixmesh_wire.pb import model_pb2
+from radixmesh_wire.step_ops import StepOutcome
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
@@ -31,17 +30,15 @@ def _current(plan: PlannedStep, handle: int) -> Request | None:
     return r if r.handle == handle and r.epoch == epoch else None
 
 
-def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -> None:
-    extras = {e.handle: e for e in res.extras}
-    handles = unpack_i32(res.handles)
-    tokens = unpack_i32(res.tokens)
-    logprobs = unpack_f32(res.logprobs)
-    for h, ex in extras.items():
-        r = _current(plan, h)
-        if r is not None and ex.prompt_logprobs:
-            vals = unpack_f32(ex.prompt_logprobs)
-            start = ex.prompt_logprobs_start
-            st.extra(r).prompt_logprobs.extend((r.fill[start + i], v) for i, v in enumerate(vals))
+def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
+    handles, top = res.handles, res.top
+    for p in res.prompt_logprobs:
+        r = _current(plan, p.handle)
+        if r is not None and p.values:
+            start = p.start
+            st.extra(r).prompt_logprobs.extend(
+                (r.fill[start + i], v) for i, v in enumerate(p.values)
+            )
     for r in plan.prefilled:
         if r.handle >= 0 and r.node is not None:
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
@@ -51,13 +48,13 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
     decode = Phase.DECODE
-    for h, tok, lp in zip(handles, tokens, logprobs, strict=True):
+    for h, tok, lp in zip(handles, res.tokens, res.logprobs, strict=True):
         r = _current(plan, h)
         if r is None:
             continue  # released (aborted, retracted, stopped) while the step ran
         r.pending -= 1
         if r.phase is decode:
-            _on_token(st, r, tok, lp, extras.get(h) if extras else None)
+            _on_token(st, r, tok, lp, top.get(h) if top else None)
     if len(handles) != len(plan.sampling):  # rows skipped by late masks, or a failed step
         got = set(handles)
         for h in plan.sampling:
@@ -69,7 +66,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
 
 
 def _on_token(
-    st: SchedState, r: Request, tok: int, lp: float, ex: model_pb2.RowExtras | None
+    st: SchedState, r: Request, tok: int, lp: float, top: tuple[list[int], list[float]] | None
 ) -> None:
     # Once per running request per step: attribute lookups are kept to the minimum.
     st.stats.generated_tokens += 1
@@ -85,8 +82,7 @@ def _on_token(
     if r.grammar is not None:
         st.grammar_ops.accept(r.handle, tok)
     if r.wants_logprobs:
-        top_ids = unpack_i32(ex.top_ids) if ex is not None else []
-        top_lps = unpack_f32(ex.top_logprobs) if ex is not None else []
+        top_ids, top_lps = top if top is not None else ([], [])
         st.extra(r).logprobs.append((tok, lp, top_ids, top_lps))
     if len(out) >= r.spec.max_new_tokens or len(fill) >= st.context_length:
         finish(st, r, "length")

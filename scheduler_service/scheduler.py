@@ -12,11 +12,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import grpc
 import structlog
 
 from radixmesh_server.server import Health
-from radixmesh_wire.pb import model_pb2
+from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.chunk_budget import ChunkBudget
@@ -29,6 +28,7 @@ from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
 from scheduler_service.state import SchedState
+from scheduler_service.status import Status
 from scheduler_service.step_masks import StepMasks
 from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 
@@ -52,7 +52,7 @@ class Scheduler:
             in_batch_prefix_threshold=cfg.in_batch_prefix_tokens,
         )
         self.st: SchedState | None = None
-        self.info: model_pb2.WorkerInfo | None = None
+        self.info: WorkerInfo | None = None
         self.sinks: dict[str, Sink] = {}
         self.by_rid: dict[str, Request] = {}
         self.aborted: set[str] = set()  # rids to reap before the next step
@@ -62,9 +62,9 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         st = self.st
         if st is None or not self.link.connected:
-            raise SubmitError(grpc.StatusCode.UNAVAILABLE, "the model service is not connected")
+            raise SubmitError(Status.UNAVAILABLE, "the model service is not connected")
         if req.rid in self.by_rid:
-            raise SubmitError(grpc.StatusCode.ALREADY_EXISTS, f"request {req.rid!r} is running")
+            raise SubmitError(Status.ALREADY_EXISTS, f"request {req.rid!r} is running")
         info = self.info
         assert info is not None
         validate_submit(
@@ -79,7 +79,7 @@ class Scheduler:
         req.end_with_grammar(info.eos_token_ids)
         if len(st.waiting) >= self.cfg.max_queue:
             raise SubmitError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Status.RESOURCE_EXHAUSTED,
                 f"the waiting queue is full ({self.cfg.max_queue}); retry later",
             )
         self.by_rid[req.rid] = req
@@ -150,7 +150,7 @@ class Scheduler:
                 await self._loop()
             except ModelUnavailable as exc:
                 await health.set_ready(False, str(exc))
-                self._fail_all(grpc.StatusCode.UNAVAILABLE, str(exc))
+                self._fail_all(Status.UNAVAILABLE, str(exc))
                 await self.link.close()
             except Exception as exc:  # noqa: BLE001 - a bug must not end the service
                 # Steps in flight no longer match our state: fail the work in hand, then start
@@ -159,14 +159,12 @@ class Scheduler:
                     "scheduler_step_crashed", error=repr(exc), rids=sorted(self.by_rid)[:32]
                 )
                 await health.set_ready(False, f"scheduler step crashed, resetting: {exc!r}")
-                self._fail_all(
-                    grpc.StatusCode.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}"
-                )
+                self._fail_all(Status.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}")
                 await self.link.close()
 
-    def _on_connected(self, info: model_pb2.WorkerInfo) -> None:
+    def _on_connected(self, info: WorkerInfo) -> None:
         self.info = info
-        cap = int(info.kv_capacity)
+        cap = info.kv_capacity
         if self.st is None or self.st.cache.allocator.capacity != cap:
             alloc = SlotAllocator(cap, track_freed=info.nan_fill)
             self.st = SchedState(
@@ -176,7 +174,7 @@ class Scheduler:
                     eviction=self.cfg.eviction,
                     protect_s=self.cfg.protect_ms / 1e3,
                 ),
-                context_length=int(info.context_length),
+                context_length=info.context_length,
             )
         else:
             self.st.cache.reset()  # new session: the worker's KV pool content is gone
@@ -206,7 +204,7 @@ class Scheduler:
         st = self.st
         assert st is not None
         depth = 2 if self.cfg.overlap == "on" else 1
-        inflight: deque[tuple[PlannedStep, asyncio.Future[model_pb2.StepResult]]] = deque()
+        inflight: deque[tuple[PlannedStep, asyncio.Future[StepOutcome]]] = deque()
         while True:
             self._reap_aborted()
             sent = False
@@ -216,10 +214,10 @@ class Scheduler:
                 plan = self.builder.build()
                 st.stats.step_seconds += time.perf_counter() - t0
                 await self.masks.before_send(plan)
-                if not plan.empty or plan.msg.release_handles:
-                    inflight.append((plan, self.link.send(plan.msg)))
+                if not plan.empty or plan.ops.releases:
+                    inflight.append((plan, self.link.send(plan.ops)))
                     sent = True
-                    if plan.msg.masks_follow and len(inflight) == 1:
+                    if plan.ops.masks_follow and len(inflight) == 1:
                         self.link.send_masks(await self.masks.after_send(plan))
             if not inflight:
                 self._flush()
@@ -236,7 +234,7 @@ class Scheduler:
                 apply_result(st, plan, res)
             st.stats.steps += 1
             st.stats.step_seconds += time.perf_counter() - t1
-            if inflight and inflight[0][0].msg.masks_follow:
+            if inflight and inflight[0][0].ops.masks_follow:
                 self.link.send_masks(await self.masks.after_send(inflight[0][0]))
             if self.cfg.debug_invariants:
                 st.check_integrity()
@@ -259,12 +257,12 @@ class Scheduler:
             st.release(r, insert=True)
             st.extra(r).finish = "abort"
 
-    def _fail(self, r: Request, code: grpc.StatusCode, message: str) -> None:
+    def _fail(self, r: Request, code: Status, message: str) -> None:
         st = self.st
         assert st is not None
         st.release(r, insert=False)
         ex = st.extra(r)
-        ex.error_code = code.value[0]
+        ex.error_code = int(code)
         ex.error_message = message
 
     def _fail_step(self, plan: PlannedStep, error: str) -> None:
@@ -273,19 +271,15 @@ class Scheduler:
         st = self.st
         assert st is not None
         # Masks that never came are a slow grammar service, not a fault of the request.
-        code = (
-            grpc.StatusCode.UNAVAILABLE
-            if error.startswith("MaskTimeout")
-            else grpc.StatusCode.INTERNAL
-        )
+        code = Status.UNAVAILABLE if error.startswith("MaskTimeout") else Status.INTERNAL
         rids = []
         for h, (r, epoch) in plan.owners.items():
             if r.handle == h and r.epoch == epoch:
                 rids.append(r.rid)
                 self._fail(r, code, f"model step failed: {error}")
-        log.error("step_failed", step=plan.msg.step_id, error=error, rids=rids)
+        log.error("step_failed", step=plan.ops.step_id, error=error, rids=rids)
 
-    def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
+    def _fail_all(self, code: Status, message: str) -> None:
         st = self.st
         if st is None:
             return

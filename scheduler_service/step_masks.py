@@ -7,7 +7,7 @@ Two moments (docs/architecture.md, Step protocol):
   in the Step.
 - `after_send`: decode rows. With overlap the step is built before the previous step's tokens
   are back, so their masks are computed once that result is applied, while the worker already
-  runs the step's forward pass (`Step.masks_follow`, then a `StepMasks`). Rows that must not
+  runs the step's forward pass (`StepOps.masks_follow`, then a `LateMasks`). Rows that must not
   sample after all (jump-forward, a failed grammar, a request that stopped, the grammar
   service gone) are skipped: the worker drops the decode's KV slot and so do we.
 
@@ -17,13 +17,14 @@ A constrained row is never sampled without its mask.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-import grpc
 import structlog
 
-from radixmesh_wire.packing import pack_i32, unpack_i32
-from radixmesh_wire.pb import grammar_pb2, model_pb2
+from radixmesh_wire.mask_rows import EncodedRow
+from radixmesh_wire.mask_step_ops import ERROR_COMPILE, MaskStepOutcome, MaskStepPlan
+from radixmesh_wire.step_ops import LateMasks
 from scheduler_service.batch_builder import PlannedStep
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.constrained_rows import (
@@ -32,18 +33,25 @@ from scheduler_service.constrained_rows import (
     strip_constrained,
     undo_decode,
 )
-from scheduler_service.grammar_link import GrammarLink, GrammarUnavailable
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
+from scheduler_service.status import GrammarUnavailable, Status
 
 log = structlog.get_logger(__name__)
 
-Fail = Callable[[Request, grpc.StatusCode, str], None]
+Fail = Callable[[Request, Status, str], None]
+
+
+class MaskService(Protocol):
+    """The grammar service as this module needs it (`GrammarLink`): one mask step at a time,
+    results in order; a lost service fails the awaitable with `GrammarUnavailable`."""
+
+    def step(self, plan: MaskStepPlan) -> Awaitable[MaskStepOutcome]: ...
 
 
 class StepMasks:
     def __init__(
-        self, cfg: SchedulerConfig, st: SchedState, grammar: GrammarLink, fail: Fail
+        self, cfg: SchedulerConfig, st: SchedState, grammar: MaskService, fail: Fail
     ) -> None:
         self.cfg = cfg
         self.st = st
@@ -52,7 +60,7 @@ class StepMasks:
 
     async def _fetch(
         self, step_id: int, want: list[int], jump: list[int]
-    ) -> grammar_pb2.MaskStepResult | None:
+    ) -> MaskStepOutcome | None:
         st = self.st
         t0 = time.perf_counter()
         try:
@@ -63,15 +71,13 @@ class StepMasks:
         finally:
             st.stats.mask_wait_seconds += time.perf_counter() - t0
 
-    def _failed_rows(
-        self, res: grammar_pb2.MaskStepResult
-    ) -> dict[int, tuple[grpc.StatusCode, str]]:
-        failed: dict[int, tuple[grpc.StatusCode, str]] = {}
+    def _failed_rows(self, res: MaskStepOutcome) -> dict[int, tuple[Status, str]]:
+        failed: dict[int, tuple[Status, str]] = {}
         for err in res.errors:
             r = self.st.running.get(err.handle)
             if r is None:
                 continue
-            code = grpc.StatusCode.INVALID_ARGUMENT if err.code == 3 else grpc.StatusCode.INTERNAL
+            code = Status.INVALID_ARGUMENT if err.code == ERROR_COMPILE else Status.INTERNAL
             log.warning("grammar_row_failed", rid=r.rid, code=err.code)
             log.debug("grammar_row_failed_detail", rid=r.rid, error=err.message)  # user text
             failed[err.handle] = (code, f"grammar: {err.message}")
@@ -86,7 +92,7 @@ class StepMasks:
         if not st.grammar_up:
             strip_constrained(st, plan)
             return
-        res = await self._fetch(plan.msg.step_id, want, [])
+        res = await self._fetch(plan.ops.step_id, want, [])
         if res is None:
             strip_constrained(st, plan)
             return
@@ -96,9 +102,12 @@ class StepMasks:
             if r in st.waiting:
                 st.waiting.remove(r)
             self.fail(r, code, message)
-        plan.msg.masks.extend(row for row in res.rows if row.handle in st.running)
+        masks = plan.ops.masks
+        for h, row in res.rows.items():
+            if h in st.running:
+                masks[h] = row
 
-    async def after_send(self, plan: PlannedStep) -> model_pb2.StepMasks:
+    async def after_send(self, plan: PlannedStep) -> LateMasks:
         """Masks (or skips) for the sent step's constrained decode rows, once every earlier
         step's result is applied."""
         st = self.st
@@ -110,13 +119,13 @@ class StepMasks:
                 live.append(h)
             else:
                 skip.add(h)  # stopped or released meanwhile: its slots are already freed
-        rows: list[grammar_pb2.MaskRow] = []
+        rows: dict[int, EncodedRow] = {}
         res = None
         if live and st.grammar_up:
             jump = []
             if self.cfg.jump_forward == "on":
                 jump = [h for h in live if st.running[h].no_jump_at != len(st.running[h].output)]
-            res = await self._fetch(plan.msg.step_id, live, jump)
+            res = await self._fetch(plan.ops.step_id, live, jump)
         if res is None:
             for h in live:  # no grammar service: these wait for its return (and the replay)
                 undo_decode(st, st.running[h])
@@ -126,17 +135,15 @@ class StepMasks:
             for h, (code, message) in failed.items():
                 self.fail(st.running[h], code, message)
             skip |= set(failed)
-            for row in res.rows:
-                req = st.running.get(row.handle)
-                if req is None or row.handle in failed:
+            jumps = res.jumps
+            for h, row in res.rows.items():
+                req = st.running.get(h)
+                if req is None or h in failed:
                     continue
-                jf = row.jump_forward
-                if jf.tokens:
-                    req.jump = (jf.rollback, unpack_i32(jf.tokens))  # applied by the next build
+                if jumps and h in jumps:
+                    req.jump = jumps[h]  # applied by the next build
                     undo_decode(st, req)
-                    skip.add(row.handle)
+                    skip.add(h)
                 else:
-                    rows.append(row)
-        return model_pb2.StepMasks(
-            step_id=plan.msg.step_id, rows=rows, skip_handles=pack_i32(sorted(skip))
-        )
+                    rows[h] = row
+        return LateMasks(plan.ops.step_id, rows, sorted(skip))

@@ -2,7 +2,7 @@
 
 The front door validates public requests, but it is not the only client of the Session stream:
 anything that reaches the step builder must be servable, because a bad row there fails (or,
-before this module, killed) every request of the step. Every rule answers with a gRPC status and
+before this module, killed) every request of the step. Every rule answers with a status and
 a message a person can act on. Pure: no protobuf, no scheduler state beyond `SubmitLimits`.
 """
 
@@ -12,9 +12,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import grpc
-
 from scheduler_service.request import Request
+from scheduler_service.status import Status
 
 _MAX_I32 = (1 << 31) - 1
 
@@ -22,7 +21,7 @@ _MAX_I32 = (1 << 31) - 1
 class SubmitError(Exception):
     """A submission refused before it reached the queue (it alone fails)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: Status, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -38,7 +37,7 @@ class SubmitLimits:
 
 
 def _invalid(message: str) -> SubmitError:
-    return SubmitError(grpc.StatusCode.INVALID_ARGUMENT, message)
+    return SubmitError(Status.INVALID_ARGUMENT, message)
 
 
 def _check_ids(what: str, ids: Iterable[int], vocab: int) -> None:

@@ -21,7 +21,7 @@ from radixmesh_server.launcher import (
     stack_specs,
 )
 from radixmesh_server.model_store import resolve_model
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixmesh_server.config import field
-from radixmesh_server.security import TransportConfig
+from radixmesh_server.transport_config import TransportConfig
 
 
 @dataclass

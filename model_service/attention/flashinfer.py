@@ -22,11 +22,11 @@ compiles one attention module instead of two.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import torch
 
-from model_service.attention.reference import RowPlan
+from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.kv_pool import KVPool
 
 WORKSPACE_BYTES = 256 << 20  # flashinfer's split-kv scratch; 128 MiB is its documented minimum
@@ -48,7 +48,10 @@ def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
 
 
 class FlashInferAttention:
-    name = "flashinfer"
+    """An `AttentionBackend`. Importing this module needs no flashinfer: only constructing one
+    does (`choose_attention` checks first)."""
+
+    name: Final = "flashinfer"
 
     def __init__(
         self,
@@ -189,7 +192,7 @@ def warm_up(attn: FlashInferAttention) -> None:
 
 def choose_attention(
     choice: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int
-) -> tuple[Any, str]:
+) -> tuple[AttentionBackend, str]:
     """(backend, note) for `--attention auto|reference|flashinfer`.
 
     `auto` takes flashinfer where it can run (CUDA, flashinfer importable, a 16-bit KV dtype,

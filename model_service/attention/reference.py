@@ -10,22 +10,21 @@ masked positions (0 * NaN is NaN).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Final
 
 import torch
 from torch.nn import functional as F
 
+from model_service.attention.backend import RowPlan
 from model_service.kv_pool import KVPool
 
-
-@dataclass
-class RowPlan:
-    q_len: int
-    kv_slots: torch.Tensor  # int64 [kv_len] on the pool's device
+__all__ = ["ReferenceAttention", "RowPlan"]
 
 
 class ReferenceAttention:
-    name = "reference"
+    """An `AttentionBackend`."""
+
+    name: Final = "reference"
 
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int) -> None:
         self.pool = pool

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from model_service.attention.backend import LayerAttention
 
 
 @dataclass(frozen=True)
@@ -70,21 +72,6 @@ class LlamaArgs:
             attention_bias=bool(getattr(cfg, "attention_bias", mtype == "qwen2")),
             model_type=mtype,
         )
-
-
-class AttentionBackend(Protocol):
-    """Plans once per step, then runs once per layer. `forward` stores this step's k/v at the
-    step's output slots and attends over each row's full slot list (prefix + new). The fused
-    layers split it: they store k/v themselves into `kv_target(layer)` (caches and the step's
-    slots) and then call `attend(layer, q)`."""
-
-    def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor: ...
-
-    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
-
-    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
 
 
 def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
@@ -154,7 +141,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn: AttentionBackend,
+        attn: LayerAttention,
         ops: Any,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -164,7 +151,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.nh * self.hd))
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: LayerAttention
     ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.nh, self.hd)
@@ -221,7 +208,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: LayerAttention
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -232,7 +219,7 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn: AttentionBackend,
+        attn: LayerAttention,
         ops: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) -> (this layer's MLP output, residual stream before adding it): the
@@ -301,7 +288,7 @@ class LlamaForCausalLM(nn.Module):
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(positions)
@@ -322,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn: AttentionBackend,
+        attn: LayerAttention,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         h = self.hidden(input_ids, positions, attn)

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from radixmesh_server.launcher import Launcher
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 

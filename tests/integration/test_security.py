@@ -16,7 +16,7 @@ from radixmesh.api import Client, RadixMeshError
 
 from radixmesh_server.launcher import free_port
 from radixmesh_server.pki import CertFiles, make_server_cert
-from radixmesh_server.security import INTERNAL_SERVER_NAME
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import Stack, start_stack
 

@@ -56,12 +56,13 @@ from grammar_service.suite import GrammarCase  # noqa: E402
 from model_service.mask_device import allowed_on_device  # noqa: E402
 from radixmesh_bench.gpu.constrained_schemas import SCHEMA_TEXT  # noqa: E402
 from radixmesh_server.logging import configure_logging  # noqa: E402
-from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding  # noqa: E402
-from radixmesh_wire.mask_step import MaskStepBuilder, grammar_spec  # noqa: E402
-from radixmesh_wire.packing import pack_i32, unpack_i32  # noqa: E402
+from radixmesh_wire.mask_rows import EncodedRow  # noqa: E402
+from radixmesh_wire.mask_step import MaskStepBuilder, decode_mask_result, grammar_spec  # noqa: E402
 from radixmesh_wire.pb import grammar_pb2 as pb  # noqa: E402
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc  # noqa: E402
 from radixmesh_wire.pb import model_pb2  # noqa: E402
+from radixmesh_wire.step_codec import decode_masks, encode_masks  # noqa: E402
+from radixmesh_wire.step_ops import LateMasks  # noqa: E402
 from tests.load.grammar_load import Trace, Workload, make_traces, serve_forever  # noqa: E402
 
 STAGES = (
@@ -93,28 +94,27 @@ def llama_tokenizer_dir() -> str:
     return os.environ.get("GRAMMAR_LOAD_TOKENIZER") or str(bundled_tokenizer_dir())
 
 
-def relay(res: pb.MaskStepResult, step_id: int) -> bytes:
-    """The scheduler's share: `StepMasks.after_send` keeps each row that has no jump-forward
-    tokens, builds the StepMasks for the model service and gRPC serializes it."""
-    rows: list[pb.MaskRow] = []
+def relay(res: pb.MaskStepResult, step_id: int, jump: bool) -> bytes:
+    """The scheduler's share: the grammar link decodes the result, `StepMasks.after_send` keeps
+    each row that has no jump-forward tokens, and the model link encodes the `LateMasks` for
+    the model service, which gRPC serializes."""
+    out = decode_mask_result(res, jumps_asked=jump)
+    rows: dict[int, EncodedRow] = {}
     skip: set[int] = set()
-    for row in res.rows:
-        if row.jump_forward.tokens:
-            unpack_i32(row.jump_forward.tokens)
-            skip.add(row.handle)
+    for h, row in out.rows.items():
+        if h in out.jumps:
+            skip.add(h)
         else:
-            rows.append(row)
-    msg = model_pb2.StepMasks(step_id=step_id, rows=rows, skip_handles=pack_i32(sorted(skip)))
-    return msg.SerializeToString()
+            rows[h] = row
+    return encode_masks(LateMasks(step_id, rows, sorted(skip))).SerializeToString()
 
 
 def model_decode(data: bytes, vocab_size: int, device: torch.device) -> None:
-    """The model service's share: parse, the mailbox's dict, the runner's `_apply_masks` rows
+    """The model service's share: parse, the mailbox's decode, the runner's `_apply_masks` rows
     and `allowed_on_device` (synchronized, so device work is counted)."""
-    msg = model_pb2.StepMasks.FromString(data)
-    masks = {m.handle: (m.encoding, m.data) for m in msg.rows}
-    set(unpack_i32(msg.skip_handles))
-    rows = [EncodedRow(MaskEncoding(e), d) for e, d in masks.values()]
+    late = decode_masks(model_pb2.StepMasks.FromString(data))
+    set(late.skip)
+    rows = list(late.rows.values())
     if rows:
         allowed_on_device(rows, vocab_size, device)
     if device.type == "cuda":
@@ -164,7 +164,7 @@ def run_inproc(
         got = pb.MaskStepResult.FromString(data)
         c.lap("result_parse")
         assert not got.errors, got.errors[0]
-        masks = relay(got, i)
+        masks = relay(got, i, jump_forward)
         c.lap("relay")
         model_decode(masks, svc.engine.vocab_size, device)
         c.lap("model_decode")

@@ -134,7 +134,7 @@ def test_internal_certificate_names_its_role(tmp_path: Path) -> None:
     from radixmesh.wrong_port import INTERNAL_CERT_NAME, _last_common_name
 
     from radixmesh_server.pki import make_local_pki
-    from radixmesh_server.security import INTERNAL_SERVER_NAME
+    from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
     assert INTERNAL_CERT_NAME.decode() == INTERNAL_SERVER_NAME  # the client's copy is current
     files = make_local_pki(tmp_path, ["scheduler", "model"])

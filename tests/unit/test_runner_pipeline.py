@@ -15,7 +15,7 @@ from model_service.kv_pool import KVPool
 from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
 from model_service.weights import random_model
-from radixmesh_wire.mask_rows import encode_ids
+from radixmesh_wire.mask_rows import EncodedRow, encode_ids
 from radixmesh_wire.step_ops import AdmitOp, Sampling, StepOps
 
 VOCAB = 300
@@ -91,7 +91,7 @@ def test_launch_ahead_gives_the_tokens_of_one_step_at_a_time(device: str) -> Non
 def test_late_mask_is_applied_and_a_skipped_decode_leaves_no_trace(device: str) -> None:
     allowed = 42
     row = encode_ids([allowed], VOCAB)
-    late = {3: ({0: (int(row.encoding), row.data)}, {1})}  # step 3: mask row 0, skip row 1
+    late = {3: ({0: row}, {1})}  # step 3: mask row 0, skip row 1
     r = _runner(device)
     r.mask_source = lambda step_id: late.pop(step_id)
     ref = _runner(device)
@@ -102,9 +102,7 @@ def test_late_mask_is_applied_and_a_skipped_decode_leaves_no_trace(device: str) 
     assert _tokens(out) == {0: allowed}
     assert len(r.requests[1].slots) == len(PROMPTS[1])  # the skipped decode's slot is gone
     # The reference never decoded handle 1 at step 3 and sampled handle 0 under the same mask.
-    ref.step(
-        StepOps(3, decode_handles=[0], decode_slots=[8], masks={0: (int(row.encoding), row.data)})
-    )
+    ref.step(StepOps(3, decode_handles=[0], decode_slots=[8], masks={0: row}))
     after = r.step(_decode(4, [0, 1], 10))
     assert _tokens(after) == _tokens(ref.step(_decode(4, [0, 1], 10)))
     assert not late
@@ -119,9 +117,9 @@ def test_late_mask_wait_is_accounted(device: str) -> None:
     row = encode_ids([42], VOCAB)
     r = _runner(device)
 
-    def slow_source(step_id: int) -> tuple[dict[int, tuple[int, bytes]], set[int]]:
+    def slow_source(step_id: int) -> tuple[dict[int, EncodedRow], set[int]]:
         time.sleep(0.05)  # the grammar service's round trip, not synchronisation
-        return {0: (int(row.encoding), row.data)}, set()
+        return {0: row}, set()
 
     r.mask_source = slow_source
     r.step(_admit())

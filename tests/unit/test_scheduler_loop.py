@@ -8,15 +8,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
-from radixmesh_wire.packing import pack_i32, unpack_i32
-from radixmesh_wire.pb import model_pb2
+from radixmesh_wire.step_ops import StepOps, StepOutcome, WorkerInfo
 from scheduler_service.batch_builder import BatchBuilder
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.outbox import Batch
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler
+from scheduler_service.status import Status
 from scheduler_service.step_masks import StepMasks
 
 
@@ -31,25 +29,16 @@ class FakeLink:
     def connected(self) -> bool:
         return self.sessions > 0 and not self.closed.is_set()
 
-    async def connect(self) -> model_pb2.WorkerInfo:
+    async def connect(self) -> WorkerInfo:
         self.sessions += 1
         self.closed = asyncio.Event()
-        return model_pb2.WorkerInfo(
-            kv_capacity=256, vocab_size=100, context_length=64, device="cpu", eos_token_ids=[2]
-        )
+        return WorkerInfo("fake", 256, 64, 100, False, eos_token_ids=(2,), device="cpu")
 
-    def send(self, msg: model_pb2.Step) -> asyncio.Future[model_pb2.StepResult]:
-        handles = [a.handle for a in msg.admits if a.sample] + [e.handle for e in msg.extends]
-        handles += unpack_i32(msg.decode_handles)
-        fut: asyncio.Future[model_pb2.StepResult] = asyncio.get_running_loop().create_future()
-        fut.set_result(
-            model_pb2.StepResult(
-                step_id=msg.step_id,
-                handles=pack_i32(handles),
-                tokens=pack_i32([7] * len(handles)),
-                logprobs=b"\0\0\0\0" * len(handles),
-            )
-        )
+    def send(self, ops: StepOps) -> asyncio.Future[StepOutcome]:
+        handles = [a.handle for a in ops.admits if a.sample]
+        handles += [e.handle for e in ops.extends if e.sample] + list(ops.decode_handles)
+        fut: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+        fut.set_result(StepOutcome(ops.step_id, handles, [7] * len(handles), [0.0] * len(handles)))
         return fut
 
     async def close(self) -> None:
@@ -117,7 +106,7 @@ def test_loop_survives_a_crashing_step(monkeypatch: Any) -> None:
 
     out, health, link = asyncio.run(scenario())
     first = [ex for b in out for ex in b.extras if ex.key == 1]
-    assert first and first[0].error_code == grpc.StatusCode.INTERNAL.value[0]
+    assert first and first[0].error_code == Status.INTERNAL
     assert "scheduler error: RuntimeError: boom" in first[0].error_message
     tokens = [ev for b in out for k, ev in zip(b.keys, b.events, strict=True) if k == 2]
     assert tokens == [7, 7, 7]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import grpc
 import pytest
 
 from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.status import Status
 from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 
 LIM = SubmitLimits(vocab_size=1000, context_length=100, kv_capacity=500, max_top_logprobs=20)
@@ -68,7 +68,7 @@ BAD = [
 def test_bad_submissions_refused(req: Request, needle: str) -> None:
     with pytest.raises(SubmitError) as err:
         validate_submit(req, LIM)
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.code == Status.INVALID_ARGUMENT
     assert needle in str(err.value)
 
 

@@ -29,6 +29,7 @@ from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool
 from model_service.mask_device import allowed_on_device
 from model_service.models.llama import LlamaForCausalLM
+from model_service.penalty_rows import TokenCounts, build_penalties, count_sampled
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.transfer import array_to_device, to_device, to_host
@@ -61,6 +62,7 @@ class RequestState:
     has_token: bool = False  # its last sampled token is in ModelRunner.last_tokens
     in_prompt: bool = True
     pending_lp: torch.Tensor | None = None  # log-softmax of the last prompt position
+    counts: TokenCounts = field(default_factory=TokenCounts)  # for penalties only
 
 
 @dataclass
@@ -384,6 +386,7 @@ class ModelRunner:
         top_p = [s.top_p for s in sp]
         top_k = [s.top_k for s in sp]
         min_p = [s.min_p for s in sp]
+        pen_rows = [(r.state.sampling, r.state.counts) for r in sampled]
         params = SamplingBatch(
             temperature=to_device(temp, torch.float32, dev),
             top_p=to_device(top_p, torch.float32, dev),
@@ -392,9 +395,11 @@ class ModelRunner:
             seeds=to_device([s.seed & 0x7FFFFFFFFFFFFFFF for s in sp], torch.int64, dev),
             positions=to_device([r.state.sampled for r in sampled], torch.int64, dev),
             flags=SamplingFlags.of(temp, top_k, top_p, min_p),
+            penalties=build_penalties(pen_rows, lg.shape[-1], dev),
         )
         k = max(s.top_logprobs for s in sp)
         tokens, chosen, top_ids, top_vals = sample(lg, params, k)
+        count_sampled(pen_rows, tokens)
         handles = [r.handle for r in sampled]
         if max(handles) >= self.last_tokens.numel():
             grown = torch.zeros(2 * max(handles) + 1, dtype=torch.int64, device=dev)

@@ -6,7 +6,8 @@ on CPU and GPU alike (the hash is exact integer arithmetic). Sampling uses the e
 argmax(p_i / E_i) with E_i ~ Exp(1) draws index i with probability p_i.
 
 Logprobs are reported from the unmodified distribution (log_softmax of the raw logits), as
-SGLang and OpenAI report them; temperature and filters only shape what is drawn.
+SGLang and OpenAI report them; penalties, logit bias, temperature and filters only shape what
+is drawn (greedy rows take the argmax of the penalized logits).
 """
 
 from __future__ import annotations
@@ -41,6 +42,35 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
 
 
 @dataclass
+class Penalties:
+    """Per-row penalties over the tokens each row generated so far, on the logits' device.
+
+    `counts` [R, V] holds how often each token was generated (rows without penalties are
+    zero); `bias` [R, V] is added to the logits (OpenAI's logit_bias), None when no row has one.
+    """
+
+    counts: torch.Tensor  # int32
+    presence: torch.Tensor  # [R] float32
+    frequency: torch.Tensor  # [R] float32
+    repetition: torch.Tensor  # [R] float32, 1 = off
+    bias: torch.Tensor | None = None
+
+
+def apply_penalties(logits: torch.Tensor, pen: Penalties) -> torch.Tensor:
+    """OpenAI's presence/frequency penalties and logit bias, and the CTRL-style repetition
+    penalty (SGLang's and vLLM's): returns new logits, the input is left untouched."""
+    counts = pen.counts.to(logits.dtype)
+    seen = pen.counts > 0
+    rep = pen.repetition[:, None]
+    scaled = torch.where(logits > 0, logits / rep, logits * rep)
+    out = torch.where(seen, scaled, logits)
+    out = out - pen.frequency[:, None] * counts - pen.presence[:, None] * seen.to(logits.dtype)
+    if pen.bias is not None:
+        out = out + pen.bias
+    return out
+
+
+@dataclass
 class SamplingBatch:
     """Per-row parameters, tensors of shape [R] on the logits' device."""
 
@@ -54,6 +84,7 @@ class SamplingBatch:
     # back and stall the host until the GPU is done, which defeats launching the next step
     # early. None: derive from the tensors (tests, small callers).
     flags: SamplingFlags | None = None
+    penalties: Penalties | None = None
 
     def resolved_flags(self) -> SamplingFlags:
         if self.flags is not None:
@@ -90,6 +121,8 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """logits [R, V] fp32 -> (tokens [R], logprob of each token [R], top ids, top logprobs)."""
     logprobs = torch.log_softmax(logits, dim=-1)
+    if params.penalties is not None:
+        logits = apply_penalties(logits, params.penalties)
     greedy_tok = logits.argmax(dim=-1)
     flags = params.resolved_flags()
     if flags.all_greedy:

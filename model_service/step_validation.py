@@ -42,6 +42,13 @@ def _check_sampling(handle: int, s: Sampling, lim: StepLimits) -> None:
     if s.min_new_tokens < 0 or s.prompt_logprobs_from < -1:
         raise StepError(f"handle {handle}: negative min_new_tokens or prompt_logprobs_from")
     _in_range(f"handle {handle}: stop id", s.stop_ids, lim.vocab_size)
+    pens = (s.presence_penalty, s.frequency_penalty, s.repetition_penalty)
+    if not all(math.isfinite(x) for x in pens) or s.repetition_penalty <= 0:
+        raise StepError(f"handle {handle}: penalties must be finite (repetition > 0)")
+    _in_range(f"handle {handle}: logit_bias id", (t for t, _ in s.logit_bias), lim.vocab_size)
+    if not all(math.isfinite(b) for _, b in s.logit_bias):
+        raise StepError(f"handle {handle}: logit_bias values must be finite")
+    _in_range(f"handle {handle}: penalty history id", s.penalty_history, lim.vocab_size)
 
 
 def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepLimits) -> None:

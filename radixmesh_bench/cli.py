@@ -18,6 +18,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
         constrained,
         cpu_serving,
         dsl_ablation,
+        online_serving,
         radix_workloads,
         security_cost,
     )
@@ -26,6 +27,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
     radix_workloads.add_parser(bsub)
     dsl_ablation.add_parser(bsub)
     constrained.add_parser(bsub)
+    online_serving.add_parser(bsub)
     security_cost.add_parser(bsub)
     cli_help.add_parser(bsub)
 

@@ -33,8 +33,22 @@ def local_stack(
     endpoint: str = "",
 ) -> Iterator[str]:
     """Yields an API endpoint: `endpoint` if given, else a fresh stack on free ports."""
+    with local_stack_urls(model, model_args, scheduler_args, endpoint) as (grpc_ep, _):
+        yield grpc_ep
+
+
+@contextlib.contextmanager
+def local_stack_urls(
+    model: str = "default",
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    endpoint: str = "",
+    http: str = "",
+) -> Iterator[tuple[str, str]]:
+    """Yields (gRPC endpoint, HTTP base URL): the given ones if `endpoint` is set, else those
+    of a fresh stack on free ports."""
     if endpoint:
-        yield endpoint
+        yield endpoint, http
         return
     configure_logging("bench", "warning")  # stdout carries only the JSON report
     ports = StackPorts.free()
@@ -47,7 +61,7 @@ def local_stack(
     launcher.start_all()
     try:
         asyncio.run(launcher.wait_ready(timeout=600))
-        yield f"127.0.0.1:{ports.tokenizer}"
+        yield f"127.0.0.1:{ports.tokenizer}", f"http://127.0.0.1:{ports.http}"
     finally:
         launcher.stop_all()
 

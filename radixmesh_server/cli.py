@@ -84,11 +84,16 @@ def _serve(ns: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     # Services get a local folder: a hub id is resolved (downloaded) here only.
     model = ns.model if ns.model in ("", "default") else str(folder)
-    ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3)
+    ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3, ns.http_port)
+    tok_args = ["--served-model-name", ns.served_model_name] if ns.served_model_name else []
+    if ns.chat_template:
+        tok_args += ["--chat-template", str(Path(ns.chat_template).resolve())]
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
     launcher = Launcher(
-        stack_specs(ports, model, model_args=model_args, scheduler_args=sched_args),
+        stack_specs(
+            ports, model, model_args=model_args, scheduler_args=sched_args, tokenizer_args=tok_args
+        ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         internal_tls=True,
     )
@@ -99,7 +104,8 @@ def _serve(ns: argparse.Namespace) -> int:
         await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
         _say(
             f"ready. API at localhost:{ports.tokenizer} "
-            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})"
+            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar}); "
+            f"HTTP at http://localhost:{ports.http} (OpenAI /v1, SGLang /generate)"
         )
         if not ns.no_smoke:
             await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
@@ -231,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="'default' (SmolLM2-135M), a local HF folder, or a hub id org/name",
     )
     s.add_argument("--port", type=int, default=50051, help="API port; services use the next 3")
+    s.add_argument("--http-port", type=int, default=8000, help="HTTP APIs' port (0: off)")
+    s.add_argument("--served-model-name", default="", help="model name the HTTP APIs answer to")
+    s.add_argument("--chat-template", default="", help="Jinja chat template file to serve with")
     s.add_argument("--radix", default="tree", choices=["tree", "table", "off"])
     s.add_argument(
         "--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]

@@ -76,10 +76,11 @@ class StackPorts:
     scheduler: int = 50052
     model: int = 50053
     grammar: int = 50054
+    http: int = 8000  # the front door's HTTP APIs (0: off)
 
     @staticmethod
     def free() -> StackPorts:
-        return StackPorts(free_port(), free_port(), free_port(), free_port())
+        return StackPorts(free_port(), free_port(), free_port(), free_port(), free_port())
 
 
 def stack_specs(
@@ -108,7 +109,13 @@ def stack_specs(
             "tokenizer",
             "tokenizer_service",
             p.tokenizer,
-            [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model, *tokenizer_args],
+            [
+                f"--scheduler-address=127.0.0.1:{p.scheduler}",
+                f"--http-port={p.http}",
+                "--model",
+                model,
+                *tokenizer_args,
+            ],
             public=True,
         ),
     ]

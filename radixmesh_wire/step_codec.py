@@ -60,6 +60,12 @@ def _sampling(s: Sampling) -> model_pb2.RequestSampling:
         prompt_logprobs_from=s.prompt_logprobs_from,
         min_new_tokens=s.min_new_tokens,
         stop_ids=pack_i32(s.stop_ids),
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias_ids=pack_i32([tok for tok, _ in s.logit_bias]),
+        logit_bias_values=pack_f32([bias for _, bias in s.logit_bias]),
+        penalty_history=pack_i32(s.penalty_history),
     )
 
 
@@ -116,6 +122,17 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
                     s.prompt_logprobs_from,
                     s.min_new_tokens,
                     tuple(unpack_i32(s.stop_ids)),
+                    s.presence_penalty,
+                    s.frequency_penalty,
+                    s.repetition_penalty or 1.0,
+                    tuple(
+                        zip(
+                            unpack_i32(s.logit_bias_ids),
+                            unpack_f32(s.logit_bias_values),
+                            strict=True,
+                        )
+                    ),
+                    tuple(unpack_i32(s.penalty_history)),
                 ),
                 output_offset=a.output_offset,
                 prefix_slots=unpack_i32(a.prefix_slots),

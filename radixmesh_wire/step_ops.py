@@ -40,6 +40,18 @@ class Sampling:
     prompt_logprobs_from: int = -1  # absolute prompt position; -1 = none
     min_new_tokens: int = 0
     stop_ids: tuple[int, ...] = ()  # banned while fewer than min_new_tokens were sampled
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    penalty_history: tuple[int, ...] = ()  # output tokens sampled before this admission
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the sampler must count this request's output tokens."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,12 @@ def _sampling(req: Request) -> Sampling:
         prompt_logprobs_from=s.prompt_logprobs_from,
         min_new_tokens=s.min_new_tokens,
         stop_ids=tuple(sorted(req.stop_ids)),
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias=tuple(s.logit_bias),
+        # the output so far (retraction re-admits with it): penalties must keep counting it
+        penalty_history=tuple(req.output) if s.penalized else (),
     )
 
 

@@ -44,6 +44,10 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         return_logprob=lp.return_logprob,
         top_logprobs=lp.top_logprobs,
         prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from") else -1,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
     )
     kind = s.WhichOneof("constraint")
     return Request(
@@ -196,6 +200,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             sink(_error(req, Status.INVALID_ARGUMENT, f"invalid {req.grammar[0]}: {error}"))
             return
         self._admit(req, sink)
+
+    async def FlushCache(
+        self, request: scheduler_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FlushCacheResponse:
+        st = self.sched.st
+        if st is None:
+            return scheduler_pb2.FlushCacheResponse(message="the scheduler is not started yet")
+        busy = len(st.waiting) + len(st.running)
+        if busy:
+            return scheduler_pb2.FlushCacheResponse(
+                message=f"{busy} requests are waiting or running; flush when idle"
+            )
+        freed = st.cache.evict(st.cache.evictable_size)
+        log.info("cache_flushed", evicted_tokens=freed)
+        return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
 
     async def GetStats(
         self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext

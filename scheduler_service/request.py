@@ -35,6 +35,16 @@ class SamplingSpec:
     return_logprob: bool = False
     top_logprobs: int = 0
     prompt_logprobs_from: int = -1  # -1: none
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def penalized(self) -> bool:
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(eq=False)  # identity semantics: requests are compared by object

@@ -83,6 +83,14 @@ def _check_sampling(req: Request, lim: SubmitLimits) -> None:
         )
     if not 0 <= s.top_logprobs <= min(lim.max_top_logprobs, lim.vocab_size):
         raise _invalid(f"top_logprobs={s.top_logprobs} must be in [0, {lim.max_top_logprobs}]")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not math.isfinite(getattr(s, name)):
+            raise _invalid(f"{name} must be finite, got {getattr(s, name)}")
+    if not (math.isfinite(s.repetition_penalty) and s.repetition_penalty > 0):
+        raise _invalid(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty}")
+    for tok, bias in s.logit_bias:
+        if not 0 <= tok < lim.vocab_size or not math.isfinite(bias):
+            raise _invalid(f"logit_bias entry ({tok}, {bias}): ids in [0, vocab), finite biases")
     p = s.prompt_logprobs_from
     if p != -1 and not 0 <= p < len(req.prompt):
         raise _invalid(

@@ -39,6 +39,10 @@ class Stack:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.ports.tokenizer}"
 
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.http}"
+
     def address(self, name: str) -> str:
         return self.launcher.specs[name].address
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from radixmesh_server.server import Listen, run, run_server
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.auth import ApiKeyInterceptor, ApiKeys
 from tokenizer_service.config import TokenizerConfig
+from tokenizer_service.core import FrontDoor
+from tokenizer_service.http_app import build_app, start_http
 from tokenizer_service.scheduler_link import SchedulerLink
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
@@ -33,24 +36,47 @@ def main(argv: list[str] | None = None) -> None:
         health_port=cfg.health_port,
     )
     try:
-        tok = Tokenization(resolve_model(cfg.tokenizer or cfg.model))
+        folder = resolve_model(cfg.tokenizer or cfg.model)
+        tok = Tokenization(folder)
+        if cfg.chat_template:
+            tok.set_chat_template(_template_text(cfg.chat_template))
     except (ModelError, OSError) as exc:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
 
     async def serve() -> None:
         link = SchedulerLink(cfg.scheduler_address)
+        core = FrontDoor(cfg, tok, link)
 
         def register(server, health):  # type: ignore[no-untyped-def]
-            servicer = RadixMeshServicer(cfg, tok, link, keys)
+            servicer = RadixMeshServicer(core, keys)
             api_pb2_grpc.add_RadixMeshServicer_to_server(servicer, server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
-        await run_server(
-            "tokenizer", cfg.host, cfg.port, register, background=link.run, listen=listen
-        )
+        runner = None
+        if cfg.http_port:
+            app = build_app(core, cfg, str(folder), keys)
+            try:
+                runner = await start_http(app, cfg.host, cfg.http_port, _http_tls(cfg))
+            except OSError as exc:
+                raise SystemExit(
+                    f"tokenizer: cannot serve HTTP on port {cfg.http_port}: {exc}"
+                ) from exc
+        try:
+            await run_server(
+                "tokenizer", cfg.host, cfg.port, register, background=link.run, listen=listen
+            )
+        finally:
+            if runner is not None:
+                await runner.cleanup()
 
     run(serve)
+
+
+def _template_text(value: str) -> str:
+    """--chat-template is a file path when one exists, else the template itself."""
+    path = Path(value)
+    return path.read_text() if path.is_file() else value
 
 
 def _public_tls(cfg: TokenizerConfig) -> grpc.ServerCredentials | None:
@@ -63,6 +89,15 @@ def _public_tls(cfg: TokenizerConfig) -> grpc.ServerCredentials | None:
     except OSError as exc:
         raise SystemExit(f"cannot read the public TLS files: {exc}") from None
     return grpc.ssl_server_credentials([pair])
+
+
+def _http_tls(cfg: TokenizerConfig) -> ssl.SSLContext | None:
+    """The public TLS pair (--tls-cert/--tls-key) serves HTTPS on --http-port too."""
+    if not (cfg.tls_cert and cfg.tls_key):
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return ctx
 
 
 if __name__ == "__main__":

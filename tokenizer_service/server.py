@@ -1,146 +1,68 @@
-"""The public RadixMesh API (the front door): tokenization, validation, submission to the
-scheduler, incremental detokenization, stop strings, coalesced client streams, aborts."""
+"""The public gRPC API (RadixMesh service): a translation layer over the front door's core
+(tokenizer_service.core), which owns the request lifecycle."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 import structlog
 
 from radixmesh_server.server import channel
-from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tokenizer_service.auth import ApiKeys, Principal, cache_namespace
-from tokenizer_service.config import TokenizerConfig
-from tokenizer_service.deltas import Update
-from tokenizer_service.detokenizer import IncrementalDetokenizer
-from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
-from tokenizer_service.stop_strings import StopMatcher
-from tokenizer_service.tokenization import Tokenization
-from tokenizer_service.validation import (
-    InvalidRequest,
-    check_chat_roles,
-    check_input_ids,
-    normalize_sampling,
-)
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2_grpc
+from tokenizer_service.auth import ApiKeys, Principal
+from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
+from tokenizer_service.events import Chunk, Complete, TokenLogprob
+from tokenizer_service.validation import InvalidRequest, check_input_ids
 
 log = structlog.get_logger(__name__)
 
+_FINISH = {
+    "stop": api_pb2.FINISH_REASON_STOP,
+    "length": api_pb2.FINISH_REASON_LENGTH,
+    "abort": api_pb2.FINISH_REASON_ABORT,
+}
+
 
 class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
-    def __init__(
-        self,
-        cfg: TokenizerConfig,
-        tok: Tokenization,
-        link: SchedulerLink,
-        keys: ApiKeys | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.tok = tok
-        self.link = link
+    def __init__(self, core: FrontDoor, keys: ApiKeys | None = None) -> None:
+        self.core = core
         self.keys = keys or ApiKeys({})
-        self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
-        self._stats_chan = channel(cfg.scheduler_address)
+        self.tok = core.tok
+        self.link = core.link
+        self._stats_chan = channel(core.cfg.scheduler_address)
         self.sched_stub = scheduler_pb2_grpc.SchedulerStub(self._stats_chan)
 
     @property
     def context_length(self) -> int:
-        h = self.link.hello
-        return int(h.context_length) if h and h.context_length else 4096
-
-    def _prompt_ids(self, req: api_pb2.GenerateRequest) -> list[int]:
-        kind = req.WhichOneof("input")
-        if kind == "text":
-            return self.tok.encode(req.text)
-        if kind == "input_ids":
-            ids = list(req.input_ids.ids)
-            check_input_ids(ids, self.tok.vocab_size)
-            return ids
-        if kind == "chat":
-            return self._chat_ids(req.chat)
-        raise InvalidRequest("no input: set text, input_ids or chat")
+        return self.core.context_length
 
     def _chat_ids(self, chat: api_pb2.ChatMessages) -> list[int]:
-        if not chat.messages:
-            raise InvalidRequest("chat has no messages")
         msgs = [{"role": m.role, "content": m.content} for m in chat.messages]
-        check_chat_roles([m.role for m in chat.messages])
         gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-        try:
-            return self.tok.apply_chat(msgs, gen)
-        except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
-            raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
+        return self.core.chat_ids(msgs, gen)
 
     async def Generate(
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
-        rid = request.request_id or uuid.uuid4().hex
-        # The interceptor already refused unknown keys; this names the caller's tenant.
-        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
-        wire_rid = f"{tenant}:{rid}" if tenant else rid  # request ids are per tenant
+        inp = _input(request)
+        inp.tenant = self._tenant(context)
         try:
-            ids = self._prompt_ids(request)
-            sampling = normalize_sampling(
-                request.sampling,
-                request.logprobs,
-                len(ids),
-                self.context_length,
-                self.tok.vocab_size,
-                self.cfg.default_max_new_tokens,
-                self.cfg.max_top_logprobs,
-            )
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        submit = scheduler_pb2.SubmitRequest(
-            rid=wire_rid,
-            input_ids=ids,
-            sampling=sampling,
-            logprobs=request.logprobs,
-            eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
-            cache_namespace=cache_namespace(tenant, request.cache_salt),
-        )
-        try:
-            queue = self.link.submit(submit)
-        except SchedulerLost as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            return
-        except DuplicateRequest as exc:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-            return
-        log.debug("submitted", rid=rid, prompt_tokens=len(ids))
-        stream = _Stream(self, rid, ids, request, sampling)
-        finished = False
-        owns = wire_rid not in self.owners  # a duplicate id must not take over the first
-        if owns:
-            self.owners[wire_rid] = tenant
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
-                    return
-                ex = item.extras
-                if ex is not None and ex.error_code:
-                    finished = True
-                    await context.abort(grpc.StatusCode(_code(ex.error_code)), ex.error_message)
-                    return
-                chunk, done = stream.on_delta(item)
-                if chunk is not None:
-                    yield api_pb2.GenerateResponse(request_id=rid, chunk=chunk)
-                if done:
-                    finished = True
-                    if stream.stopped_by_string:
-                        self.link.abort(wire_rid, submit.key)
-                    yield api_pb2.GenerateResponse(request_id=rid, complete=stream.complete())
-                    return
-        finally:
-            if not finished:  # client cancelled, deadline passed or the stream broke
-                self.link.abort(wire_rid, submit.key)
-            self.link.done(wire_rid, submit.key)
-            if owns:
-                del self.owners[wire_rid]
+            # aclosing: a cancelled call closes the core's generator now, which aborts
+            async with aclosing(self.core.generate(inp)) as events:
+                async for ev in events:
+                    if isinstance(ev, Chunk):
+                        chunk = api_pb2.GenerateChunk(
+                            text=ev.text, token_ids=ev.token_ids, logprobs=_lps(ev.logprobs)
+                        )
+                        yield api_pb2.GenerateResponse(request_id=inp.rid, chunk=chunk)
+                    else:
+                        complete = _complete(ev)
+                        yield api_pb2.GenerateResponse(request_id=inp.rid, complete=complete)
+        except GenerateError as exc:
+            await context.abort(exc.status, exc.message)
 
     async def Tokenize(
         self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -169,13 +91,12 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     async def Abort(
         self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AbortResponse:
-        # Only the tenant that submitted a request may abort it; others learn nothing of it.
-        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
-        rid = request.request_id
-        wire_rid = f"{tenant}:{rid}" if tenant else rid
-        if self.owners.get(wire_rid) != tenant:
-            return api_pb2.AbortResponse(found=False)
-        return api_pb2.AbortResponse(found=self.link.request_abort(wire_rid))
+        tenant = self._tenant(context)
+        return api_pb2.AbortResponse(found=self.core.abort(request.request_id, tenant))
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        # The interceptor already refused unknown keys; this names the caller's tenant.
+        return (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
 
     async def GetModelInfo(
         self, request: api_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -208,117 +129,48 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         return stats
 
 
-def _code(value: int) -> int:
-    for c in grpc.StatusCode:
-        if c.value[0] == value:
-            return c  # type: ignore[return-value]
-    return grpc.StatusCode.INTERNAL  # type: ignore[return-value]
+def _input(req: api_pb2.GenerateRequest) -> GenerateInput:
+    inp = GenerateInput(
+        rid=req.request_id or uuid.uuid4().hex,
+        sampling=req.sampling,
+        logprobs=req.logprobs,
+        stream=req.stream,
+        stream_interval=req.stream_interval if req.HasField("stream_interval") else 1,
+        cache_salt=req.cache_salt,
+    )
+    kind = req.WhichOneof("input")
+    if kind == "text":
+        inp.text = req.text
+    elif kind == "input_ids":
+        inp.input_ids = list(req.input_ids.ids)
+    elif kind == "chat":
+        inp.messages = [{"role": m.role, "content": m.content} for m in req.chat.messages]
+        if req.chat.HasField("add_generation_prompt"):
+            inp.add_generation_prompt = req.chat.add_generation_prompt
+    return inp
 
 
-class _Stream:
-    """Per-request text assembly: detokenize, watch stop strings, coalesce chunks."""
-
-    def __init__(
-        self,
-        svc: RadixMeshServicer,
-        rid: str,
-        prompt: list[int],
-        req: api_pb2.GenerateRequest,
-        sampling: api_pb2.SamplingParams,
-    ) -> None:
-        self.svc = svc
-        self.req = req
-        self.prompt_len = len(prompt)
-        self.prompt_tail = prompt[-8:]
-        skip = sampling.skip_special_tokens
-        self.detok = IncrementalDetokenizer(
-            lambda ids: svc.tok.decode(ids, skip_special_tokens=skip), self.prompt_tail
+def _lps(lps: list[TokenLogprob]) -> list[api_pb2.TokenLogprob]:
+    return [
+        api_pb2.TokenLogprob(
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            top=[api_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top],
         )
-        self.stops = StopMatcher(list(sampling.stop))
-        self.interval = max(req.stream_interval, 1) if req.HasField("stream_interval") else 1
-        self.ids: list[int] = []
-        self.logprobs: list[api_pb2.TokenLogprob] = []
-        self.prompt_logprobs: list[api_pb2.TokenLogprob] = []
-        self.text = ""  # text so far, cut at a stop string once matched
-        self.emitted = 0  # chars of text already streamed
-        self.unsent_ids: list[int] = []
-        self.unsent_lps: list[api_pb2.TokenLogprob] = []
-        self.cached = 0
-        self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
-        self.matched_stop = ""
-        self.stopped_by_string = False
+        for lp in lps
+    ]
 
-    def on_delta(self, u: Update) -> tuple[api_pb2.GenerateChunk | None, bool]:
-        ex = u.extras
-        if u.rollback:
-            self._rollback(u.rollback)
-        self.ids.extend(u.token_ids)
-        self.unsent_ids.extend(u.token_ids)
-        old = len(self.text)
-        self.text += self.detok.push(u.token_ids)
-        done = False
-        if ex is not None:
-            if ex.HasField("cached_tokens"):
-                self.cached = ex.cached_tokens
-            self.prompt_logprobs.extend(ex.prompt_logprobs)
-            self.logprobs.extend(ex.logprobs)
-            self.unsent_lps.extend(ex.logprobs)
-            done = ex.finish_reason != api_pb2.FINISH_REASON_UNSPECIFIED
-            if done:
-                self.text += self.detok.flush()
-                self.finish = ex.finish_reason
-                if ex.HasField("matched_stop_token"):
-                    self.matched_stop = str(ex.matched_stop_token)
-        hit = self.stops.find(self.text, old)
-        if hit is not None:
-            self.text = self.text[: hit[0]]
-            self.finish = api_pb2.FINISH_REASON_STOP
-            self.matched_stop = hit[1]
-            self.stopped_by_string = not done
-            done = True
-        return self._chunk(done), done
 
-    def _rollback(self, n: int) -> None:
-        """Jump-forward retokenized the tail: drop n tokens. Their text is a prefix of what the
-        replacement tokens spell, so text already streamed stays valid; we re-derive the
-        detokenizer state from the kept ids and let the new tokens extend it."""
-        del self.ids[len(self.ids) - n :]
-        del self.logprobs[len(self.logprobs) - min(n, len(self.logprobs)) :]
-        drop = min(n, len(self.unsent_ids))
-        del self.unsent_ids[len(self.unsent_ids) - drop :]
-        self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt_tail)
-        self.detok.push(self.ids)
-        self.text = self.detok.text
-
-    def _chunk(self, done: bool) -> api_pb2.GenerateChunk | None:
-        if not self.req.stream:
-            return None
-        if not done and len(self.unsent_ids) < self.interval:
-            return None
-        safe = len(self.text) if done else self.stops.safe_length(self.text)
-        if safe <= self.emitted and not self.unsent_ids:
-            return None
-        chunk = api_pb2.GenerateChunk(
-            text=self.text[self.emitted : safe], token_ids=self.unsent_ids, logprobs=self.unsent_lps
-        )
-        self.emitted = max(self.emitted, safe)
-        self.unsent_ids, self.unsent_lps = [], []
-        return chunk
-
-    def complete(self) -> api_pb2.GenerateComplete:
-        lp = self.req.logprobs
-        return api_pb2.GenerateComplete(
-            text=self.text,
-            output_ids=self.ids,
-            finish_reason=self.finish,
-            matched_stop=self.matched_stop,
-            prompt_tokens=self.prompt_len,
-            completion_tokens=len(self.ids),
-            cached_tokens=self.cached,
-            output_logprobs=self.logprobs,
-            prompt_logprobs=self.prompt_logprobs,
-            # position 0 has no logprob (nothing precedes it), so scores start at max(p, 1)
-            prompt_logprobs_from=max(lp.prompt_logprobs_from, 1)
-            if lp.HasField("prompt_logprobs_from")
-            else 0,
-        )
+def _complete(c: Complete) -> api_pb2.GenerateComplete:
+    return api_pb2.GenerateComplete(
+        text=c.text,
+        output_ids=c.output_ids,
+        finish_reason=_FINISH[c.finish_reason],
+        matched_stop=c.matched_stop,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        cached_tokens=c.cached_tokens,
+        output_logprobs=_lps(c.output_logprobs),
+        prompt_logprobs=_lps(c.prompt_logprobs),
+        prompt_logprobs_from=c.prompt_logprobs_from,
+    )

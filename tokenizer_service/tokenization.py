@@ -53,6 +53,12 @@ class Tokenization:
             ids.add(self.tok.eos_token_id)
         return sorted(ids)
 
+    def set_chat_template(self, template: str) -> None:
+        """Serve with this Jinja chat template instead of the tokenizer's (--chat-template)."""
+        self.tok.chat_template = template
+        self.chat_template = template
+        self.roles = self._role_info()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 

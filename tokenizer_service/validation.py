@@ -63,6 +63,7 @@ def normalize_sampling(
         )
     for t in s.stop_token_ids:
         check(0 <= t < vocab_size, f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
+    _check_penalties(s, vocab_size)
     if not s.HasField("seed"):
         # A fixed seed per request keeps sampling reproducible across retraction/resubmission.
         out.seed = random.getrandbits(63)
@@ -78,6 +79,19 @@ def normalize_sampling(
             f"prompt_logprobs_from={p} must be within the prompt [0, {prompt_len})",
         )
     return out
+
+
+def _check_penalties(s: api_pb2.SamplingParams, vocab_size: int) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(s, name)
+        check(-2 <= v <= 2, f"{name} must be in [-2, 2], got {v}")
+    if s.HasField("repetition_penalty"):
+        r = s.repetition_penalty
+        check(0 < r <= 2, f"repetition_penalty must be in (0, 2], got {r}")
+    check(len(s.logit_bias) <= 300, f"logit_bias has {len(s.logit_bias)} entries; at most 300")
+    for t, b in s.logit_bias.items():
+        check(0 <= t < vocab_size, f"logit_bias token id {t} is outside [0, {vocab_size})")
+        check(-100 <= b <= 100, f"logit_bias[{t}]={b} must be in [-100, 100]")
 
 
 def check_input_ids(ids: list[int], vocab_size: int) -> None:

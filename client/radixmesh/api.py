@@ -109,6 +109,10 @@ def build_request(
     top_p: float | None = None,
     top_k: int | None = None,
     min_p: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    logit_bias: dict[int, float] | None = None,
     seed: int | None = None,
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
@@ -157,6 +161,9 @@ def build_request(
         ("top_p", top_p),
         ("top_k", top_k),
         ("min_p", min_p),
+        ("presence_penalty", presence_penalty),
+        ("frequency_penalty", frequency_penalty),
+        ("repetition_penalty", repetition_penalty),
         ("seed", seed),
         ("json_schema", json_schema),
         ("regex", regex),
@@ -166,6 +173,7 @@ def build_request(
             setattr(s, name, value)
     s.stop.extend(stop)
     s.stop_token_ids.extend(stop_token_ids)
+    s.logit_bias.update(logit_bias or {})
     s.ignore_eos = ignore_eos
     s.skip_special_tokens = skip_special_tokens
     req.logprobs.return_logprob = return_logprob

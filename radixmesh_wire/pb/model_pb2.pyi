@@ -41,7 +41,7 @@ class OpenSession(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class RequestSampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "has_seed", "return_logprob", "top_logprobs", "prompt_logprobs_from", "min_new_tokens", "stop_ids")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "has_seed", "return_logprob", "top_logprobs", "prompt_logprobs_from", "min_new_tokens", "stop_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias_ids", "logit_bias_values", "penalty_history")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,12 @@ class RequestSampling(_message.Message):
     PROMPT_LOGPROBS_FROM_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_VALUES_FIELD_NUMBER: _ClassVar[int]
+    PENALTY_HISTORY_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -64,7 +70,13 @@ class RequestSampling(_message.Message):
     prompt_logprobs_from: int
     min_new_tokens: int
     stop_ids: bytes
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs_from: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop_ids: _Optional[bytes] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias_ids: bytes
+    logit_bias_values: bytes
+    penalty_history: bytes
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs_from: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop_ids: _Optional[bytes] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias_ids: _Optional[bytes] = ..., logit_bias_values: _Optional[bytes] = ..., penalty_history: _Optional[bytes] = ...) -> None: ...
 
 class Admit(_message.Message):
     __slots__ = ("handle", "sampling", "output_offset", "prefix_slots", "input_ids", "slots", "sample")

@@ -8,6 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FlushCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FlushCacheResponse(_message.Message):
+    __slots__ = ("flushed", "evicted_tokens", "message")
+    FLUSHED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    flushed: bool
+    evicted_tokens: int
+    message: str
+    def __init__(self, flushed: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class FrontendHello(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -46,6 +46,11 @@ class SchedulerStub:
                 request_serializer=radixmesh_dot_v1_dot_api__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_api__pb2.Stats.FromString,
                 _registered_method=True)
+        self.FlushCache = channel.unary_unary(
+                '/radixmesh.v1.Scheduler/FlushCache',
+                request_serializer=radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -63,6 +68,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FlushCache(self, request, context):
+        """Drops every unlocked radix-cache entry (SGLang's /flush_cache). Refused (flushed = false)
+        while requests are waiting or running, as SGLang does, so no running request loses work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=radixmesh_dot_v1_dot_api__pb2.GetStatsRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_api__pb2.Stats.SerializeToString,
+            ),
+            'FlushCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlushCache,
+                    request_deserializer=radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +149,33 @@ class Scheduler:
             '/radixmesh.v1.Scheduler/GetStats',
             radixmesh_dot_v1_dot_api__pb2.GetStatsRequest.SerializeToString,
             radixmesh_dot_v1_dot_api__pb2.Stats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlushCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Scheduler/FlushCache',
+            radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheRequest.SerializeToString,
+            radixmesh_dot_v1_dot_scheduler__pb2.FlushCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

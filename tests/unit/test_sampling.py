@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model_service.sampling import SamplingBatch, sample, uniform_noise
+from model_service.sampling import Penalties, SamplingBatch, apply_penalties, sample, uniform_noise
 
 
 def _params(
@@ -61,3 +61,82 @@ def test_filters_and_greedy() -> None:
     toks, lps, top_ids, top_vals = sample(logits[:1], _params(1, temp=0.0), top_logprobs=2)
     assert top_ids is not None and top_ids[0].tolist() == [0, 1]
     assert abs(float(lps[0]) - float(torch.log(torch.tensor(0.5)))) < 1e-5
+
+
+def _direct_penalty(
+    logits: list[float], counts: list[int], pres: float, freq: float, rep: float, bias: dict
+) -> list[float]:
+    """Element by element, as OpenAI's and SGLang's docs define them."""
+    out = []
+    for t, (x, c) in enumerate(zip(logits, counts, strict=True)):
+        if c > 0:
+            x = x / rep if x > 0 else x * rep
+            x -= freq * c + pres
+        out.append(x + bias.get(t, 0.0))
+    return out
+
+
+def test_penalties_match_direct_computation() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 50, generator=g) * 3
+    counts = torch.randint(0, 3, (3, 50), generator=g, dtype=torch.int32)
+    pres, freq, rep = [0.5, 0.0, -1.0], [0.3, 0.0, 1.5], [1.3, 1.0, 0.8]
+    biases = [{4: 5.0}, {}, {0: -100.0, 49: 2.5}]
+    bias = torch.zeros(3, 50)
+    for i, b in enumerate(biases):
+        for t, v in b.items():
+            bias[i, t] = v
+    pen = Penalties(
+        counts=counts,
+        presence=torch.tensor(pres),
+        frequency=torch.tensor(freq),
+        repetition=torch.tensor(rep),
+        bias=bias,
+    )
+    got = apply_penalties(logits, pen)
+    for i in range(3):
+        want = _direct_penalty(
+            logits[i].tolist(), counts[i].tolist(), pres[i], freq[i], rep[i], biases[i]
+        )
+        assert torch.allclose(got[i], torch.tensor(want), atol=1e-5)
+
+
+def test_penalties_steer_greedy_but_not_logprobs() -> None:
+    logits = torch.tensor([[3.0, 2.5, 0.0]])
+    p = _params(1, temp=0.0)
+    assert sample(logits, p)[0].item() == 0
+    p.penalties = Penalties(
+        counts=torch.tensor([[2, 0, 0]], dtype=torch.int32),
+        presence=torch.tensor([0.0]),
+        frequency=torch.tensor([0.5]),
+        repetition=torch.tensor([1.0]),
+    )
+    tok, chosen, _, _ = sample(logits, p)
+    assert tok.item() == 1  # 3.0 - 2 * 0.5 < 2.5
+    # the reported logprob is of the model's own distribution
+    assert abs(chosen.item() - torch.log_softmax(logits, -1)[0, 1].item()) < 1e-6
+    p.penalties = Penalties(
+        counts=torch.zeros(1, 3, dtype=torch.int32),
+        presence=torch.zeros(1),
+        frequency=torch.zeros(1),
+        repetition=torch.ones(1),
+        bias=torch.tensor([[0.0, 0.0, 10.0]]),
+    )
+    assert sample(logits, p)[0].item() == 2
+
+
+def test_penalty_rows_count_history_and_draws() -> None:
+    from model_service.penalty_rows import TokenCounts, build_penalties, count_sampled
+    from radixmesh_wire.step_ops import Sampling
+
+    s = Sampling(frequency_penalty=1.0, penalty_history=(3, 3, 1), logit_bias=((2, 1.5),))
+    plain = Sampling()
+    rows = [(s, TokenCounts()), (plain, TokenCounts())]
+    pen = build_penalties(rows, 6, torch.device("cpu"))
+    assert pen is not None and pen.bias is not None
+    assert pen.counts.tolist() == [[0, 1, 0, 2, 0, 0], [0] * 6]
+    assert pen.bias.tolist() == [[0, 0, 1.5, 0, 0, 0], [0] * 6]
+    count_sampled(rows, torch.tensor([3, 4]))
+    assert rows[0][1].counts is not None and rows[0][1].counts.tolist() == [0, 1, 0, 3, 0, 0]
+    assert rows[1][1].counts is None
+    assert build_penalties([(plain, TokenCounts())], 6, torch.device("cpu")) is None

@@ -29,6 +29,11 @@ def _norm(
         ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens"),
         ({"min_p": 2.0}, "min_p"),
         ({"stop_token_ids": [5000]}, "stop token"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logit_bias": {1000: 1.0}}, "logit_bias token id 1000"),
+        ({"logit_bias": {5: 101.0}}, r"logit_bias\[5\]"),
     ],
 )
 def test_rejects(kw: dict[str, Any], field: str) -> None:

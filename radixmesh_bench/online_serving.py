@@ -1,0 +1,373 @@
+"""`radixmesh bench serving`: online serving the way `sglang.bench_serving` measures it.
+
+Requests (the committed ShareGPT sample, decoded to text, or random lengths) arrive as a
+Poisson process at each given rate (or all at once: rate inf), optionally capped at a maximum
+concurrency, and stream through one of three clients:
+
+- `sglang`: POST /generate, SSE with cumulative text (bench_serving --backend sglang);
+- `openai`: POST /v1/completions, SSE (bench_serving --backend sglang-oai / vllm);
+- `grpc`:   the project's own gRPC API (radixmesh.api.AsyncClient), for the HTTP overhead.
+
+Per run: request throughput, input/output tok/s, TTFT / ITL / E2E mean, p50, p90, p99 (ms),
+as JSON; with --plot, a PNG of latency against request rate per client (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from radixmesh_bench.stack import pct, progress
+
+DATA = Path(__file__).resolve().parent / "data" / "sharegpt_2000.json.gz"
+
+
+@dataclass
+class Req:
+    prompt: str
+    prompt_len: int  # in the served model's tokens
+    output_len: int
+
+
+@dataclass
+class Out:
+    ok: bool = False
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    output_len: int = 0
+    error: str = ""
+
+
+# -- workloads -----------------------------------------------------------------------------------
+def sharegpt(tok: Any, n: int, max_output: int, max_input: int) -> list[Req]:
+    """The committed sample's prompts (Llama-3.1 ids) as text, re-measured in the served
+    model's tokens; output lengths capped at max_output, prompts longer than max_input
+    dropped (a small CPU model's context)."""
+    from transformers import AutoTokenizer
+
+    from model_service.random_configs import bundled_tokenizer_dir
+
+    with gzip.open(DATA) as f:
+        doc = json.loads(f.read())
+    llama = AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
+    out: list[Req] = []
+    for ids, olen in zip(doc["prompt_ids"], doc["output_lens"], strict=True):
+        text = str(llama.decode(ids, skip_special_tokens=True))
+        plen = len(tok.encode(text))
+        if plen <= max_input:
+            out.append(Req(text, plen, min(int(olen), max_output)))
+        if len(out) == n:
+            break
+    return out
+
+
+def random_lengths(tok: Any, n: int, input_len: int, output_len: int, seed: int) -> list[Req]:
+    """Random token ids of the served model, lengths uniform in [len/2, len]."""
+    rng = random.Random(seed)
+    out = []
+    vocab = min(len(tok), 30000)
+    for _ in range(n):
+        ilen = rng.randint(max(input_len // 2, 1), input_len)
+        text = tok.decode([rng.randrange(100, vocab) for _ in range(ilen)])
+        out.append(
+            Req(text, len(tok.encode(text)), rng.randint(max(output_len // 2, 1), output_len))
+        )
+    return out
+
+
+# -- clients -------------------------------------------------------------------------------------
+async def _sse_lines(resp: Any) -> Any:
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line:
+            continue
+        text = line.decode()
+        if text.startswith("data: "):
+            text = text[6:]
+        if text == "[DONE]":
+            return
+        yield json.loads(text)
+
+
+async def send_sglang(session: Any, url: str, r: Req) -> Out:
+    payload = {
+        "text": r.prompt,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": r.output_len, "ignore_eos": True},
+        "stream": True,
+    }
+    out, t0 = Out(), time.perf_counter()
+    last, last_n = t0, 0
+    async with session.post(url + "/generate", json=payload) as resp:
+        if resp.status != 200:
+            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
+        async for data in _sse_lines(resp):
+            if "error" in data:
+                return Out(error=str(data["error"]))
+            n = data["meta_info"]["completion_tokens"]
+            if n == last_n:
+                continue
+            now = time.perf_counter()
+            if last_n == 0:
+                out.ttft = now - t0
+            else:  # a chunk of k tokens: k equal gaps, as bench_serving counts them
+                out.itl.extend([(now - last) / (n - last_n)] * (n - last_n))
+            last, last_n = now, n
+    out.ok, out.latency, out.output_len = True, time.perf_counter() - t0, last_n
+    return out
+
+
+async def send_openai(session: Any, url: str, r: Req) -> Out:
+    payload = {
+        "model": None,
+        "prompt": r.prompt,
+        "temperature": 0.0,
+        "max_tokens": r.output_len,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    out, t0 = Out(), time.perf_counter()
+    last = t0
+    async with session.post(url + "/v1/completions", json=payload) as resp:
+        if resp.status != 200:
+            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
+        async for data in _sse_lines(resp):
+            if "error" in data:
+                return Out(error=str(data["error"]))
+            if data.get("usage"):
+                out.output_len = data["usage"]["completion_tokens"]
+            if data["choices"] and data["choices"][0]["text"]:
+                now = time.perf_counter()
+                if out.ttft == 0.0:
+                    out.ttft = now - t0
+                else:
+                    out.itl.append(now - last)
+                last = now
+    out.ok, out.latency = True, time.perf_counter() - t0
+    return out
+
+
+async def send_grpc(client: Any, r: Req) -> Out:
+    from radixmesh.api import Chunk, GenerateResult, RadixMeshError
+
+    out, t0 = Out(), time.perf_counter()
+    last, n = t0, 0
+    try:
+        async for item in client.stream(
+            r.prompt, max_new_tokens=r.output_len, temperature=0, ignore_eos=True
+        ):
+            if isinstance(item, Chunk) and item.token_ids:
+                now = time.perf_counter()
+                k = len(item.token_ids)
+                if n == 0:
+                    out.ttft = now - t0
+                else:
+                    out.itl.extend([(now - last) / k] * k)
+                last, n = now, n + k
+            elif isinstance(item, GenerateResult):
+                out.output_len = item.completion_tokens
+    except RadixMeshError as exc:
+        return Out(error=str(exc))
+    out.ok, out.latency = True, time.perf_counter() - t0
+    return out
+
+
+# -- one run -------------------------------------------------------------------------------------
+async def run_one(
+    backend: str, http_url: str, grpc_ep: str, reqs: list[Req], rate: float, conc: int, seed: int
+) -> dict[str, Any]:
+    import aiohttp
+    from radixmesh.api import AsyncClient
+
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(conc if conc > 0 else len(reqs))
+    timeout = aiohttp.ClientTimeout(total=6 * 3600)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, read_bufsize=10 << 20) as session,
+        AsyncClient(grpc_ep) as client,
+    ):
+        send: Callable[[Req], Awaitable[Out]]
+        if backend == "sglang":
+            send = lambda r: send_sglang(session, http_url, r)  # noqa: E731
+        elif backend == "openai":
+            send = lambda r: send_openai(session, http_url, r)  # noqa: E731
+        else:
+            send = lambda r: send_grpc(client, r)  # noqa: E731
+
+        async def limited(r: Req) -> Out:
+            async with sem:
+                return await send(r)
+
+        tasks = []
+        t0 = time.perf_counter()
+        for r in reqs:
+            tasks.append(asyncio.ensure_future(limited(r)))
+            if not math.isinf(rate):
+                await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals
+        outs = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return metrics(backend, rate, conc, reqs, list(outs), wall)
+
+
+def metrics(
+    backend: str, rate: float, conc: int, reqs: list[Req], outs: list[Out], wall: float
+) -> dict[str, Any]:
+    ok = [(r, o) for r, o in zip(reqs, outs, strict=True) if o.ok]
+    inp = sum(r.prompt_len for r, _ in ok)
+    gen = sum(o.output_len for _, o in ok)
+
+    def stats(values: list[float]) -> dict[str, float]:
+        ms = [v * 1e3 for v in values]
+        if not ms:
+            return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+        return {
+            "mean": round(sum(ms) / len(ms), 2),
+            "p50": round(pct(ms, 50), 2),
+            "p90": round(pct(ms, 90), 2),
+            "p99": round(pct(ms, 99), 2),
+        }
+
+    errors = [o.error for o in outs if not o.ok]
+    return {
+        "backend": backend,
+        "request_rate": "inf" if math.isinf(rate) else rate,
+        "max_concurrency": conc or None,
+        "completed": len(ok),
+        "failed": len(errors),
+        "first_error": errors[0] if errors else None,
+        "duration_s": round(wall, 3),
+        "total_input_tokens": inp,
+        "total_output_tokens": gen,
+        "request_throughput": round(len(ok) / wall, 3),
+        "input_tok_s": round(inp / wall, 2),
+        "output_tok_s": round(gen / wall, 2),
+        "ttft_ms": stats([o.ttft for _, o in ok]),
+        "itl_ms": stats([x for _, o in ok for x in o.itl]),
+        "e2e_ms": stats([o.latency for _, o in ok]),
+    }
+
+
+def flush(http_url: str) -> None:
+    """Empty the radix cache (SGLang's /flush_cache), so no run reuses an earlier one's prefills."""
+    import urllib.request
+
+    if not http_url:
+        return
+    req = urllib.request.Request(http_url + "/flush_cache", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"flush_cache: HTTP {resp.status}")
+
+
+def plot(runs: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
+    inf_x = (max(finite) * 2) if finite else 1.0  # rate inf drawn right of the largest rate
+    for k, backend in enumerate(sorted({r["backend"] for r in runs})):
+        mine = [r for r in runs if r["backend"] == backend]
+        xs = [inf_x if r["request_rate"] == "inf" else r["request_rate"] for r in mine]
+        color = f"C{k}"  # one colour per client: p50 solid, p99 dashed
+        for ax, key in zip(axes, ("e2e_ms", "ttft_ms"), strict=True):
+            ax.plot(xs, [r[key]["p50"] for r in mine], "o-", color=color, label=f"{backend} p50")
+            ax.plot(xs, [r[key]["p99"] for r in mine], "x--", color=color, label=f"{backend} p99")
+    for ax, title in zip(axes, ("end-to-end latency", "time to first token"), strict=True):
+        ax.set_xlabel("request rate (req/s; rightmost = inf)")
+        ax.set_ylabel("ms")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from radixmesh_bench.stack import local_stack_urls
+    from radixmesh_server.model_store import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(ns.model))
+    if ns.dataset == "sharegpt":
+        reqs = sharegpt(tok, ns.num_prompts, ns.max_output, ns.max_input)
+    else:
+        reqs = random_lengths(tok, ns.num_prompts, ns.random_input, ns.random_output, ns.seed)
+    rates = [float(x) for x in ns.request_rates.split(",")]
+    backends = ns.backends.split(",")
+    report: dict[str, Any] = {
+        "bench": "serving",
+        "model": ns.model,
+        "dataset": ns.dataset,
+        "num_prompts": len(reqs),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "runs": [],
+    }
+    args = ["--radix", "off"] if ns.no_radix else []
+    with local_stack_urls(ns.model, scheduler_args=args, endpoint=ns.endpoint, http=ns.http) as (
+        grpc_ep,
+        http_url,
+    ):
+        asyncio.run(run_one("grpc", http_url, grpc_ep, reqs[:2], math.inf, 0, ns.seed))  # warm-up
+        for rate in rates:
+            for b in backends:  # each rate: the clients back to back on the same requests
+                progress(f"{b} at rate {rate} ({len(reqs)} requests)")
+                flush(http_url)  # every run starts from an empty radix cache
+                res = asyncio.run(
+                    run_one(b, http_url, grpc_ep, reqs, rate, ns.max_concurrency, ns.seed)
+                )
+                report["runs"].append(res)
+    by = {(r["backend"], r["request_rate"]): r for r in report["runs"]}
+    ratios = {}
+    for rate in rates:
+        key = "inf" if math.isinf(rate) else rate
+        g = by.get(("grpc", key))
+        for b in backends:
+            h = by.get((b, key))
+            if b != "grpc" and g and h and g["output_tok_s"]:
+                ratios[f"{b}/grpc@{key}"] = round(h["output_tok_s"] / g["output_tok_s"], 3)
+    report["output_tok_s_ratio_vs_grpc"] = ratios
+    if ns.plot:
+        plot(report["runs"], ns.plot)
+        report["plot"] = ns.plot
+    return report
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serving", help="online serving over HTTP (and gRPC), bench_serving-style")
+    p.add_argument("--model", default="default")
+    p.add_argument("--endpoint", default="", help="gRPC endpoint of a running stack")
+    p.add_argument("--http", default="", help="HTTP base URL of a running stack")
+    p.add_argument("--backends", default="sglang,grpc", help="sglang, openai, grpc (comma list)")
+    p.add_argument("--dataset", default="sharegpt", choices=["sharegpt", "random"])
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--max-output", type=int, default=1 << 20, help="cap ShareGPT output lengths")
+    p.add_argument("--max-input", type=int, default=1 << 20, help="drop longer ShareGPT prompts")
+    p.add_argument("--random-input", type=int, default=256)
+    p.add_argument("--random-output", type=int, default=64)
+    p.add_argument("--request-rates", default="inf", help="comma list of req/s; inf = all at once")
+    p.add_argument("--max-concurrency", type=int, default=0, help="0 = unbounded")
+    p.add_argument("--no-radix", action="store_true", help="serve with the radix cache off")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--plot", default="", help="write a latency-vs-rate PNG here")
+    p.add_argument("--out", default="", help="also write the JSON here")
+
+    def main(ns: argparse.Namespace) -> int:
+        from radixmesh_bench.stack import emit_report
+
+        return emit_report(run(ns), ns.out)
+
+    p.set_defaults(func=main)

@@ -1,0 +1,207 @@
+"""The front door's transport-neutral core: one request lifecycle under both public APIs.
+
+A `GenerateInput` (plain fields) goes in; an async stream of `Chunk`s and one final `Complete`
+comes out, or a `GenerateError` with a status. The core validates, tokenizes (text, ids or chat
+through the template), submits to the scheduler, detokenizes incrementally, applies stop
+strings and coalescing, and aborts the request when the consumer stops iterating (client
+disconnect, deadline, cancellation). The gRPC servicer and the HTTP handlers only translate.
+
+Lifecycle invariant: every submitted request leaves `SchedulerLink` (done) when its generator
+ends, and is aborted at the scheduler unless it finished there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from radixmesh_wire.pb import api_pb2, scheduler_pb2
+from tokenizer_service.auth import cache_namespace
+from tokenizer_service.config import TokenizerConfig
+from tokenizer_service.events import Complete, Event
+from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
+from tokenizer_service.text_stream import TextStream
+from tokenizer_service.tokenization import Tokenization
+from tokenizer_service.validation import (
+    InvalidRequest,
+    check_chat_roles,
+    check_input_ids,
+    normalize_sampling,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class GenerateError(Exception):
+    """A request that cannot be served; `status` says why in gRPC's vocabulary."""
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class GenerateInput:
+    """Exactly one of text, input_ids, messages. `sampling` and `logprobs` are the public API's
+    messages: they go to the scheduler as they are once validated."""
+
+    rid: str = ""
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+    add_generation_prompt: bool = True
+    sampling: api_pb2.SamplingParams = field(default_factory=api_pb2.SamplingParams)
+    logprobs: api_pb2.LogprobOptions = field(default_factory=api_pb2.LogprobOptions)
+    stream: bool = False
+    stream_interval: int = 1
+    tenant: str = ""  # the caller's (API key's) tenant; "" when keys are off
+    cache_salt: str = ""  # prefix-cache isolation within the tenant
+
+
+class FrontDoor:
+    def __init__(self, cfg: TokenizerConfig, tok: Tokenization, link: SchedulerLink) -> None:
+        self.cfg = cfg
+        self.tok = tok
+        self.link = link
+        self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
+
+    @property
+    def context_length(self) -> int:
+        h = self.link.hello
+        return int(h.context_length) if h and h.context_length else 4096
+
+    @property
+    def ready(self) -> bool:
+        return self.link.connected.is_set()
+
+    def prompt_ids(self, inp: GenerateInput) -> list[int]:
+        if inp.text is not None:
+            return self.tok.encode(inp.text)
+        if inp.input_ids is not None:
+            check_input_ids(inp.input_ids, self.tok.vocab_size)
+            return list(inp.input_ids)
+        if inp.messages is not None:
+            return self.chat_ids(inp.messages, inp.add_generation_prompt)
+        raise InvalidRequest("no input: set text, input_ids or chat messages")
+
+    def chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        if not messages:
+            raise InvalidRequest("chat has no messages")
+        check_chat_roles([m.get("role", "") for m in messages])
+        try:
+            return self.tok.apply_chat(messages, add_generation_prompt)
+        except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
+            raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
+
+    def tokenize_in_place(self, inp: GenerateInput) -> list[int]:
+        """Validate `inp` and replace its text or messages by their ids, so that running it
+        later does not tokenize again; raises GenerateError(INVALID_ARGUMENT)."""
+        ids, _ = self.prepare(inp)
+        inp.text, inp.messages, inp.input_ids = None, None, ids
+        return ids
+
+    def prepare(self, inp: GenerateInput) -> tuple[list[int], api_pb2.SamplingParams]:
+        """Tokenize and validate; raises GenerateError(INVALID_ARGUMENT)."""
+        try:
+            ids = self.prompt_ids(inp)
+            sampling = normalize_sampling(
+                inp.sampling,
+                inp.logprobs,
+                len(ids),
+                self.context_length,
+                self.tok.vocab_size,
+                self.cfg.default_max_new_tokens,
+                self.cfg.max_top_logprobs,
+            )
+        except InvalidRequest as exc:
+            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        return ids, sampling
+
+    async def generate(
+        self,
+        inp: GenerateInput,
+        prepared: tuple[list[int], api_pb2.SamplingParams] | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        """Chunks (when inp.stream) then one Complete; GenerateError on failure. Closing the
+        generator early aborts the request."""
+        rid = inp.rid or uuid.uuid4().hex
+        wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
+        ids, sampling = prepared or self.prepare(inp)
+        submit = scheduler_pb2.SubmitRequest(
+            rid=wire_rid,
+            input_ids=ids,
+            sampling=sampling,
+            logprobs=inp.logprobs,
+            eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
+            cache_namespace=cache_namespace(inp.tenant, inp.cache_salt),
+        )
+        try:
+            queue = self.link.submit(submit)
+        except SchedulerLost as exc:
+            raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        except DuplicateRequest as exc:  # the running one keeps its id (and stays abortable)
+            raise GenerateError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"request {rid!r} is running: use another request_id",
+            ) from exc
+        log.debug("submitted", rid=rid, prompt_tokens=len(ids))
+        stream = TextStream(self.tok, ids, sampling, inp.stream, inp.stream_interval)
+        finished = False
+        owns = wire_rid not in self.owners  # a duplicate id must not take over the first
+        if owns:
+            self.owners[wire_rid] = inp.tenant
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(item))
+                ex = item.extras
+                if ex is not None and ex.error_code:
+                    finished = True
+                    raise GenerateError(_status(ex.error_code), ex.error_message)
+                chunk, done = stream.on_delta(item)
+                if chunk is not None:
+                    yield chunk
+                if done:
+                    finished = True
+                    if stream.stopped_by_string:
+                        self.link.abort(wire_rid, submit.key)
+                    yield stream.complete(inp.logprobs)
+                    return
+        finally:
+            if not finished:  # the consumer went away, or the stream broke
+                self.link.abort(wire_rid, submit.key)
+            self.link.done(wire_rid, submit.key)
+            if owns:
+                del self.owners[wire_rid]
+
+    def abort(self, rid: str, tenant: str) -> bool:
+        """Client-initiated abort: only the tenant that submitted a request may abort it;
+        others learn nothing of it."""
+        wire_rid = _wire_rid(rid, tenant)
+        if self.owners.get(wire_rid) != tenant:
+            return False
+        return self.link.request_abort(wire_rid)
+
+    async def run(self, inp: GenerateInput) -> Complete:
+        """The whole result of a non-streaming request."""
+        async for ev in self.generate(inp):
+            if isinstance(ev, Complete):
+                return ev
+        raise GenerateError(grpc.StatusCode.INTERNAL, "the request ended without a result")
+
+
+def _wire_rid(rid: str, tenant: str) -> str:
+    return f"{tenant}:{rid}" if tenant else rid
+
+
+def _status(value: int) -> grpc.StatusCode:
+    for c in grpc.StatusCode:
+        if c.value[0] == value:
+            return c
+    return grpc.StatusCode.INTERNAL

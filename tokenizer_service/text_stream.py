@@ -1,0 +1,126 @@
+"""Per-request text assembly: detokenize incrementally, watch stop strings, coalesce chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from radixmesh_wire.pb import api_pb2
+from tokenizer_service.deltas import Update
+from tokenizer_service.detokenizer import IncrementalDetokenizer
+from tokenizer_service.events import Chunk, Complete, TokenLogprob
+from tokenizer_service.stop_strings import StopMatcher
+from tokenizer_service.tokenization import Tokenization
+
+_FINISH = {
+    api_pb2.FINISH_REASON_STOP: "stop",
+    api_pb2.FINISH_REASON_LENGTH: "length",
+    api_pb2.FINISH_REASON_ABORT: "abort",
+}
+
+
+def to_logprobs(lps: Iterable[api_pb2.TokenLogprob]) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top])
+        for lp in lps
+    ]
+
+
+class TextStream:
+    def __init__(
+        self,
+        tok: Tokenization,
+        prompt: list[int],
+        sampling: api_pb2.SamplingParams,
+        stream: bool,
+        interval: int,
+    ) -> None:
+        self.prompt = prompt
+        self.stream = stream
+        skip = sampling.skip_special_tokens
+        self.detok = IncrementalDetokenizer(
+            lambda ids: tok.decode(ids, skip_special_tokens=skip), prompt[-8:]
+        )
+        self.stops = StopMatcher(list(sampling.stop))
+        self.interval = max(interval, 1)
+        self.ids: list[int] = []
+        self.logprobs: list[api_pb2.TokenLogprob] = []
+        self.prompt_logprobs: list[api_pb2.TokenLogprob] = []
+        self.text = ""  # text so far, cut at a stop string once matched
+        self.emitted = 0  # chars of text already streamed
+        self.unsent_ids: list[int] = []
+        self.unsent_lps: list[api_pb2.TokenLogprob] = []
+        self.cached = 0
+        self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
+        self.matched_stop = ""
+        self.stopped_by_string = False
+
+    def on_delta(self, u: Update) -> tuple[Chunk | None, bool]:
+        ex = u.extras
+        if u.rollback:
+            self._rollback(u.rollback)
+        self.ids.extend(u.token_ids)
+        self.unsent_ids.extend(u.token_ids)
+        old = len(self.text)
+        self.text += self.detok.push(u.token_ids)
+        done = False
+        if ex is not None:
+            if ex.HasField("cached_tokens"):
+                self.cached = ex.cached_tokens
+            self.prompt_logprobs.extend(ex.prompt_logprobs)
+            self.logprobs.extend(ex.logprobs)
+            self.unsent_lps.extend(ex.logprobs)
+            done = ex.finish_reason != api_pb2.FINISH_REASON_UNSPECIFIED
+            if done:
+                self.text += self.detok.flush()
+                self.finish = ex.finish_reason
+                if ex.HasField("matched_stop_token"):
+                    self.matched_stop = str(ex.matched_stop_token)
+        hit = self.stops.find(self.text, old)
+        if hit is not None:
+            self.text = self.text[: hit[0]]
+            self.finish = api_pb2.FINISH_REASON_STOP
+            self.matched_stop = hit[1]
+            self.stopped_by_string = not done
+            done = True
+        return self._chunk(done), done
+
+    def _rollback(self, n: int) -> None:
+        """Jump-forward retokenized the tail: drop n tokens. Their text is a prefix of what the
+        replacement tokens spell, so text already streamed stays valid; we re-derive the
+        detokenizer state from the kept ids and let the new tokens extend it."""
+        del self.ids[len(self.ids) - n :]
+        del self.logprobs[len(self.logprobs) - min(n, len(self.logprobs)) :]
+        drop = min(n, len(self.unsent_ids))
+        del self.unsent_ids[len(self.unsent_ids) - drop :]
+        self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt[-8:])
+        self.detok.push(self.ids)
+        self.text = self.detok.text
+
+    def _chunk(self, done: bool) -> Chunk | None:
+        if not self.stream:
+            return None
+        if not done and len(self.unsent_ids) < self.interval:
+            return None
+        safe = len(self.text) if done else self.stops.safe_length(self.text)
+        if safe <= self.emitted and not self.unsent_ids:
+            return None
+        chunk = Chunk(self.text[self.emitted : safe], self.unsent_ids, to_logprobs(self.unsent_lps))
+        self.emitted = max(self.emitted, safe)
+        self.unsent_ids, self.unsent_lps = [], []
+        return chunk
+
+    def complete(self, lp: api_pb2.LogprobOptions) -> Complete:
+        return Complete(
+            text=self.text,
+            output_ids=self.ids,
+            finish_reason=_FINISH.get(self.finish, "abort"),
+            matched_stop=self.matched_stop,
+            prompt_ids=self.prompt,
+            cached_tokens=self.cached,
+            output_logprobs=to_logprobs(self.logprobs),
+            prompt_logprobs=to_logprobs(self.prompt_logprobs),
+            # position 0 has no logprob (nothing precedes it), so scores start at max(p, 1)
+            prompt_logprobs_from=max(lp.prompt_logprobs_from, 1)
+            if lp.HasField("prompt_logprobs_from")
+            else 0,
+        )

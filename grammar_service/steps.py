@@ -77,9 +77,18 @@ class StepOps:
         return len(self.mask_handles) + sum(len(t) for _, t in self.accepts) + replay
 
 
+def _handles(data: bytes, what: str) -> list[int]:
+    """Handles are uint32 on the wire (MaskRow.handle, RowError.handle): a negative one in a
+    packed array could not even be answered, so the step is malformed."""
+    hs = _ints(data, what)
+    if hs and min(hs) < 0:
+        raise StepFormatError(f"{what}: negative handle {min(hs)}")
+    return hs
+
+
 def parse_step(msg: pb.MaskStep) -> StepOps:
     """Decode a MaskStep; malformed packing raises StepFormatError."""
-    ops = StepOps(step_id=msg.step_id, releases=_ints(msg.release_handles, "release_handles"))
+    ops = StepOps(step_id=msg.step_id, releases=_handles(msg.release_handles, "release_handles"))
     for b in msg.binds:
         try:
             key: GrammarKey | None = grammar_key(b.grammar)
@@ -88,7 +97,7 @@ def parse_step(msg: pb.MaskStep) -> StepOps:
             key, error = None, str(exc)
         ops.binds.append(BindOp(b.handle, key, _ints(b.replay_tokens, "replay_tokens"), error))
     ops.rollbacks = [(r.handle, r.num_tokens) for r in msg.rollbacks]
-    handles = _ints(msg.accept_handles, "accept_handles")
+    handles = _handles(msg.accept_handles, "accept_handles")
     tokens = _ints(msg.accept_tokens, "accept_tokens")
     counts = _ints(msg.accept_counts, "accept_counts") if msg.accept_counts else [1] * len(handles)
     if len(counts) != len(handles) or sum(counts) != len(tokens) or min(counts, default=0) < 0:
@@ -100,8 +109,8 @@ def parse_step(msg: pb.MaskStep) -> StepOps:
     for h, c in zip(handles, counts, strict=True):
         ops.accepts.append((h, tokens[pos : pos + c]))
         pos += c
-    ops.mask_handles = _ints(msg.mask_handles, "mask_handles")
-    ops.jump_forward = set(_ints(msg.jump_forward_handles, "jump_forward_handles"))
+    ops.mask_handles = _handles(msg.mask_handles, "mask_handles")
+    ops.jump_forward = set(_handles(msg.jump_forward_handles, "jump_forward_handles"))
     return ops
 
 

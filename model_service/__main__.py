@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> None:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
     dog = Watchdog()
-    servicer = ModelWorkerServicer(engine, dog.progress("model step", cfg.watchdog_s))
+    servicer = ModelWorkerServicer(
+        engine, cfg.mask_wait_s, cfg.max_handles, dog.progress("model step", cfg.watchdog_s)
+    )
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)

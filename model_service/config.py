@@ -35,6 +35,16 @@ class ModelServiceConfig(TransportConfig):
         "largest decode batch replayed from a CUDA graph (flashinfer only): buckets 1, 2, 4, "
         "8, ... up to it are captured at start-up; 0 turns CUDA graphs off",
     )
+    mask_wait_s: float = field(
+        5.0,
+        "how long a step waits for grammar masks that follow it (StepMasks) before its rows "
+        "fail with UNAVAILABLE and the step thread moves on",
+    )
+    max_handles: int = field(
+        8192,
+        "request handles a session may use (0..N-1; must exceed twice the scheduler's "
+        "--max-running): larger handles are refused, so a peer cannot size the worker's tables",
+    )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
     watchdog_s: float = field(
@@ -57,5 +67,9 @@ class ModelServiceConfig(TransportConfig):
             raise ValueError("--kv-tokens must be >= 0")
         if self.min_kv_tokens < 0:
             raise ValueError("--min-kv-tokens must be >= 0")
+        if not self.mask_wait_s > 0:
+            raise ValueError("--mask-wait-s must be > 0")
+        if self.max_handles < 1:
+            raise ValueError("--max-handles must be >= 1")
         if self.cuda_graph_max_bs < 0:
             raise ValueError("--cuda-graph-max-bs must be >= 0 (0 turns CUDA graphs off)")

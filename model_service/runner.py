@@ -329,6 +329,27 @@ class ModelRunner:
         sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
 
+    def _ban_stops(self, sampled: list[_Row], lg: torch.Tensor, masked: bool) -> None:
+        """min_new_tokens: stop ids (EOS included) get -inf while fewer were sampled. After the
+        grammar masks, and never down to nothing: where a grammar allows only its end (EOS),
+        the grammar wins and the request ends early (docs/constrained.md)."""
+        dev = lg.device
+        rows: list[int] = []
+        for i, r in enumerate(sampled):
+            if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
+                rows.append(i)
+        if not rows:
+            return
+        before = lg.index_select(0, to_device(rows, torch.int64, dev)) if masked else None
+        for i in rows:
+            banned = to_device(list(sampled[i].state.sampling.stop_ids), torch.int64, dev)
+            lg[i].index_fill_(0, banned, float("-inf"))  # no host scalar copy (a sync)
+        if before is not None:  # on the device: no sync to ask whether anything is left
+            sel = to_device(rows, torch.int64, dev)
+            after = lg.index_select(0, sel)
+            left = (after > float("-inf")).any(dim=-1, keepdim=True)
+            lg.index_copy_(0, sel, torch.where(left, after, before))
+
     def _undo_decode(self, r: _Row) -> None:
         """A skipped row (its grammar jumps forward, failed, or the request ended): drop the
         slot its decode just wrote; its last token stays the input of its next decode."""
@@ -358,12 +379,9 @@ class ModelRunner:
         dev = logits.device
         lg = logits.index_select(0, to_device(keep, torch.int64, dev))
         sp = [r.state.sampling for r in sampled]
-        for i, r in enumerate(sampled):
-            if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
-                banned = to_device(list(r.state.sampling.stop_ids), torch.int64, dev)
-                lg[i].index_fill_(0, banned, float("-inf"))  # no host scalar copy (a sync)
         if masks:
             self._apply_masks(sampled, lg, masks)
+        self._ban_stops(sampled, lg, bool(masks))
         temp = [s.temperature for s in sp]
         top_p = [s.top_p for s in sp]
         top_k = [s.top_k for s in sp]

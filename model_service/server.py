@@ -23,27 +23,39 @@ import grpc
 import structlog
 
 from model_service.engine import Engine
-from model_service.runner import StepError
+from model_service.runner import InFlight, StepError
+from model_service.step_validation import StepLimits, validate_step
 from radixmesh_server.security import require_peer
 from radixmesh_server.watchdog import Progress
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
+from radixmesh_wire.step_ops import StepOps
 
 log = structlog.get_logger(__name__)
-
-MASK_WAIT_S = 60.0  # a masks_follow step whose masks never come fails instead of hanging
 
 Masks = tuple[dict[int, EncodedRow], set[int]]
 
 
-class MaskMailbox:
-    """StepMasks by step id, from the stream reader (event loop) to the step thread."""
+class MaskTimeout(StepError):
+    """A masks_follow step's masks did not come in time: the step's rows fail, the step
+    thread is free again. (The scheduler maps this name to UNAVAILABLE.)"""
 
-    def __init__(self) -> None:
+
+class MaskMailbox:
+    """StepMasks by step id, from the stream reader (event loop) to the step thread.
+
+    Only steps read with masks_follow (`expect`) get a box: masks for any other step id are
+    dropped, so a peer cannot grow this by sending StepMasks nobody waits for."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
         self._lock = threading.Lock()
         self._boxes: dict[int, Future[Masks]] = {}
         self._closed = False
+
+    def expect(self, step_id: int) -> None:
+        self._box(step_id)
 
     def _box(self, step_id: int) -> Future[Masks]:
         with self._lock:
@@ -55,7 +67,11 @@ class MaskMailbox:
             return box
 
     def deliver(self, msg: model_pb2.StepMasks) -> None:
-        box = self._box(msg.step_id)
+        with self._lock:
+            box = self._boxes.get(msg.step_id)
+        if box is None:
+            log.warning("masks_dropped", step=msg.step_id, reason="no step waits for them")
+            return
         if box.done():
             return
         try:
@@ -68,12 +84,20 @@ class MaskMailbox:
     def wait(self, step_id: int) -> Masks:
         box = self._box(step_id)
         try:
-            return box.result(timeout=MASK_WAIT_S)
+            return box.result(timeout=self.wait_s)
         except TimeoutError as exc:
-            raise StepError(f"the masks of step {step_id} did not come in {MASK_WAIT_S}s") from exc
+            raise MaskTimeout(
+                f"the grammar masks of step {step_id} did not come in {self.wait_s} s "
+                "(--mask-wait-s)"
+            ) from exc
         finally:
             with self._lock:
                 self._boxes.pop(step_id, None)
+
+    def discard(self, step_id: int) -> None:
+        """A step that failed before waiting for its masks: they are not wanted any more."""
+        with self._lock:
+            self._boxes.pop(step_id, None)
 
     def close(self) -> None:
         with self._lock:
@@ -84,8 +108,21 @@ class MaskMailbox:
 
 
 class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
-    def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        mask_wait_s: float = 5.0,
+        max_handles: int = 8192,
+        progress: Progress | None = None,
+    ) -> None:
         self.engine = engine
+        self.mask_wait_s = mask_wait_s
+        self.limits = StepLimits(
+            vocab_size=engine.vocab_size,
+            kv_capacity=engine.runner.pool.capacity,
+            context_length=engine.context_length,
+            max_handles=max_handles,
+        )
         # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
         # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.
         self.progress = progress or Progress("model step", 120.0)
@@ -107,6 +144,11 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             attention_backend=e.attention_backend,
             nan_fill=e.nan_fill,
         )
+
+    def _launch(self, ops: StepOps) -> InFlight:
+        """On the step thread, so the check sees the state the launch will change."""
+        validate_step(ops, self.engine.runner.requests, self.limits)
+        return self.engine.runner.launch(ops)
 
     async def GetWorkerInfo(
         self, request: model_pb2.WorkerInfoRequest, context: grpc.aio.ServicerContext
@@ -146,7 +188,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=self.info()))
 
         runner = self.engine.runner
-        mailbox = MaskMailbox()
+        mailbox = MaskMailbox(self.mask_wait_s)
         runner.mask_source = mailbox.wait
         queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
 
@@ -155,6 +197,8 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 async for msg in request_iterator:
                     kind = msg.WhichOneof("kind")
                     if kind == "step":
+                        if msg.step.masks_follow:
+                            mailbox.expect(msg.step.step_id)
                         await queue.put(msg.step)
                     elif kind == "masks":
                         mailbox.deliver(msg.masks)
@@ -166,10 +210,11 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             self.progress.begin()
             try:
                 ops = decode_step(step)
-                fl = await loop.run_in_executor(self.executor, runner.launch, ops)
+                fl = await loop.run_in_executor(self.executor, self._launch, ops)
                 self.progress.beat()
                 out = await loop.run_in_executor(self.waiter, runner.finish, fl)
             except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
+                mailbox.discard(step.step_id)
                 kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
                 log.error(
                     kind,

@@ -212,4 +212,6 @@ def decode_worker_info(info: model_pb2.WorkerInfo) -> WorkerInfo:
         context_length=int(info.context_length),
         vocab_size=int(info.vocab_size),
         nan_fill=info.nan_fill,
+        eos_token_ids=tuple(info.eos_token_ids),
+        device=info.device,
     )

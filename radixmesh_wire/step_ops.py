@@ -24,6 +24,8 @@ class WorkerInfo:
     context_length: int
     vocab_size: int
     nan_fill: bool  # debug: freed slots are poisoned, so the scheduler reports them
+    eos_token_ids: tuple[int, ...] = ()  # a constrained request ends at these (its grammar's end)
+    device: str = ""  # "cuda..." or else CPU: the default prefill chunk sizes (chunk_budget)
 
 
 @dataclass(frozen=True)

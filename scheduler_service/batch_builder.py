@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
+from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefill_adder import NewTokenRatio, admit_prefills, decode_reservation
@@ -68,8 +69,19 @@ def _sampling(req: Request) -> Sampling:
 
 
 class BatchBuilder:
-    def __init__(self, cfg: SchedulerConfig, state: SchedState, policy: SchedulePolicy) -> None:
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        state: SchedState,
+        policy: SchedulePolicy,
+        budget: ChunkBudget | None = None,
+    ) -> None:
         self.cfg = cfg
+        # The scheduler passes the connected model's device; a bare builder (tests) plans as
+        # for a GPU.
+        self.budget = budget or ChunkBudget.resolve(
+            cfg.chunk_tokens, cfg.decode_chunk_tokens, "cuda"
+        )
         self.st = state
         self.policy = policy
         self.ratio = NewTokenRatio(init=cfg.new_token_ratio)
@@ -220,7 +232,7 @@ class BatchBuilder:
         pp = admit_prefills(
             candidates,
             st.cache,
-            chunk_budget=cfg.chunk_tokens,
+            chunk_budget=self.budget.for_step(decoding=bool(plan.decoded)),
             max_running=cfg.max_running,
             num_running=len(running),
             reserved_tokens=decode_reservation(running, ratio),

@@ -40,7 +40,16 @@ class SchedulerConfig(TransportConfig):
         "in-batch prefix sharing: of waiting requests sharing at least this many uncached "
         "tokens after the same cached prefix, admit one now and the rest next round; 0 disables",
     )
-    chunk_tokens: int = field(2048, "prefill token budget per step (chunked prefill)")
+    chunk_tokens: int = field(
+        0,
+        "prefill token budget per step while no request decodes (chunked prefill); "
+        "0: 2048 on a GPU model, 512 on a CPU one",
+    )
+    decode_chunk_tokens: int = field(
+        0,
+        "prefill token budget per step while requests decode: each of their tokens waits at "
+        "most one step with this many prefill tokens; 0: --chunk-tokens on a GPU, 64 on a CPU",
+    )
     max_running: int = field(256, "most requests decoding at once")
     max_queue: int = field(4096, "waiting-queue bound; beyond it RESOURCE_EXHAUSTED")
     new_token_ratio: float = field(
@@ -72,6 +81,9 @@ class SchedulerConfig(TransportConfig):
         "liveness turns NOT_SERVING (so the supervisor restarts us) when the scheduling loop "
         "has work but made no progress for this long, or died",
     )
+    max_top_logprobs: int = field(
+        64, "largest top_logprobs a submission may ask for (>= the front door's limit)"
+    )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     shutdown_grace_s: float = field(
         35.0,
@@ -81,13 +93,15 @@ class SchedulerConfig(TransportConfig):
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:
-        if self.chunk_tokens < 1:
-            raise ValueError("--chunk-tokens must be >= 1")
+        if self.chunk_tokens < 0 or self.decode_chunk_tokens < 0:
+            raise ValueError("--chunk-tokens and --decode-chunk-tokens must be >= 0 (0: auto)")
         if self.in_batch_prefix_tokens < 0:
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:
             raise ValueError("--protect-ms must be >= 0")
         if self.model_probe_s <= 0 or self.model_hold_s < 0:
             raise ValueError("--model-probe-s must be > 0 and --model-hold-s >= 0")
+        if self.max_top_logprobs < 0:
+            raise ValueError("--max-top-logprobs must be >= 0")
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

@@ -173,6 +173,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
         req = request_from_proto(msg, session)
+        if req.rid in self.sched.by_rid:  # before compiling: the running one stays abortable
+            sink(_error(req, Status.ALREADY_EXISTS, f"request {req.rid!r} is running"))
+            return
         if req.grammar is None:
             self._admit(req, sink)
         else:  # compile first (off the read loop): a bad grammar never reaches the queue

@@ -20,10 +20,13 @@ Admission stops at the first candidate that does not fit, so a large request is 
 by smaller ones behind it in policy order.
 
 Per step at most ``chunk_budget`` prompt tokens are prefilled: the last admitted request may be
-*chunked* (fewer tokens this step than it has left), and it continues in later steps first,
-through ``chunked_remaining``; at most one request is chunked at a time. All slots of a step are
-allocated with one ``cache.alloc`` after selection, so the eviction it triggers can never hit a
-prefix selected this step (they are all locked by then).
+*chunked* (fewer tokens this step than it has left), and it continues in later steps through
+``chunked_remaining``; at most one request is chunked at a time. The continuation is sure of
+half the budget (rounded up; it always progresses) and new admissions come next, each only if
+its whole prompt fits; whatever they leave goes back to the continuation. So a short request
+that arrives during a long prompt's prefill waits one step, not the whole prefill. All slots of
+a step are allocated with one ``cache.alloc`` after selection, so the eviction it triggers can
+never hit a prefix selected this step (they are all locked by then).
 
 Ownership after :func:`admit_prefills` returns, per admitted request:
 - ``match.slots``: cache-owned, protected by the lock the adder took on ``match.node``;
@@ -158,7 +161,7 @@ def admit_prefills(
     committed = 0.0
     cont = 0
     if chunked_remaining > 0:
-        cont = min(chunked_remaining, chunk_left)
+        cont = min(chunked_remaining, chunk_left - chunk_left // 2)
         if cont > cache.free_size + cache.evictable_size:
             return PrefillPlan([], None, "continuation_blocked")
         committed = float(chunked_remaining)  # all of it will need slots in coming steps
@@ -189,12 +192,20 @@ def admit_prefills(
             reason = "memory"
             break
         n = min(extend, chunk_left)
+        if n < extend and chunked_remaining > 0:  # one chunked request at a time
+            cache.unlock(m.node)
+            reason = "chunk_budget"
+            break
         committed += need
         chunk_left -= n
         picked.append((w, m, n))
         if n < extend:
             reason = "chunked"
             break
+    if chunked_remaining > cont and chunk_left > 0:  # the budget new admissions left
+        more = min(chunked_remaining - cont, chunk_left)
+        if cont + more <= cache.free_size + cache.evictable_size:
+            cont += more
     total = cont + sum(n for _, _, n in picked)
     slots = cache.alloc(total)
     while slots is None and picked:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scheduler_service.outbox import Outbox
@@ -98,6 +99,14 @@ class Request:
         self.wants_logprobs = bool(spec.return_logprob or spec.top_logprobs)
         self._keys: list[int] = []
         self._keys_of: list[int] | None = None
+
+    def end_with_grammar(self, model_eos: Iterable[int]) -> None:
+        """A constrained request ends where its grammar ends: the model's EOS (which the grammar
+        allows only where its language may end) stops it even with ignore_eos, and the model
+        side lets it through min_new_tokens when nothing else is allowed (docs/constrained.md).
+        Otherwise a grammar that accepts only EOS would leave nothing valid to sample."""
+        if self.grammar is not None:
+            self.stop_ids = self.stop_ids | frozenset(model_eos)
 
     @property
     def tokens(self) -> list[int]:

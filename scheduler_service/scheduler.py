@@ -24,6 +24,7 @@ from radixmesh_server.watchdog import Progress
 from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar_link import GrammarLink
@@ -36,16 +37,14 @@ from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 from scheduler_service.status import Status
 from scheduler_service.step_masks import StepMasks
+from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 
 log = structlog.get_logger(__name__)
 
 Sink = Callable[[Batch], None]  # one session's output of one flush
 
 
-class SubmitError(Exception):
-    def __init__(self, code: Status, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["Scheduler", "SubmitError"]
 
 
 class Scheduler:
@@ -83,15 +82,18 @@ class Scheduler:
             )
         if req.rid in self.by_rid:
             raise SubmitError(Status.ALREADY_EXISTS, f"request {req.rid!r} is running")
-        need = len(req.fill) + req.remaining
-        cap = st.cache.allocator.capacity
-        if need > cap:
-            raise SubmitError(
-                Status.INVALID_ARGUMENT,
-                f"prompt ({len(req.fill)} tokens) + max_new_tokens ({req.remaining})"
-                f" = {need} exceeds the KV capacity of {cap} tokens: shorten the "
-                "prompt or lower max_new_tokens",
-            )
+        info = self.info
+        assert info is not None
+        validate_submit(
+            req,
+            SubmitLimits(
+                vocab_size=int(info.vocab_size),
+                context_length=st.context_length,
+                kv_capacity=st.cache.allocator.capacity,
+                max_top_logprobs=self.cfg.max_top_logprobs,
+            ),
+        )
+        req.end_with_grammar(info.eos_token_ids)
         if len(st.waiting) >= self.cfg.max_queue:
             raise SubmitError(
                 Status.RESOURCE_EXHAUSTED,
@@ -104,7 +106,8 @@ class Scheduler:
         self.wake.set()
 
     def abort(self, rid: str, session: str | None = None) -> bool:
-        """Abort `rid`; with `session`, only if that session submitted it."""
+        """Abort `rid`; with `session`, only if that session submitted it (ids are the
+        clients' own and may collide across sessions)."""
         req = self.by_rid.get(rid)
         if req is None or self.st is None or (session is not None and req.session != session):
             return False
@@ -126,6 +129,12 @@ class Scheduler:
         grammar = asyncio.create_task(self.grammar.run())
         try:
             await self._run_model(health)
+        except Exception as exc:
+            # Not expected (_run_model contains step errors): never die silently while health
+            # says SERVING.
+            log.exception("scheduler_loop_died", error=repr(exc))
+            await health.set_ready(False, f"scheduler loop died: {exc!r}")
+            raise
         finally:
             grammar.cancel()
 
@@ -165,6 +174,15 @@ class Scheduler:
             except ModelUnavailable as exc:
                 await health.set_ready(False, str(exc))
                 self._on_model_lost(str(exc))
+                await self.link.close()
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the service
+                # Steps in flight no longer match our state: fail the work in hand, then start
+                # a fresh model session (the worker drops its state) and keep serving.
+                log.exception(
+                    "scheduler_step_crashed", error=repr(exc), rids=sorted(self.by_rid)[:32]
+                )
+                await health.set_ready(False, f"scheduler step crashed, resetting: {exc!r}")
+                self._fail_all(Status.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}")
                 await self.link.close()
 
     def _on_model_lost(self, reason: str) -> None:
@@ -219,7 +237,10 @@ class Scheduler:
             st.cache.reset()  # new session: the worker's KV pool content is gone
             st.handles.reset()
             st.pending_release.clear()
-        self.builder = BatchBuilder(self.cfg, st, self.policy)
+        budget = ChunkBudget.resolve(
+            self.cfg.chunk_tokens, self.cfg.decode_chunk_tokens, info.device
+        )
+        self.builder = BatchBuilder(self.cfg, st, self.policy, budget)
         self.masks = StepMasks(self.cfg, st, self.grammar, self._fail)
 
     async def _idle(self) -> None:
@@ -288,9 +309,7 @@ class Scheduler:
                 prog.begin()
             t1 = time.perf_counter()
             if res.error:
-                log.error("step_failed", step=res.step_id, error=res.error)
-                for r in [*st.running.values()]:
-                    self._fail(r, Status.INTERNAL, f"model step failed: {res.error}")
+                self._fail_step(plan, res.error)
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
@@ -325,6 +344,20 @@ class Scheduler:
         ex = st.extra(r)
         ex.error_code = int(code)
         ex.error_message = message
+
+    def _fail_step(self, plan: PlannedStep, error: str) -> None:
+        """The worker refused or failed a step (it changed nothing or dropped those rows):
+        only the requests in that step fail; the rest keep running."""
+        st = self.st
+        assert st is not None
+        # Masks that never came are a slow grammar service, not a fault of the request.
+        code = Status.UNAVAILABLE if error.startswith("MaskTimeout") else Status.INTERNAL
+        rids = []
+        for h, (r, epoch) in plan.owners.items():
+            if r.handle == h and r.epoch == epoch:
+                rids.append(r.rid)
+                self._fail(r, code, f"model step failed: {error}")
+        log.error("step_failed", step=plan.ops.step_id, error=error, rids=rids)
 
     def _fail_all(self, code: Status, message: str) -> None:
         st = self.st

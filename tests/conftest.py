@@ -12,7 +12,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
+from radixmesh_server.launcher import (
+    Launcher,
+    ServiceSpec,
+    StackPorts,
+    check_ready,
+    free_port,
+    stack_specs,
+)
 from radixmesh_server.model_store import resolve_model
 from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
@@ -119,3 +126,29 @@ def nan_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iter
         ["--kv-tokens", "16384", "--nan-fill"],
         ["--debug-invariants"],
     )
+
+
+@dataclass
+class LoneModel:
+    address: str
+    pid: int
+
+
+@pytest.fixture(scope="session")
+def lone_model(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[LoneModel]:
+    """A model service with no scheduler, for tests that speak the step protocol themselves
+    (a step session replaces any other, so they cannot share a stack's model). Short mask
+    wait and few handles, so their bounds are quick to reach."""
+    spec = ServiceSpec(
+        "model",
+        "model_service",
+        free_port(),
+        ["--kv-tokens", "4096", "--mask-wait-s", "1", "--max-handles", "64"],
+    )
+    launcher = Launcher([spec], log_dir=tmp_path_factory.mktemp("lone_model"))
+    launcher.start_all()
+    try:
+        asyncio.run(launcher.wait_ready(timeout=300))
+        yield LoneModel(spec.address, launcher.procs["model"].pid)
+    finally:
+        launcher.stop_all()

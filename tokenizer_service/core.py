@@ -23,7 +23,7 @@ from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
-from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
+from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 from tokenizer_service.text_stream import TextStream
 from tokenizer_service.tokenization import Tokenization
 from tokenizer_service.validation import (
@@ -154,6 +154,11 @@ class FrontDoor:
             queue = self.link.submit(submit)
         except SchedulerLost as exc:
             raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        except DuplicateRequest as exc:  # the running one keeps its id (and stays abortable)
+            raise GenerateError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"request {rid!r} is running: use another request_id",
+            ) from exc
         log.debug("submitted", rid=rid, prompt_tokens=len(ids), resumed=len(resumed))
         stream = TextStream(self.tok, ids, sampling, inp.stream, inp.stream_interval)
         stream.resume(resumed)

@@ -30,6 +30,10 @@ class SchedulerLost(Exception):
     pass
 
 
+class DuplicateRequest(Exception):
+    """A request id that is still running on this link (the running one stays abortable)."""
+
+
 _MAX_KEY = (1 << 31) - 1  # keys travel as int32
 
 
@@ -58,9 +62,13 @@ class SchedulerLink:
             raise SchedulerLost(
                 f"the scheduler has been unreachable for more than {self.hold_s:g} s; retry later"
             )
+        if msg.rid in self.keys:
+            raise DuplicateRequest(f"request {msg.rid!r} is running: use another request_id")
         msg.key = self._next_key()
         q: asyncio.Queue[Update | Exception] = asyncio.Queue()
         self.live.add(LiveRequest(msg, q))
+        # Never replaced while it runs: Abort(rid) must keep finding the first request even
+        # when another session's duplicate is refused by the scheduler.
         self.keys[msg.rid] = msg.key
         if self.connected.is_set():
             self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=msg))

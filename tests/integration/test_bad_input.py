@@ -13,8 +13,10 @@ import grpc
 import pytest
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
-from radixmesh_wire.pb import api_pb2
-from tests.conftest import Stack
+from radixmesh_wire.packing import pack_i32, unpack_i32
+from radixmesh_wire.pb import api_pb2, model_pb2, scheduler_pb2
+from tests.conftest import LoneModel, Stack
+from tests.integration.raw_peers import ModelSession, SchedulerSession, channel_as
 
 pytestmark = pytest.mark.integration
 
@@ -123,3 +125,159 @@ def test_nonexistent_model_path_fails_cleanly() -> None:
     )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr
+
+
+# -- internal peers: the scheduler and the model worker check what they receive themselves --
+
+
+def _submit(
+    key: int, ids: list[int], rid: str = "", **sampling: object
+) -> scheduler_pb2.SubmitRequest:
+    s = api_pb2.SamplingParams(max_new_tokens=4, temperature=0.0)
+    for k, v in sampling.items():
+        if isinstance(v, list):
+            getattr(s, k).extend(v)
+        else:
+            setattr(s, k, v)
+    return scheduler_pb2.SubmitRequest(
+        rid=rid or f"raw-{key}", input_ids=ids, sampling=s, eos_token_ids=[2], key=key
+    )
+
+
+def test_scheduler_refuses_bad_submissions_alone(stack: Stack) -> None:
+    """An empty prompt once killed the scheduler loop for good; an id of 10**6 failed every
+    request of the step. Each is refused alone; the loop and a concurrent request go on."""
+    with Client(stack.endpoint) as c:
+        result: list[GenerateResult] = []
+        t = threading.Thread(
+            target=lambda: result.append(
+                c.generate(
+                    "Count from one to ten:", max_new_tokens=16, temperature=0, ignore_eos=True
+                )
+            )
+        )
+        t.start()
+        sess = SchedulerSession(channel_as(stack.launcher, "scheduler", "tokenizer"))
+        try:
+            ctx = sess.hello.context_length
+            bad = [
+                (_submit(1, []), "input_ids is empty"),
+                (_submit(2, [1, 1_000_000]), "outside the vocabulary"),
+                (
+                    _submit(3, [1, 2], stop_token_ids=[1_000_000], min_new_tokens=2),
+                    "stop_token_ids",
+                ),
+                (_submit(4, [1] * (ctx + 1), max_new_tokens=0), "context window"),
+                (_submit(5, [1, 2], temperature=float("inf")), "temperature"),
+                (_submit(6, [1, 2], top_p=float("nan")), "top_p"),
+            ]
+            for msg, _ in bad:
+                sess.submit(msg)
+            sess.submit(_submit(7, [1, 2, 3], ignore_eos=True))
+            for msg, needle in bad:
+                out = sess.wait(msg.key)
+                assert out.error_code == grpc.StatusCode.INVALID_ARGUMENT, (msg.key, out)
+                assert needle in out.error_message, (msg.key, out.error_message)
+            ok = sess.wait(7)
+            assert ok.error_code is None and len(ok.tokens) == 4
+        finally:
+            sess.close()
+        t.join()
+        assert result and result[0].completion_tokens == 16
+
+
+def test_duplicate_request_id_keeps_first_abortable(stack: Stack) -> None:
+    with Client(stack.endpoint) as c:
+        it = c.stream("Describe the sea.", max_new_tokens=400, ignore_eos=True, request_id="dup-1")
+        next(it)
+        with pytest.raises(RadixMeshError) as err:
+            c.generate("hi", max_new_tokens=2, request_id="dup-1")
+        assert err.value.code == grpc.StatusCode.ALREADY_EXISTS and "dup-1" in err.value.message
+        assert c.abort("dup-1")
+        final = [x for x in it if isinstance(x, GenerateResult)][0]
+        assert final.finish_reason == "abort"
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _admit_step(step_id: int, handle: int, ids: list[int], first_slot: int) -> model_pb2.Step:
+    return model_pb2.Step(
+        step_id=step_id,
+        admits=[
+            model_pb2.Admit(
+                handle=handle,
+                sampling=model_pb2.RequestSampling(temperature=0, top_p=1, prompt_logprobs_from=-1),
+                input_ids=pack_i32(ids),
+                slots=pack_i32(range(first_slot, first_slot + len(ids))),
+                sample=True,
+            )
+        ],
+    )
+
+
+def test_model_refuses_bad_steps_and_bounds_mask_wait(lone_model: LoneModel) -> None:
+    sess = ModelSession(grpc.insecure_channel(lone_model.address))
+    try:
+        sess.step(_admit_step(1, 0, [1, 2, 3], 0))
+        ok = sess.result()
+        assert not ok.error and unpack_i32(ok.handles) == [0]
+        rss0 = _rss_kb(lone_model.pid)
+        for i in range(10):  # a huge handle once grew the handle table by ~150 MB
+            sess.step(_admit_step(2 + i, 10_000_000 + i, [1, 2], 100))
+            res = sess.result()
+            assert "admitted handle 1000000" in res.error, res.error
+        assert _rss_kb(lone_model.pid) - rss0 < 20_000
+        sess.step(_admit_step(20, 1, [1, 1_000_000], 100))
+        assert "token id 1000000" in sess.result().error
+        # Masks promised and never sent: the step fails after --mask-wait-s (1 s), not 60 s.
+        t0 = time.monotonic()
+        sess.step(
+            model_pb2.Step(
+                step_id=21,
+                decode_handles=pack_i32([0]),
+                decode_slots=pack_i32([3]),
+                masks_follow=True,
+            )
+        )
+        res = sess.result()
+        assert "did not come in 1.0 s" in res.error and time.monotonic() - t0 < 5
+        sess.masks(model_pb2.StepMasks(step_id=21))  # too late: dropped
+        sess.masks(model_pb2.StepMasks(step_id=999))  # never expected: dropped
+        sess.step(
+            model_pb2.Step(step_id=22, decode_handles=pack_i32([0]), decode_slots=pack_i32([4]))
+        )
+        res = sess.result()
+        assert not res.error and unpack_i32(res.handles) == [0]
+    finally:
+        sess.close()
+
+
+CONSTRAINED_ENDS = [
+    ({"regex": "[0-9]{2}", "min_new_tokens": 5}, 2),
+    ({"regex": "[0-9]{2}", "ignore_eos": True}, 2),
+    ({"regex": "[0-9]{2}", "ignore_eos": True, "min_new_tokens": 4, "temperature": 1.0}, 2),
+    ({"regex": "", "min_new_tokens": 1}, 0),
+]
+
+
+@pytest.mark.parametrize(("kw", "chars"), CONSTRAINED_ENDS)
+def test_grammar_end_wins_over_min_new_tokens_and_ignore_eos(
+    stack: Stack, kw: dict[str, object], chars: int
+) -> None:
+    """These once answered INTERNAL ("token 0 rejected by the grammar"): the grammar allowed
+    only EOS and min_new_tokens / ignore_eos banned it. The grammar's end wins."""
+    with Client(stack.endpoint) as c:
+        res = c.generate("The answer is", **{"max_new_tokens": 8, "temperature": 0, **kw})  # type: ignore[arg-type]
+        assert res.finish_reason == "stop", res
+        assert len(res.text) == chars and res.text.isdigit() == (chars > 0), res.text
+
+
+def test_non_finite_temperature_is_refused(stack: Stack) -> None:
+    with Client(stack.endpoint) as c:
+        with pytest.raises(RadixMeshError) as err:
+            c.generate("hi", json_schema='{"type": "integer"}', temperature=float("inf"))
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "temperature" in err.value.message

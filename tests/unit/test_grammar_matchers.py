@@ -19,7 +19,7 @@ from grammar_service.suite import PAPER_REGEX
 from model_service.mask_device import decode_rows
 from radixmesh_wire.mask_rows import MaskEncoding
 from radixmesh_wire.mask_step import MaskStepBuilder
-from radixmesh_wire.packing import unpack_i32
+from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import grammar_pb2 as pb
 
 EOS = 2  # SmolLM2's <|im_end|>, the tokenizer's only stop token
@@ -259,5 +259,9 @@ def test_malformed_steps_are_rejected(servicer: GrammarServicer) -> None:
             await servicer.run_step(state, bad)
         with pytest.raises(StepFormatError, match="int32"):
             await servicer.run_step(state, pb.MaskStep(step_id=2, mask_handles=b"\x01"))
+        # Found by tests/integration/test_fuzz.py: a negative handle once ended the stream
+        # with INTERNAL (its row could not be answered: MaskRow.handle is uint32).
+        with pytest.raises(StepFormatError, match="negative handle -3"):
+            await servicer.run_step(state, pb.MaskStep(step_id=3, mask_handles=pack_i32([-3])))
 
     run(main)

@@ -231,21 +231,34 @@ def test_chunked_prefill_and_continuation() -> None:
     (a,) = plan.admitted
     assert a.n_tokens == 10 and a.chunked and a.end == 10 and plan.stop_reason == "chunked"
     assert plan.continuation_slots == []
-    # Next step: 15 tokens left for the chunked one; it goes first, then small fits in 0 left.
+    # Next step: 15 tokens left for the chunked one. It is sure of half the budget (5); the
+    # small one (5 tokens) fits whole in the other half, so it does not wait for the big one.
     plan2 = admit_prefills(
         [small], c, chunk_budget=10, max_running=10, num_running=1, chunked_remaining=15
     )
-    assert plan2.continuation_slots is not None and len(plan2.continuation_slots) == 10
-    assert plan2.admitted == [] and plan2.stop_reason == "chunk_budget"
+    assert plan2.continuation_slots is not None and len(plan2.continuation_slots) == 5
+    (s,) = plan2.admitted
+    assert s.n_tokens == 5 and not s.chunked and plan2.tokens_this_step == 10
+    # Nothing new: the continuation takes the whole budget.
+    nothing: list[Item] = []
     plan3 = admit_prefills(
-        [small], c, chunk_budget=10, max_running=10, num_running=1, chunked_remaining=5
+        nothing, c, chunk_budget=10, max_running=10, num_running=2, chunked_remaining=10
     )
-    assert plan3.continuation_slots is not None and len(plan3.continuation_slots) == 5
-    (s,) = plan3.admitted
-    assert s.n_tokens == 5 and not s.chunked and plan3.tokens_this_step == 10
+    assert plan3.continuation_slots is not None and len(plan3.continuation_slots) == 10
     owned = a.new_slots + plan2.continuation_slots + plan3.continuation_slots + s.new_slots
     c.check_integrity(len(owned), owned)
     assert len(set(owned)) == 30
+
+
+def test_continuation_never_makes_a_second_chunked_request() -> None:
+    c = tree(100)
+    long_item = Item(seq(3, 8), 0)  # does not fit the half the continuation leaves: waits
+    plan = admit_prefills(
+        [long_item], c, chunk_budget=10, max_running=10, num_running=1, chunked_remaining=15
+    )
+    assert plan.admitted == [] and plan.stop_reason == "chunk_budget"
+    assert plan.continuation_slots is not None and len(plan.continuation_slots) == 10
+    assert c.locked_size == 0
 
 
 def test_continuation_blocked_and_max_running() -> None:

@@ -1,0 +1,116 @@
+"""The model worker's own checks of a step, before the runner changes any state.
+
+The worker does not trust its session: a step from a buggy or hostile client must fail alone,
+with a message naming what is wrong, leave the worker's per-request state untouched (so a
+refused step has no effect) and never allocate by a number the client chose (a handle of 10**7
+once grew the handle table by ~150 MB). Pure: reads the runner's state, changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from model_service.runner import RequestState, StepError
+from radixmesh_wire.step_ops import Sampling, StepOps
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    vocab_size: int
+    kv_capacity: int  # slot ids are 0..kv_capacity-1
+    context_length: int  # most tokens (KV slots) one request may hold
+    max_handles: int  # handle ids are 0..max_handles-1
+
+
+def _in_range(what: str, values: Iterable[int], hi: int) -> None:
+    for v in values:
+        if not 0 <= v < hi:
+            raise StepError(f"{what} {v} is outside [0, {hi})")
+
+
+def _check_sampling(handle: int, s: Sampling, lim: StepLimits) -> None:
+    if not (math.isfinite(s.temperature) and s.temperature >= 0):
+        raise StepError(f"handle {handle}: temperature {s.temperature} is not finite and >= 0")
+    if not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
+        raise StepError(f"handle {handle}: top_p {s.top_p} is outside (0, 1]")
+    if not (math.isfinite(s.min_p) and 0 <= s.min_p <= 1):
+        raise StepError(f"handle {handle}: min_p {s.min_p} is outside [0, 1]")
+    if not 0 <= s.top_logprobs <= lim.vocab_size:
+        raise StepError(f"handle {handle}: top_logprobs {s.top_logprobs} is outside [0, vocab]")
+    if s.min_new_tokens < 0 or s.prompt_logprobs_from < -1:
+        raise StepError(f"handle {handle}: negative min_new_tokens or prompt_logprobs_from")
+    _in_range(f"handle {handle}: stop id", s.stop_ids, lim.vocab_size)
+    pens = (s.presence_penalty, s.frequency_penalty, s.repetition_penalty)
+    if not all(math.isfinite(x) for x in pens) or s.repetition_penalty <= 0:
+        raise StepError(f"handle {handle}: penalties must be finite (repetition > 0)")
+    _in_range(f"handle {handle}: logit_bias id", (t for t, _ in s.logit_bias), lim.vocab_size)
+    if not all(math.isfinite(b) for _, b in s.logit_bias):
+        raise StepError(f"handle {handle}: logit_bias values must be finite")
+    _in_range(f"handle {handle}: penalty history id", s.penalty_history, lim.vocab_size)
+
+
+def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepLimits) -> None:
+    """Raise StepError unless every operation of `ops` is consistent with `requests` (the
+    runner's state) and `lim`. Mirrors the order `ModelRunner.launch` applies them in:
+    releases, truncates, then admits, extends and decodes."""
+    _in_range("released handle", ops.releases, lim.max_handles)
+    _in_range("freed slot", ops.freed_slots, lim.kv_capacity)
+    live = set(requests) - set(ops.releases)
+    lengths = {h: len(requests[h].slots) for h in live}
+    truncated: set[int] = set()
+    for h, length in ops.truncates:
+        if h not in live:
+            raise StepError(f"truncate of unknown handle {h}")
+        if length > lengths[h]:
+            raise StepError(f"handle {h}: truncate to {length} of a {lengths[h]}-token sequence")
+        lengths[h] = length
+        truncated.add(h)
+    rows: set[int] = set()
+    step_tokens = 0
+
+    def row(h: int, ids: list[int] | None, slots: list[int]) -> None:
+        nonlocal step_tokens
+        if h in rows:
+            raise StepError(f"handle {h} has two rows in one step")
+        rows.add(h)
+        if ids is not None:
+            if not ids or len(ids) != len(slots):
+                raise StepError(f"handle {h}: {len(ids)} ids for {len(slots)} slots")
+            _in_range(f"handle {h}: token id", ids, lim.vocab_size)
+        _in_range(f"handle {h}: slot", slots, lim.kv_capacity)
+        lengths[h] = lengths.get(h, 0) + len(slots)
+        if lengths[h] > lim.context_length:
+            raise StepError(
+                f"handle {h}: {lengths[h]} tokens exceed the context length {lim.context_length}"
+            )
+        step_tokens += len(slots)
+        if step_tokens > lim.kv_capacity:
+            raise StepError(f"the step writes more slots than the KV pool has ({lim.kv_capacity})")
+
+    for a in ops.admits:
+        _in_range("admitted handle", [a.handle], lim.max_handles)
+        if a.handle in live:
+            raise StepError(f"handle {a.handle} admitted twice")
+        _check_sampling(a.handle, a.sampling, lim)
+        _in_range(f"handle {a.handle}: prefix slot", a.prefix_slots, lim.kv_capacity)
+        lengths[a.handle] = len(a.prefix_slots)
+        row(a.handle, a.input_ids, a.slots)
+    admitted = {a.handle for a in ops.admits}
+    for e in ops.extends:
+        if e.handle not in live:
+            raise StepError(f"extend of unknown handle {e.handle}")
+        row(e.handle, e.input_ids, e.slots)
+    if len(ops.decode_handles) != len(ops.decode_slots):
+        raise StepError(
+            f"{len(ops.decode_handles)} decode handles for {len(ops.decode_slots)} slots"
+        )
+    for h, slot in zip(ops.decode_handles, ops.decode_slots, strict=True):
+        if h not in live:
+            raise StepError(
+                f"decode of {'a just admitted' if h in admitted else 'unknown'} handle {h}"
+            )
+        if not requests[h].has_token or h in truncated:
+            raise StepError(f"decode for handle {h} with no sampled token")
+        row(h, None, [slot])

@@ -1,0 +1,120 @@
+"""The scheduler's own checks of a submission, before it reaches the queue.
+
+The front door validates public requests, but it is not the only client of the Session stream:
+anything that reaches the step builder must be servable, because a bad row there fails (or,
+before this module, killed) every request of the step. Every rule answers with a status and
+a message a person can act on. Pure: no protobuf, no scheduler state beyond `SubmitLimits`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler_service.request import Request
+from scheduler_service.status import Status
+
+_MAX_I32 = (1 << 31) - 1
+
+
+class SubmitError(Exception):
+    """A submission refused before it reached the queue (it alone fails)."""
+
+    def __init__(self, code: Status, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    """What the connected model can serve (from its WorkerInfo)."""
+
+    vocab_size: int
+    context_length: int
+    kv_capacity: int
+    max_top_logprobs: int
+
+
+def _invalid(message: str) -> SubmitError:
+    return SubmitError(Status.INVALID_ARGUMENT, message)
+
+
+def _check_ids(what: str, ids: Iterable[int], vocab: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise _invalid(
+            f"{what} contain {len(bad)} ids outside the vocabulary [0, {vocab}), e.g. {bad[:3]}"
+        )
+
+
+def validate_submit(req: Request, lim: SubmitLimits) -> None:
+    """Raise SubmitError unless `req` can be served by a model with these limits."""
+    if not req.rid:
+        raise _invalid("the request id is empty")
+    if not 0 < req.key <= _MAX_I32:
+        raise _invalid(f"the session key must be in [1, {_MAX_I32}], got {req.key}")
+    if not req.prompt:
+        raise _invalid("input_ids is empty: a request needs at least one prompt token")
+    vocab = lim.vocab_size
+    _check_ids("input_ids", req.prompt, vocab)
+    _check_ids("output_ids", req.output, vocab)
+    _check_ids("eos_token_ids", req.eos_ids, vocab)
+    _check_ids("stop_token_ids", req.spec.stop_token_ids, vocab)
+    _check_sampling(req, lim)
+    _check_lengths(req, lim)
+
+
+def _check_sampling(req: Request, lim: SubmitLimits) -> None:
+    s = req.spec
+    if not (math.isfinite(s.temperature) and s.temperature >= 0):
+        raise _invalid(f"temperature must be finite and >= 0, got {s.temperature}")
+    if not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
+        raise _invalid(f"top_p must be in (0, 1], got {s.top_p}")
+    if s.top_k < -1:
+        raise _invalid(f"top_k must be -1 (off), 0 (off) or positive, got {s.top_k}")
+    if not (math.isfinite(s.min_p) and 0 <= s.min_p <= 1):
+        raise _invalid(f"min_p must be in [0, 1], got {s.min_p}")
+    if s.max_new_tokens < 0:
+        raise _invalid(f"max_new_tokens must be >= 0, got {s.max_new_tokens}")
+    if not 0 <= s.min_new_tokens <= s.max_new_tokens:
+        raise _invalid(
+            f"min_new_tokens={s.min_new_tokens} must be in [0, max_new_tokens={s.max_new_tokens}]"
+        )
+    if not 0 <= s.top_logprobs <= min(lim.max_top_logprobs, lim.vocab_size):
+        raise _invalid(f"top_logprobs={s.top_logprobs} must be in [0, {lim.max_top_logprobs}]")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not math.isfinite(getattr(s, name)):
+            raise _invalid(f"{name} must be finite, got {getattr(s, name)}")
+    if not (math.isfinite(s.repetition_penalty) and s.repetition_penalty > 0):
+        raise _invalid(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty}")
+    for tok, bias in s.logit_bias:
+        if not 0 <= tok < lim.vocab_size or not math.isfinite(bias):
+            raise _invalid(f"logit_bias entry ({tok}, {bias}): ids in [0, vocab), finite biases")
+    p = s.prompt_logprobs_from
+    if p != -1 and not 0 <= p < len(req.prompt):
+        raise _invalid(
+            f"prompt_logprobs_from={p} must be -1 (none) or within the prompt "
+            f"[0, {len(req.prompt)})"
+        )
+
+
+def _check_lengths(req: Request, lim: SubmitLimits) -> None:
+    if len(req.output) > req.spec.max_new_tokens:
+        raise _invalid(
+            f"output_ids ({len(req.output)} tokens) exceed max_new_tokens "
+            f"({req.spec.max_new_tokens})"
+        )
+    fill = len(req.fill)
+    ctx = lim.context_length
+    # One position must stay free for the next token, unless nothing more is generated.
+    if fill > ctx or (fill == ctx and req.remaining > 0):
+        raise _invalid(
+            f"the sequence has {fill} tokens but the context window is {ctx}: shorten the prompt"
+        )
+    need = fill + req.remaining
+    if need > lim.kv_capacity:
+        raise _invalid(
+            f"prompt ({fill} tokens) + max_new_tokens ({req.remaining}) = {need} exceeds the KV "
+            f"capacity of {lim.kv_capacity} tokens: shorten the prompt or lower max_new_tokens"
+        )

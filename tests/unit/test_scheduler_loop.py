@@ -1,0 +1,114 @@
+"""The scheduling loop survives an exception in a step (issue 12 item 2: an empty submission
+once killed it for good while health said SERVING): the requests in hand fail with a clear
+status, readiness drops while it resets, and the next request is served."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from radixmesh_wire.step_ops import StepOps, StepOutcome, WorkerInfo
+from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.outbox import Batch
+from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.scheduler import Scheduler
+from scheduler_service.status import Status
+from scheduler_service.step_masks import StepMasks
+
+
+class FakeLink:
+    """Answers every step at once: each sampling row gets token 7."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+        self.sessions = 0
+
+    @property
+    def connected(self) -> bool:
+        return self.sessions > 0 and not self.closed.is_set()
+
+    async def connect(self) -> WorkerInfo:
+        self.sessions += 1
+        self.closed = asyncio.Event()
+        return WorkerInfo("fake", 256, 64, 100, False, eos_token_ids=(2,), device="cpu")
+
+    def send(self, ops: StepOps) -> asyncio.Future[StepOutcome]:
+        handles = [a.handle for a in ops.admits if a.sample]
+        handles += [e.handle for e in ops.extends if e.sample] + list(ops.decode_handles)
+        fut: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+        fut.set_result(StepOutcome(ops.step_id, handles, [7] * len(handles), [0.0] * len(handles)))
+        return fut
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+class FakeHealth:
+    def __init__(self) -> None:
+        self.calls: list[tuple[bool, str]] = []
+
+    async def set_ready(self, ready: bool, reason: str) -> None:
+        self.calls.append((ready, reason))
+
+
+async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll a condition with a deadline (never a bare sleep as synchronisation)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)
+
+
+def _req(rid: str, key: int) -> Request:
+    return Request(
+        rid=rid,
+        session="s",
+        prompt=[1, 3, 4],
+        spec=SamplingSpec(temperature=0, max_new_tokens=3),
+        eos_ids=frozenset({2}),
+        key=key,
+    )
+
+
+def test_loop_survives_a_crashing_step(monkeypatch: Any) -> None:
+    real_build = BatchBuilder.build
+    crashes = [1]
+
+    def build(self: BatchBuilder) -> Any:
+        if crashes:
+            crashes.pop()
+            raise RuntimeError("boom")
+        return real_build(self)
+
+    async def no_masks(self: StepMasks, plan: Any) -> None:
+        return None
+
+    monkeypatch.setattr(BatchBuilder, "build", build)
+    monkeypatch.setattr(StepMasks, "before_send", no_masks)
+
+    async def scenario() -> tuple[list[Batch], FakeHealth, FakeLink]:
+        sched = Scheduler(SchedulerConfig())
+        link = FakeLink()
+        sched.link = link  # type: ignore[assignment]
+        out: list[Batch] = []
+        sched.sinks["s"] = out.append
+        health = FakeHealth()
+        task = asyncio.create_task(sched._run_model(health))  # type: ignore[arg-type]
+        await _until(lambda: link.connected)
+        sched.submit(_req("first", 1))
+        await _until(lambda: link.sessions >= 2 and link.connected)  # crashed, reset, back
+        sched.submit(_req("second", 2))
+        await _until(lambda: any(ex.key == 2 and ex.finish for b in out for ex in b.extras))
+        task.cancel()
+        return out, health, link
+
+    out, health, link = asyncio.run(scenario())
+    first = [ex for b in out for ex in b.extras if ex.key == 1]
+    assert first and first[0].error_code == Status.INTERNAL
+    assert "scheduler error: RuntimeError: boom" in first[0].error_message
+    tokens = [ev for b in out for k, ev in zip(b.keys, b.events, strict=True) if k == 2]
+    assert tokens == [7, 7, 7]
+    assert [ready for ready, _ in health.calls] == [True, False, True]
+    assert "crashed" in health.calls[1][1]

@@ -32,6 +32,8 @@ class GrammarConfig:
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if self.max_cache_entries < 1:

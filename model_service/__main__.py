@@ -15,7 +15,7 @@ from radixmesh_server.server import run, run_server
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(ModelServiceConfig, argv)
-    configure_logging("model", cfg.log_level)
+    configure_logging("model", cfg.log_level, json=cfg.log_format == "json")
     from model_service.engine import build_engine
     from model_service.server import ModelWorkerServicer
     from radixmesh_wire.pb import model_pb2, model_pb2_grpc
@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> None:
         structlog.get_logger().error("startup_failed", error=str(exc))
         sys.exit(2)
     servicer = ModelWorkerServicer(engine)
+    if cfg.metrics_port:
+        from model_service.metrics import ModelMetrics
+        from radixmesh_server.metrics import serve_metrics
+
+        servicer.metrics = ModelMetrics(int(engine.runner.pool.capacity))
+        serve_metrics(servicer.metrics.registry, cfg.host, cfg.metrics_port, "model")
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)

@@ -37,6 +37,8 @@ class ModelServiceConfig:
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if not 0 < self.kv_memory_fraction <= 1:

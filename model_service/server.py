@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,10 +22,12 @@ import grpc
 import structlog
 
 from model_service.engine import Engine
+from model_service.metrics import ModelMetrics
 from model_service.runner import StepError
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import decode_step, encode_output
+from radixmesh_wire.step_ops import StepOps
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +88,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None
         self.session_gen = 0
+        self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
 
     def info(self) -> model_pb2.WorkerInfo:
         e = self.engine
@@ -148,9 +152,14 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         async def run(step: model_pb2.Step) -> model_pb2.StepReply:
             try:
                 ops = decode_step(step)
+                t0 = time.perf_counter()
                 fl = await loop.run_in_executor(self.executor, runner.launch, ops)
                 out = await loop.run_in_executor(self.waiter, runner.finish, fl)
+                if self.metrics is not None:
+                    self.metrics.observe(time.perf_counter() - t0, _rows(ops))
             except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
+                if self.metrics is not None:
+                    self.metrics.failed()
                 kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
                 log.error(
                     kind,
@@ -199,3 +208,8 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 self.session_id = None
                 await loop.run_in_executor(self.executor, runner.reset)
             log.info("session_closed", session=sid)
+
+
+def _rows(ops: StepOps) -> int:
+    """Rows of a step: prefill chunks (admits and extends) plus decodes."""
+    return len(ops.admits) + len(ops.extends) + len(ops.decode_handles)

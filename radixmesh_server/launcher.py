@@ -65,8 +65,16 @@ def stack_specs(
     scheduler_args: Sequence[str] = (),
     tokenizer_args: Sequence[str] = (),
     grammar_args: Sequence[str] = (),
+    metrics: StackPorts | None = None,
 ) -> list[ServiceSpec]:
+    """`metrics`: each service's /metrics port (None: metrics off)."""
     p = ports
+    if metrics is not None:
+        m = metrics
+        model_args = [*model_args, f"--metrics-port={m.model}"]
+        grammar_args = [*grammar_args, f"--metrics-port={m.grammar}"]
+        scheduler_args = [*scheduler_args, f"--metrics-port={m.scheduler}"]
+        tokenizer_args = [*tokenizer_args, f"--metrics-port={m.tokenizer}"]
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
         ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),

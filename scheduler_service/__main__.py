@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
+from radixmesh_server.metrics import serve_metrics
 from radixmesh_server.server import run, run_server
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import Scheduler
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(SchedulerConfig, argv)
-    configure_logging("scheduler", cfg.log_level)
+    configure_logging("scheduler", cfg.log_level, json=cfg.log_format == "json")
 
     async def serve() -> None:
         sched = Scheduler(cfg)
+        if cfg.metrics_port:
+            sched.metrics = SchedulerMetrics(lambda: sched.st, cfg.max_running)
+            serve_metrics(sched.metrics.registry, cfg.host, cfg.metrics_port, "scheduler")
 
         def register(server, health):  # type: ignore[no-untyped-def]
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)

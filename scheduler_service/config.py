@@ -58,6 +58,8 @@ class SchedulerConfig:
     )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if self.chunk_tokens < 1:

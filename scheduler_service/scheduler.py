@@ -21,6 +21,7 @@ from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.grammar_link import GrammarLink
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.outbox import Batch
 from scheduler_service.output_processor import apply_result
@@ -58,6 +59,7 @@ class Scheduler:
         self.by_rid: dict[str, Request] = {}
         self.aborted: set[str] = set()  # rids to reap before the next step
         self.wake = asyncio.Event()
+        self.metrics: SchedulerMetrics | None = None  # set by the service when metrics are on
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -157,6 +159,8 @@ class Scheduler:
                 ),
                 context_length=int(info.context_length),
             )
+            if self.metrics is not None:
+                self.st.on_admit = self.metrics.queue_time.observe
         else:
             self.st.cache.reset()  # new session: the worker's KV pool content is gone
             self.st.handles.reset()
@@ -193,6 +197,7 @@ class Scheduler:
                 st.stats.step_seconds += time.perf_counter() - t0
                 await self.masks.before_send(plan)
                 if not plan.empty or plan.msg.release_handles:
+                    plan.sent_at = time.perf_counter()
                     inflight.append((plan, self.link.send(plan.msg)))
                     sent = True
                     if plan.msg.masks_follow and len(inflight) == 1:
@@ -213,7 +218,10 @@ class Scheduler:
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
-            st.stats.step_seconds += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            st.stats.step_seconds += t2 - t1
+            if self.metrics is not None:
+                self.metrics.observe_step(t2 - plan.sent_at, len(plan.owners))
             if inflight and inflight[0][0].msg.masks_follow:
                 self.link.send_masks(await self.masks.after_send(inflight[0][0]))
             if self.cfg.debug_invariants:

@@ -25,6 +25,7 @@ class Stack:
     launcher: Launcher
     ports: StackPorts
     log_dir: Path
+    metrics_ports: StackPorts | None = None  # each service's /metrics port
 
     @property
     def endpoint(self) -> str:
@@ -41,9 +42,14 @@ def start_stack(
     tmp: Path, model_args: list[str] | None = None, scheduler_args: list[str] | None = None
 ) -> Iterator[Stack]:
     ports = StackPorts.free()
+    metrics = StackPorts.free()
     launcher = Launcher(
         stack_specs(
-            ports, "default", model_args=model_args or [], scheduler_args=scheduler_args or []
+            ports,
+            "default",
+            model_args=model_args or [],
+            scheduler_args=scheduler_args or [],
+            metrics=metrics,
         ),
         log_dir=tmp,
         max_backoff=0.5,
@@ -56,7 +62,7 @@ def start_stack(
     try:
         asyncio.run(launcher.wait_ready(timeout=300))
         supervisor.start()
-        yield Stack(launcher, ports, tmp)
+        yield Stack(launcher, ports, tmp, metrics)
     finally:
         launcher.stop_all()
         supervisor.join(timeout=5)

@@ -8,10 +8,12 @@ import structlog
 
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
+from radixmesh_server.metrics import serve_metrics
 from radixmesh_server.model_store import ModelError, resolve_model
 from radixmesh_server.server import run, run_server
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.config import TokenizerConfig
+from tokenizer_service.metrics import FrontDoorMetrics
 from tokenizer_service.scheduler_link import SchedulerLink
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
@@ -19,7 +21,7 @@ from tokenizer_service.tokenization import Tokenization
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(TokenizerConfig, argv)
-    configure_logging("tokenizer", cfg.log_level)
+    configure_logging("tokenizer", cfg.log_level, json=cfg.log_format == "json")
     try:
         tok = Tokenization(resolve_model(cfg.tokenizer or cfg.model))
     except (ModelError, OSError) as exc:
@@ -28,9 +30,13 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         link = SchedulerLink(cfg.scheduler_address)
+        metrics = FrontDoorMetrics()
+        serve_metrics(metrics.registry, cfg.host, cfg.metrics_port, "tokenizer")
 
         def register(server, health):  # type: ignore[no-untyped-def]
-            api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(cfg, tok, link), server)
+            api_pb2_grpc.add_RadixMeshServicer_to_server(
+                RadixMeshServicer(cfg, tok, link, metrics), server
+            )
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
         await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)

@@ -19,3 +19,5 @@ class TokenizerConfig:
     default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
     max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])

@@ -14,6 +14,7 @@ from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
+from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
@@ -23,8 +24,15 @@ log = structlog.get_logger(__name__)
 
 
 class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
-    def __init__(self, cfg: TokenizerConfig, tok: Tokenization, link: SchedulerLink) -> None:
+    def __init__(
+        self,
+        cfg: TokenizerConfig,
+        tok: Tokenization,
+        link: SchedulerLink,
+        metrics: FrontDoorMetrics | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.metrics = metrics or FrontDoorMetrics()
         self.tok = tok
         self.link = link
         self._stats_chan = channel(cfg.scheduler_address)
@@ -61,6 +69,22 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
+        # Every log line of this call (this task's context) carries its request id.
+        structlog.contextvars.bind_contextvars(rid=rid)
+        timer = self.metrics.start()
+        try:
+            async for resp in self._generate(rid, request, context, timer):
+                yield resp
+        finally:
+            timer.close()
+
+    async def _generate(
+        self,
+        rid: str,
+        request: api_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        timer: RequestTimer,
+    ) -> AsyncIterator[api_pb2.GenerateResponse]:
         try:
             ids = self._prompt_ids(request)
             sampling = normalize_sampling(
@@ -73,6 +97,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 self.cfg.max_top_logprobs,
             )
         except InvalidRequest as exc:
+            timer.failed("invalid_argument")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
         submit = scheduler_pb2.SubmitRequest(
@@ -85,6 +110,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         try:
             queue = self.link.submit(submit)
         except SchedulerLost as exc:
+            timer.failed("unavailable")
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return
         log.debug("submitted", rid=rid, prompt_tokens=len(ids))
@@ -94,13 +120,17 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             while True:
                 item = await queue.get()
                 if isinstance(item, Exception):
+                    timer.failed("unavailable")
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
                     return
                 ex = item.extras
                 if ex is not None and ex.error_code:
                     finished = True
-                    await context.abort(grpc.StatusCode(_code(ex.error_code)), ex.error_message)
+                    code = grpc.StatusCode(_code(ex.error_code))
+                    timer.failed(code.name.lower())
+                    await context.abort(code, ex.error_message)
                     return
+                timer.tokens(len(item.token_ids))
                 chunk, done = stream.on_delta(item)
                 if chunk is not None:
                     yield api_pb2.GenerateResponse(request_id=rid, chunk=chunk)
@@ -108,7 +138,13 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                     finished = True
                     if stream.stopped_by_string:
                         self.link.abort(rid, submit.key)
-                    yield api_pb2.GenerateResponse(request_id=rid, complete=stream.complete())
+                    complete = stream.complete()
+                    timer.succeeded(
+                        _FINISH_NAMES.get(complete.finish_reason, "unspecified"),
+                        complete.prompt_tokens,
+                        complete.completion_tokens,
+                    )
+                    yield api_pb2.GenerateResponse(request_id=rid, complete=complete)
                     return
         finally:
             if not finished:  # client cancelled, deadline passed or the stream broke
@@ -173,6 +209,13 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             raise
         stats.frontend_inflight = len(self.link.queues)
         return stats
+
+
+_FINISH_NAMES = {
+    api_pb2.FINISH_REASON_STOP: "stop",
+    api_pb2.FINISH_REASON_LENGTH: "length",
+    api_pb2.FINISH_REASON_ABORT: "abort",
+}
 
 
 def _code(value: int) -> int:

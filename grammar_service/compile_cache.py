@@ -183,7 +183,9 @@ class CompileCache:
             self.on_compiled(ms / 1e3)
         if entry.error is not None:
             self.stats.errors += 1
-            log.info("grammar_rejected", kind=key[0].value, ms=round(ms, 2), error=entry.error)
+            # The error quotes the caller's grammar: user text goes to the log at debug only.
+            log.info("grammar_rejected", kind=key[0].value, ms=round(ms, 2))
+            log.debug("grammar_rejected_detail", error=entry.error)
             if self.error_ttl_s > 0:
                 self._errors[key] = entry
                 while len(self._errors) > MAX_ERROR_ENTRIES:

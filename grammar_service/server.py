@@ -37,6 +37,7 @@ from grammar_service.steps import (
 )
 from grammar_service.tokenizer_source import load_tokenizer
 from radixmesh_server.metrics import serve_metrics
+from radixmesh_server.security import require_peer
 from radixmesh_wire.pb import grammar_pb2 as pb
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
 
@@ -103,11 +104,13 @@ class GrammarServicer(pb_grpc.GrammarServicer):
     async def GetGrammarInfo(
         self, request: pb.GrammarInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GrammarInfo:
+        await require_peer(context, "scheduler")
         return self.info()
 
     async def Compile(
         self, request: pb.CompileRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompileReply:
+        await require_peer(context, "scheduler")
         t0 = time.perf_counter()
         try:
             kind, text = grammar_key(request.grammar)
@@ -123,6 +126,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
     async def Masks(
         self, request_iterator: AsyncIterator[pb.MaskRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MaskReply]:
+        await require_peer(context, "scheduler")
         requests = aiter(request_iterator)
         try:
             first = await anext(requests)
@@ -133,7 +137,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         sid = first.open.session_id
         state = self.new_session(sid)
         self._sessions[id(state)] = state
-        log.info("masks_session_opened", session=sid)
+        log.info("masks_session_opened")
         try:
             yield pb.MaskReply(opened=pb.MasksOpened(session_id=sid, info=self.info()))
             async for req in requests:
@@ -156,7 +160,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         except StepFormatError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step_id}: {exc}")
         except Exception as exc:  # a bug, not a grammar problem: fail the stream loudly
-            log.exception("mask_step_failed", session=state.session_id, step=step.step_id)
+            log.exception("mask_step_failed", step=step.step_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"step {step.step_id}: {exc}")
         raise AssertionError("unreachable: abort raises")
 
@@ -220,7 +224,7 @@ def register(server: grpc.aio.Server, servicer: GrammarServicer) -> list[str]:
 
 async def serve(config: GrammarConfig) -> None:
     """Run the grammar service until SIGTERM/SIGINT with the shared bootstrap."""
-    from radixmesh_server.server import run_server
+    from radixmesh_server.server import Listen, run_server
 
     servicer = build_servicer(config.tokenizer, config)
     if config.metrics_port:
@@ -239,4 +243,5 @@ async def serve(config: GrammarConfig) -> None:
         config.port,
         register=lambda server, _health: register(server, servicer),
         on_stop=servicer.close,
+        listen=Listen(health_port=config.health_port),
     )

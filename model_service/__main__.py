@@ -10,12 +10,14 @@ from model_service.config import ModelServiceConfig
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.model_store import ModelError
-from radixmesh_server.server import run, run_server
+from radixmesh_server.security import configure_internal
+from radixmesh_server.server import Listen, run, run_server
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(ModelServiceConfig, argv)
     configure_logging("model", cfg.log_level, json=cfg.log_format == "json")
+    configure_internal(cfg)
     from model_service.engine import build_engine
     from model_service.server import ModelWorkerServicer
     from radixmesh_wire.pb import model_pb2, model_pb2_grpc
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)
         return [model_pb2.DESCRIPTOR.services_by_name["ModelWorker"].full_name]
 
-    run(lambda: run_server("model", cfg.host, cfg.port, register))
+    listen = Listen(health_port=cfg.health_port)
+    run(lambda: run_server("model", cfg.host, cfg.port, register, listen=listen))
 
 
 if __name__ == "__main__":

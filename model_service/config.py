@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixmesh_server.config import field
+from radixmesh_server.security import TransportConfig
 
 
 @dataclass
-class ModelServiceConfig:
+class ModelServiceConfig(TransportConfig):
     """RadixMesh model service: weights, KV pool, attention, sampling."""
 
     host: str = field("127.0.0.1", "address to listen on")

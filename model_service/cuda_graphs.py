@@ -1,7 +1,7 @@
 """CUDA graphs for decode-only steps (flashinfer attention only).
 
 A decode step of an 8B model launches several hundred small kernels; at batch 1 their launch
-cost from Python is larger than the GPU time (DESIGN.md section 9: the weights alone take
+cost from Python is larger than the GPU time (docs/architecture.md: the weights alone take
 5.3 ms to read). So at start-up we capture, for each batch-size bucket, one graph of the whole
 forward pass (embedding, layers, final norm, lm_head) for `bucket` decode rows, and a decode-
 only step whose batch fits a bucket replays the smallest such graph instead of running eagerly.

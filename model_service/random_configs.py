@@ -1,7 +1,7 @@
 """Architectures that can be built with random weights (`--random-weights NAME`).
 
 Random weights run at the speed of trained ones, so GPU benchmarks build the model on the device
-instead of shipping 16 GB of weights (DESIGN.md section 8). Each name maps to an HF LlamaConfig;
+instead of shipping 16 GB of weights (docs/architecture.md). Each name maps to an HF LlamaConfig;
 the model folder that goes with it holds that config and a real tokenizer, so the tokenizer
 service and HF transformers (the reference in checks) can load it like any model folder.
 

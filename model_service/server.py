@@ -1,11 +1,13 @@
-"""gRPC face of the model service: worker info and the step stream (DESIGN.md section 3).
+"""gRPC face of the model service: worker info and the step stream (docs/architecture.md).
 
-One session at a time owns the KV pool: a new session (a restarted or reconnected scheduler)
-ends the previous one and clears all per-request state. Steps are read ahead into a queue and
-run as two halves on two threads: `launch` (queue the GPU work) in order on the step thread,
-`finish` (wait, read tokens back) in order on the wait thread. So when the scheduler sends step
-N+1 before N's result, N+1 is launched while N still runs and the GPU never waits for the host.
-Late grammar masks (`StepMasks`) go through a mailbox to the launch that waits for them.
+One session at a time owns the KV pool: a second session is refused while one is open (with
+mutual TLS only the scheduler role may open one), and a new session (a restarted or
+reconnected scheduler, once the old stream ended) starts from cleared per-request state.
+Steps are read ahead into a queue and run as two halves on two threads: `launch` (queue the
+GPU work) in order on the step thread, `finish` (wait, read tokens back) in order on the wait
+thread. So when the scheduler sends step N+1 before N's result, N+1 is launched while N still
+runs and the GPU never waits for the host. Late grammar masks (`StepMasks`) go through a
+mailbox to the launch that waits for them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import structlog
 from model_service.engine import Engine
 from model_service.metrics import ModelMetrics
 from model_service.runner import StepError
+from radixmesh_server.security import require_peer
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import decode_step, encode_output
@@ -107,6 +110,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
     async def GetWorkerInfo(
         self, request: model_pb2.WorkerInfoRequest, context: grpc.aio.ServicerContext
     ) -> model_pb2.WorkerInfo:
+        await require_peer(context, "scheduler")
         return self.info()
 
     async def Steps(
@@ -121,15 +125,23 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 "the first message of a step stream must be `open`",
             )
             return
+        await require_peer(context, "scheduler")
+        if self.session_id is not None:
+            # The KV pool belongs to the open session: a second one never disturbs it. A
+            # restarted scheduler gets in once the old stream is gone (its socket closes on
+            # exit; a frozen one is cut by keepalive within seconds).
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "a scheduler session is already open on this model service; retry once it ends",
+            )
+            return
         sid = first.open.session_id
         self.session_gen += 1
         gen = self.session_gen
-        if self.session_id is not None:
-            log.warning("session_replaced", old=self.session_id, new=sid)
         self.session_id = sid
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.engine.runner.reset)
-        log.info("session_opened", session=sid)
+        log.info("session_opened", generation=gen)
         yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=self.info()))
 
         runner = self.engine.runner
@@ -207,7 +219,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             if gen == self.session_gen:
                 self.session_id = None
                 await loop.run_in_executor(self.executor, runner.reset)
-            log.info("session_closed", session=sid)
+            log.info("session_closed", generation=gen)
 
 
 def _rows(ops: StepOps) -> int:

@@ -80,7 +80,7 @@ def random_model(
     seed: int = 0,
     fuse: bool | None = None,
 ) -> LlamaForCausalLM:
-    """Seeded normal(0, 0.02) weights, norms 1 (DESIGN.md section 3): same speed as trained.
+    """Seeded normal(0, 0.02) weights, norms 1 (docs/architecture.md): same speed as trained.
     Weights are drawn in the separate form (HF parameter order), then fused where wanted, so
     a fused and an unfused model of the same seed hold the same weights. RoPE frequencies stay
     fp32 (`LlamaForCausalLM._apply`)."""

@@ -1,16 +1,45 @@
-"""`radixmesh bench ...` sub-commands (JSON results)."""
+"""`radixmesh bench ...` sub-commands (JSON results).
+
+A plug-in of the `radixmesh` command, not a part of it: `radixmesh_server.cli` forwards
+`radixmesh bench ARGS` to `python -m radixmesh_bench ARGS` without importing this package
+(the benchmarks import torch and xgrammar, which no client command should pay for).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    b = sub.add_parser("bench", help="benchmarks with JSON output")
+def add_bench_commands(b: argparse.ArgumentParser) -> None:
     bsub = b.add_subparsers(dest="bench", required=True)
-    from radixmesh_bench import constrained, cpu_serving, dsl_ablation, radix_workloads
+    from radixmesh_bench import (
+        cli_help,
+        constrained,
+        cpu_serving,
+        dsl_ablation,
+        radix_workloads,
+        security_cost,
+    )
 
     cpu_serving.add_parser(bsub)
     radix_workloads.add_parser(bsub)
     dsl_ablation.add_parser(bsub)
     constrained.add_parser(bsub)
+    security_cost.add_parser(bsub)
+    cli_help.add_parser(bsub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixmesh bench", description="benchmarks with JSON output")
+    add_bench_commands(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,27 +1,89 @@
-"""The `radixmesh` command: serve, generate, bench."""
+"""The `radixmesh` command: serve, generate, bench.
+
+Client commands stay light: this module imports only the standard library at the top, `generate`
+imports the gRPC client alone (no torch, no xgrammar), and `bench` is a plug-in run as
+`python -m radixmesh_bench` in a child process, never imported here (tests/unit/
+test_import_graph.py holds both).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import subprocess
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    from radixmesh.api import Client
+
+BENCH_MODULE = "radixmesh_bench"
 
 SMOKE_PROMPT = "What is the capital of France?"
+T = TypeVar("T")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+
+
+def _say(msg: str) -> None:
+    print(f"radixmesh: {msg}", flush=True)
+
+
+def with_heartbeat(
+    label: str, fn: Callable[[], T], every: float = 5.0, say: Callable[[str], None] = _say
+) -> T:
+    """Run fn() in a thread; say what it is doing and the elapsed seconds every few seconds
+    (a model conversion or download is otherwise a long silent stretch)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=target, name=label, daemon=True)
+    worker.start()
+    worker.join(every)
+    while worker.is_alive():
+        say(f"{label} ... {time.monotonic() - t0:.0f} s")
+        worker.join(every)
+    if "error" in box:
+        raise box["error"]
+    return cast(T, box["value"])
+
+
+def _startup_progress(event: str, pending: list[str], elapsed: float) -> None:
+    if event.startswith("ready:"):
+        _say(f"{event.removeprefix('ready:')} ready ({elapsed:.1f} s)")
+    elif pending:
+        _say(f"loading: {', '.join(pending)} ({elapsed:.0f} s)")
 
 
 def _serve(ns: argparse.Namespace) -> int:
     from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
     from radixmesh_server.logging import configure_logging
-    from radixmesh_server.model_store import ModelError, resolve_model
+    from radixmesh_server.model_store import ModelError, describe_model_source, resolve_model
 
     configure_logging("launcher", ns.log_level)
+    _say(f"preparing model {ns.model!r}: {describe_model_source(ns.model)}")
     try:
-        resolve_model(ns.model)  # convert/check once, before four processes race for it
+        # Convert/download once, before four processes race for it.
+        folder = with_heartbeat("preparing the model", lambda: resolve_model(ns.model))
     except ModelError as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # during a conversion or download: nothing started yet
+        return EXIT_INTERRUPTED
+    # Services get a local folder: a hub id is resolved (downloaded) here only.
+    model = ns.model if ns.model in ("", "default") else str(folder)
     ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3)
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
@@ -29,25 +91,25 @@ def _serve(ns: argparse.Namespace) -> int:
     metrics = StackPorts(m, m + 1, m + 2, m + 3) if m else None
     launcher = Launcher(
         stack_specs(
-            ports, ns.model, model_args=model_args, scheduler_args=sched_args, metrics=metrics
+            ports, model, model_args=model_args, scheduler_args=sched_args, metrics=metrics
         ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
+        internal_tls=True,
     )
 
     async def main() -> None:
         launcher.start_all()
-        print(f"radixmesh: starting services (model {ns.model}) ...", flush=True)
-        await launcher.wait_ready(timeout=ns.startup_timeout)
-        print(
-            f"radixmesh: ready. API at localhost:{ports.tokenizer} "
-            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})",
-            flush=True,
+        _say(f"starting services (model {folder}); logs in {launcher.log_dir}")
+        await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
+        _say(
+            f"ready. API at localhost:{ports.tokenizer} "
+            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar})"
         )
         if metrics is not None:
             print(f"radixmesh: /metrics on ports {m}-{m + 3} (same order)", flush=True)
         if not ns.no_smoke:
             await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
-        print("radixmesh: serving; Ctrl-C to stop.", flush=True)
+        _say("serving; Ctrl-C to stop.")
         await launcher.supervise()
 
     try:
@@ -72,14 +134,32 @@ def _smoke(endpoint: str) -> None:
     print(f"radixmesh: smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}", flush=True)
 
 
-def _generate(ns: argparse.Namespace) -> int:
-    from radixmesh.api import Client, GenerateResult, RadixMeshError
+def schema_arg(value: str) -> str:
+    """`--json-schema`: the schema's JSON text, `@FILE`, or the path of a file holding it."""
+    path = Path(value[1:] if value.startswith("@") else value)
+    if value.startswith("@") or (not value.lstrip().startswith("{") and path.is_file()):
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(
+                f"cannot read schema file {str(path)!r}: {exc}"
+            ) from None
+    else:
+        text = value
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"schema file {str(path)!r}" if text is not value else "the schema"
+        raise argparse.ArgumentTypeError(f"{where} is not valid JSON: {exc}") from None
+    return text
 
-    kw: dict[str, object] = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
+
+def generate_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    kw: dict[str, Any] = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
     if ns.seed is not None:
         kw["seed"] = ns.seed
     for name in ("json_schema", "regex", "ebnf"):
-        if getattr(ns, name):
+        if getattr(ns, name) is not None:
             kw[name] = getattr(ns, name)
     if ns.stop:
         kw["stop"] = ns.stop
@@ -87,17 +167,30 @@ def _generate(ns: argparse.Namespace) -> int:
         kw["messages"] = [{"role": "user", "content": ns.prompt}]
     else:
         kw["prompt"] = ns.prompt
+    kw["request_id"] = uuid.uuid4().hex  # ours, so that Ctrl-C can abort it by name
+    return kw
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from radixmesh.api import Client, GenerateResult, RadixMeshError
+
+    kw = generate_kwargs(ns)
+    result: GenerateResult | None = None
     try:
         with Client(ns.endpoint, timeout=ns.timeout) as c:
-            result: GenerateResult | None = None
-            for item in c.stream(**kw):  # type: ignore[arg-type]
-                if isinstance(item, GenerateResult):
-                    result = item
-                elif not ns.json:
-                    print(item.text, end="", flush=True)
+            try:
+                for item in c.stream(**kw):
+                    if isinstance(item, GenerateResult):
+                        result = item
+                    elif not ns.json:
+                        print(item.text, end="", flush=True)
+            except KeyboardInterrupt:
+                return _interrupted(c, str(kw["request_id"]))
     except RadixMeshError as exc:
         print(f"radixmesh generate: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # while connecting or closing: nothing to abort
+        return EXIT_INTERRUPTED
     assert result is not None
     if ns.json:
         print(
@@ -118,12 +211,31 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupted(client: Client, request_id: str) -> int:
+    """Ctrl-C mid-stream: abort the request on the server (closing the stream would cancel it
+    too; the abort makes it explicit and immediate), then exit 130 without a traceback."""
+    from radixmesh.api import RadixMeshError
+
+    note = "aborted"
+    try:
+        if not client.abort(request_id, timeout=2.0):
+            note = "already finished"
+    except (RadixMeshError, KeyboardInterrupt):
+        note = "abort not confirmed"
+    print(f"\nradixmesh generate: interrupted; request {request_id} {note}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixmesh", description=__doc__)
+    p = argparse.ArgumentParser(prog="radixmesh", description="RadixMesh: serve, generate, bench.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="start every service locally and wait")
-    s.add_argument("--model", default="default", help="HF folder or 'default' (SmolLM2-135M)")
+    s.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2-135M), a local HF folder, or a hub id org/name",
+    )
     s.add_argument("--port", type=int, default=50051, help="API port; services use the next 3")
     s.add_argument("--radix", default="tree", choices=["tree", "table", "off"])
     s.add_argument(
@@ -150,21 +262,52 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--json-schema", dest="json_schema", default=None)
-    g.add_argument("--regex", default=None)
-    g.add_argument("--ebnf", default=None)
-    g.add_argument("--json", action="store_true", help="print the final result as JSON")
+    grammar = g.add_mutually_exclusive_group()  # one constraint per request
+    grammar.add_argument(
+        "--json-schema",
+        dest="json_schema",
+        type=schema_arg,
+        default=None,
+        help="constrain the output to this JSON schema: its text, @FILE or a file path",
+    )
+    grammar.add_argument("--regex", default=None, help="constrain the output to this regex")
+    grammar.add_argument("--ebnf", default=None, help="constrain the output to this EBNF grammar")
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as a JSON object (output format; JSON mode is --json-schema)",
+    )
     g.add_argument("--timeout", type=float, default=None)
     g.set_defaults(func=_generate)
 
-    from radixmesh_bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
+    # Listed for --help only: main() forwards `bench ...` before parsing.
+    sub.add_parser("bench", help="benchmarks with JSON output (`radixmesh bench --help`)")
     return p
 
 
+def _forward_bench(args: list[str]) -> int:
+    """Run the benchmark plug-in in a child process: its imports (torch, xgrammar) never load
+    into this one. Ctrl-C reaches the child through the terminal's process group."""
+    if importlib.util.find_spec(BENCH_MODULE) is None:
+        print(
+            f"radixmesh bench: the benchmarks ({BENCH_MODULE}) are not installed; "
+            "install the repository (`pip install -e .`) to run them",
+            file=sys.stderr,
+        )
+        return 2
+    proc = subprocess.Popen([sys.executable, "-m", BENCH_MODULE, *args])
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the same SIGINT; its exit code is the answer
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["bench"]:
+        return _forward_bench(args[1:])
+    ns = build_parser().parse_args(args)
     return int(ns.func(ns))
 
 

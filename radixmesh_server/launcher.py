@@ -1,6 +1,12 @@
 """Local launcher: every service is its own OS process on its own localhost port. Waits for
 readiness, restarts a service that dies (exponential backoff), stops all on exit.
 
+Start-up failures are reported, not hidden: ports are checked before starting, each service's
+output always goes to a log file (a temporary folder without `log_dir`) whose last lines reach
+stderr when the service dies, and a service that keeps dying before it ever gets ready is not
+restarted forever: after `max_startup_failures` such deaths in a row `supervise` raises
+`StartupFailure` naming the reason.
+
 Used by `radixmesh serve` and by the integration tests (which kill services through it).
 """
 
@@ -9,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,11 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from radixmesh_server.log_tail import death_report, log_size
+from radixmesh_server.pki import CertFiles, make_local_pki
+from radixmesh_server.ports import port_in_use, port_message
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 
 log = structlog.get_logger(__name__)
 
@@ -40,10 +53,21 @@ class ServiceSpec:
     module: str
     port: int
     args: list[str] = field(default_factory=list)
+    public: bool = False  # the front door: its port is the public API, never mutual TLS
+    health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def probe_address(self) -> str:
+        return f"127.0.0.1:{self.health_port or self.port}"
+
+
+class StartupFailure(RuntimeError):
+    """A service cannot start (port taken, or it dies before getting ready, repeatedly); the
+    message says which and why."""
 
 
 @dataclass
@@ -93,13 +117,30 @@ def stack_specs(
             "tokenizer_service",
             p.tokenizer,
             [f"--scheduler-address=127.0.0.1:{p.scheduler}", "--model", model, *tokenizer_args],
+            public=True,
         ),
     ]
 
 
-async def check_ready(address: str, service: str = "readiness", timeout: float = 1.0) -> bool:
+def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
+    """A channel for health checks: mutual TLS with `tls` (the launcher's own certificate)."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
+async def check_ready(
+    address: str,
+    service: str = "readiness",
+    timeout: float = 1.0,
+    tls: CertFiles | None = None,
+) -> bool:
     try:
-        async with grpc.aio.insecure_channel(address) as chan:
+        async with health_channel(address, tls) as chan:
             stub = health_pb2_grpc.HealthStub(chan)
             resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
@@ -116,65 +157,184 @@ class Launcher:
         log_dir: Path | None = None,
         env: dict[str, str] | None = None,
         max_backoff: float = 5.0,
+        max_startup_failures: int = 3,
+        internal_tls: bool = False,
     ) -> None:
+        """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
+        (each service gets a certificate naming its role; the files live in a 0700 temporary
+        directory removed by `stop_all`)."""
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
-        self.log_dir = log_dir
+        # Output always goes to a file: its tail explains a death (see _report_death). Without
+        # a log_dir, a temporary folder made when the first service starts.
+        self._log_dir = log_dir
         # Services watch this pid and stop when the launcher is gone (radixmesh_server.server).
         self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
         self._stopping = False
         self._logs: list[Any] = []
+        self.max_startup_failures = max_startup_failures
+        self._log_start: dict[str, int] = {}  # log offset where the current process began
+        self._ready: dict[str, bool] = {}  # has the current process been ready yet?
+        self._early_deaths: dict[str, int] = {s.name: 0 for s in specs}  # in a row, pre-ready
+        self._next_check: dict[str, float] = {}
+        self.pki_dir: Path | None = None
+        self.pki: dict[str, CertFiles] = {}
+        if internal_tls:
+            self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
+            self.pki = make_local_pki(self.pki_dir, [*self.specs, "launcher", "client"])
+
+    def _service_env(self, name: str) -> dict[str, str]:
+        files = self.pki.get(name)
+        if files is None:
+            return self.env
+        return {
+            **self.env,
+            "RADIXMESH_MTLS_CA": str(files.ca),
+            "RADIXMESH_MTLS_CERT": str(files.cert),
+            "RADIXMESH_MTLS_KEY": str(files.key),
+        }
 
     def start(self, name: str) -> None:
         spec = self.specs[name]
         cmd = [sys.executable, "-m", spec.module, "--port", str(spec.port), *spec.args]
-        out: Any = subprocess.DEVNULL
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            f = (self.log_dir / f"{name}.log").open("ab")
-            self._logs.append(f)
-            out = f
+        if spec.health_port:
+            cmd += ["--health-port", str(spec.health_port)]
+        self._log_start[name] = log_size(self.log_path(name))
+        self._ready[name] = False
+        out = self._open_log(name)
         self.procs[name] = subprocess.Popen(
-            cmd, env=self.env, stdout=out, stderr=out, start_new_session=True
+            cmd, env=self._service_env(name), stdout=out, stderr=out, start_new_session=True
         )
         log.info("service_started", service=name, pid=self.procs[name].pid, port=spec.port)
 
+    @property
+    def log_dir(self) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="radixmesh-"))
+        return self._log_dir
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def _open_log(self, name: str) -> Any:
+        """Service logs are for the operator alone: created 0600 in a 0700 directory."""
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        f = os.fdopen(fd, "ab")
+        self._logs.append(f)
+        return f
+
+    def check_ports(self) -> None:
+        """Every service's port must be free: a port held by another process would answer our
+        health checks and make a stack that cannot serve look ready."""
+        for spec in self.specs.values():
+            host = spec.address.rsplit(":", 1)[0]
+            for port in (spec.port, spec.health_port):
+                if port and port_in_use(host, port):
+                    raise StartupFailure(port_message(spec.name, host, port))
+
     def start_all(self) -> None:
+        self.check_ports()
         for name in self.specs:
             self.start(name)
 
+    def _report_death(self, name: str, when: str) -> str:
+        proc = self.procs[name]
+        report = death_report(
+            name, proc.returncode, self.log_path(name), self._log_start.get(name, 0), when
+        )
+        print(report, file=sys.stderr, flush=True)
+        return report
+
     async def wait_ready(
-        self, timeout: float = 300.0, names: Sequence[str] | None = None, fail_on_exit: bool = True
+        self,
+        timeout: float = 300.0,
+        names: Sequence[str] | None = None,
+        fail_on_exit: bool = True,
+        progress: Callable[[str, list[str], float], None] | None = None,
     ) -> None:
         """Until every named service reports readiness. `fail_on_exit=False` while `supervise`
-        is running: a dead process is then about to be restarted, not a start-up failure."""
-        deadline = time.monotonic() + timeout
+        is running: a dead process is then about to be restarted, not a start-up failure.
+        `progress(event, pending, elapsed_s)` hears "ready:NAME" as each one gets ready and
+        "waiting" every few seconds."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         pending = list(names or self.specs)
+        next_note = t0 + 5.0
         while pending:
             for name in list(pending):
                 proc = self.procs.get(name)
                 if fail_on_exit and proc is not None and proc.poll() is not None:
-                    raise RuntimeError(
-                        f"service {name} exited with code {proc.returncode} "
-                        f"during start-up{self._log_hint(name)}"
+                    self._report_death(name, "during start-up")
+                    raise StartupFailure(
+                        f"service {name} exited with code {proc.returncode} during start-up "
+                        f"(its last lines are above; full log: {self.log_path(name)})"
                     )
-                if await check_ready(self.specs[name].address):
+                if await check_ready(self.specs[name].probe_address, tls=self.probe_tls(name)):
                     pending.remove(name)
+                    self._mark_ready(name)
+                    if progress:
+                        progress(f"ready:{name}", pending, time.monotonic() - t0)
+            if progress and pending and time.monotonic() >= next_note:
+                progress("waiting", pending, time.monotonic() - t0)
+                next_note += 5.0
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"services not ready after {timeout:.0f}s: {pending}")
             if pending:
                 await asyncio.sleep(0.2)
 
-    def _log_hint(self, name: str) -> str:
-        return f" (see {self.log_dir / (name + '.log')})" if self.log_dir else ""
+    def probe_tls(self, name: str) -> CertFiles | None:
+        """Credentials for a health check of `name`: internal ports only speak mutual TLS."""
+        spec = self.specs[name]
+        return None if spec.public or spec.health_port else self.pki.get("launcher")
+
+    def _mark_ready(self, name: str) -> None:
+        self._ready[name] = True
+        self._early_deaths[name] = 0
+
+    async def _track_readiness(self) -> None:
+        """Note when a restarted process gets ready (one health check per 0.5 s each), so that
+        a death before that counts as a start-up failure."""
+        now = time.monotonic()
+        for name, proc in self.procs.items():
+            if self._ready.get(name, True) or proc.poll() is not None:
+                continue
+            if now >= self._next_check.get(name, 0.0):
+                self._next_check[name] = now + 0.5
+                spec = self.specs[name]
+                if await check_ready(spec.probe_address, timeout=0.5, tls=self.probe_tls(name)):
+                    self._mark_ready(name)
+
+    def _check_restartable(self, name: str) -> None:
+        """Raise StartupFailure where a restart cannot help: the port is now someone else's,
+        or the service died before getting ready max_startup_failures times in a row."""
+        spec = self.specs[name]
+        if not self._ready.get(name, True):
+            self._early_deaths[name] += 1
+        n = self._early_deaths[name]
+        reason = ""
+        if n >= self.max_startup_failures:
+            reason = f"it died {n} times in a row before getting ready; not restarting it"
+        host = spec.address.rsplit(":", 1)[0]
+        if port_in_use(host, spec.port):
+            reason = port_message(name, host, spec.port)
+        if reason:
+            raise StartupFailure(
+                f"service {name} cannot be restarted: {reason} (full log: {self.log_path(name)})"
+            )
 
     async def supervise(self) -> None:
-        """Restart services that die, with exponential backoff per service."""
+        """Restart services that die, with exponential backoff per service; raise
+        StartupFailure for a failure that a restart cannot fix (see _check_restartable)."""
         while not self._stopping:
+            await self._track_readiness()
             for name, proc in list(self.procs.items()):
                 if proc.poll() is not None and not self._stopping:
+                    ready = self._ready.get(name, True)
+                    self._report_death(name, "while serving" if ready else "before getting ready")
+                    self._check_restartable(name)
                     n = self.restarts[name] = self.restarts[name] + 1
                     delay = min(0.25 * 2 ** (n - 1), self.max_backoff)
                     log.warning(
@@ -209,3 +369,5 @@ class Launcher:
                 proc.wait()
         for f in self._logs:
             f.close()
+        if self.pki_dir is not None:
+            shutil.rmtree(self.pki_dir, ignore_errors=True)

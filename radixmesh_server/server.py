@@ -12,12 +12,15 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from radixmesh_server.security import internal_tls
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +99,34 @@ async def _stop_when_orphaned(stop: asyncio.Event) -> None:
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    """A channel to an internal peer: mutual TLS when the process has internal credentials."""
+    tls = internal_tls()
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(
+        target, tls.channel_credentials(), options=[*CHANNEL_OPTIONS, *tls.channel_options()]
+    )
+
+
+@dataclass(frozen=True)
+class Listen:
+    """How a server's port is exposed. Internal services leave it at the default (mutual TLS
+    when configured); the front door passes its public TLS (or None: plaintext) and its API-key
+    interceptor. `health_port` > 0 adds a plaintext port serving only grpc.health.v1."""
+
+    public: bool = False
+    credentials: grpc.ServerCredentials | None = None
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+    health_port: int = 0
+
+
+async def _health_only_server(host: str, port: int, hb: Health) -> grpc.aio.Server:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise SystemExit(f"cannot listen on {host}:{port} for health probes (port in use?)")
+    await server.start()
+    return server
 
 
 async def run_server(
@@ -107,10 +137,12 @@ async def run_server(
     background: Callable[[Health], Coroutine[Any, Any, None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     grace_s: float = 5.0,
+    listen: Listen | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT. `register` adds servicers and returns their full names;
     `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    listen = listen or Listen()
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=listen.interceptors)
     hb = Health()
     names = list(register(server, hb))
     health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
@@ -122,12 +154,26 @@ async def run_server(
         ],
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    creds = listen.credentials
+    tls = internal_tls()
+    if not listen.public and tls is not None:
+        creds = tls.server_credentials()
+    address = f"{host}:{port}"
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise SystemExit(f"{name}: cannot listen on {host}:{port} (port in use?)")
+        # One line naming the address, then exit 1: the launcher shows it (log tail) and does
+        # not restart into the same wall.
+        log.error("cannot_listen", address=f"{host}:{port}", reason="address in use or not local")
+        raise SystemExit(f"{name}: cannot listen on {host}:{port}: address in use or not local")
     await server.start()
     await hb.start()
-    log.info("listening", address=f"{host}:{bound}", services=names)
+    probes = await _health_only_server(host, listen.health_port, hb) if listen.health_port else None
+    log.info("listening", address=f"{host}:{bound}", services=names, tls=creds is not None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -141,6 +187,8 @@ async def run_server(
     log.info("draining", grace_s=grace_s)
     await hb.shutdown()
     await server.stop(grace_s)
+    if probes is not None:
+        await probes.stop(0)
     if bg:
         bg.cancel()
     if on_stop:
@@ -149,5 +197,5 @@ async def run_server(
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    # uvloop was measured to make no difference to our gRPC hops (DESIGN.md section 3).
+    # uvloop was measured to make no difference to our gRPC hops (docs/architecture.md).
     asyncio.run(main())

@@ -5,7 +5,8 @@ from __future__ import annotations
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.metrics import serve_metrics
-from radixmesh_server.server import run, run_server
+from radixmesh_server.security import configure_internal
+from radixmesh_server.server import Listen, run, run_server
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
@@ -16,6 +17,7 @@ from scheduler_service.scheduler import Scheduler
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(SchedulerConfig, argv)
     configure_logging("scheduler", cfg.log_level, json=cfg.log_format == "json")
+    configure_internal(cfg)
 
     async def serve() -> None:
         sched = Scheduler(cfg)
@@ -27,7 +29,14 @@ def main(argv: list[str] | None = None) -> None:
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)
             return [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name]
 
-        await run_server("scheduler", cfg.host, cfg.port, register, background=sched.run)
+        await run_server(
+            "scheduler",
+            cfg.host,
+            cfg.port,
+            register,
+            background=sched.run,
+            listen=Listen(health_port=cfg.health_port),
+        )
 
     run(serve)
 

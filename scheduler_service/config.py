@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixmesh_server.config import field
+from radixmesh_server.security import TransportConfig
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(TransportConfig):
     """RadixMesh scheduler: radix cache, waiting queue, continuous batching."""
 
     host: str = field("127.0.0.1", "address to listen on")

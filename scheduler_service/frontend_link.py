@@ -12,11 +12,12 @@ from typing import Any
 import grpc
 import structlog
 
+from radixmesh_server.security import require_peer
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.grammar_link import GrammarUnavailable
 from scheduler_service.outbox import Batch, Extra
-from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.request import Request, SamplingSpec, namespace_offset
 from scheduler_service.scheduler import Scheduler, SubmitError
 
 log = structlog.get_logger(__name__)
@@ -55,6 +56,7 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         resumed_output=len(msg.output_ids),
         grammar=(kind, getattr(s, kind)) if kind else None,
         key=msg.key,
+        cache_ns=namespace_offset(msg.cache_namespace),
     )
 
 
@@ -103,17 +105,26 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, scheduler: Scheduler) -> None:
         self.sched = scheduler
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sessions_opened = 0
 
     async def Session(
         self,
         request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
+        await require_peer(context, "tokenizer")
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
             return
-        session = first.hello.session_id or uuid.uuid4().hex[:12]
+        session = first.hello.session_id or uuid.uuid4().hex
+        if session in self.sched.sinks:  # never hand a live session's output to another caller
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                "that session is open on another stream; a front door opens a session once",
+            )
+            return
+        label = self._label(session)
         out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
 
         def sink(batch: Batch) -> None:
@@ -128,7 +139,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 context_length=info.context_length if info else 0,
             )
         )
-        log.info("frontend_session", session=session)
+        log.info("frontend_session", session=label)
 
         async def read() -> None:
             try:
@@ -137,7 +148,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     if kind == "submit":
                         self._submit(msg.submit, session, sink)
                     elif kind == "abort":
-                        self.sched.abort(msg.abort.rid)
+                        self.sched.abort(msg.abort.rid, session)
             finally:
                 out.put_nowait(None)
 
@@ -148,7 +159,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         finally:
             reader.cancel()
             self.sched.drop_session(session)
-            log.info("frontend_session_closed", session=session)
+            log.info("frontend_session_closed", session=label)
+
+    def _label(self, session: str) -> int:
+        """A session's name in logs: a counter, never the id (which names the stream)."""
+        self._sessions_opened += 1
+        return self._sessions_opened
 
     def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
         req = request_from_proto(msg, session)
@@ -182,6 +198,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(
         self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Stats:
+        await require_peer(context, "tokenizer")
         st = self.sched.st
         if st is None:
             return api_pb2.Stats()

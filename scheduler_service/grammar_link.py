@@ -99,7 +99,7 @@ class GrammarLink:
             self.vocab_size = first.opened.info.vocab_size
             self.on_reconnect()  # queue re-binds before anything else is sent
             self.up.set()
-            log.info("grammar_session", session=sid, vocab=self.vocab_size)
+            log.info("grammar_session", vocab=self.vocab_size)
             while (reply := await call.read()) is not grpc.aio.EOF:
                 if self._pending:
                     fut = self._pending.popleft()

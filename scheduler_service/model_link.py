@@ -62,9 +62,7 @@ class ModelLink:
             raise ModelUnavailable("model service closed the session at once")
         self.info = first.opened.info
         self._reader = asyncio.create_task(self._read(call))
-        log.info(
-            "model_session", session=sid, capacity=self.info.kv_capacity, model=self.info.model_name
-        )
+        log.info("model_session", capacity=self.info.kv_capacity, model=self.info.model_name)
         return self.info
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:

@@ -47,7 +47,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: model_pb2.StepResult) -
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
             # sharing (and later chunks) hit it next round.
             n = r.known_kv
-            cached = st.cache.cache_unfinished(r.fill[:n], r.kv_slots[:n], r.node)
+            cached = st.cache.cache_unfinished(r.cache_keys(n), r.kv_slots[:n], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len
     decode = Phase.DECODE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,10 @@ class Request:
     pending: int = 0
     epoch: int = 0
     key: int = 0  # the session's id for it on the wire (SubmitRequest.key)
+    # Prefix-cache namespace (tenant isolation): 0 is the default namespace; otherwise every
+    # cache key is the token id plus this offset (>= 2^32, above every token id), so keys of
+    # different namespaces never match and no KV is shared across them.
+    cache_ns: int = 0
     # Where its output goes: the session's shared outbox once submitted (Scheduler.submit).
     outbox: Outbox = field(default_factory=lambda: Outbox(""))
 
@@ -83,10 +88,30 @@ class Request:
         eos = frozenset() if spec.ignore_eos else self.eos_ids
         self.stop_ids: frozenset[int] = eos | frozenset(spec.stop_token_ids)
         self.wants_logprobs = bool(spec.return_logprob or spec.top_logprobs)
+        self._keys: list[int] = []
+        self._keys_of: list[int] | None = None
 
     @property
     def tokens(self) -> list[int]:
-        return self.fill
+        """`fill` as prefix-cache keys (the tokens themselves in the default namespace)."""
+        if not self.cache_ns:
+            return self.fill
+        return self.cache_keys(len(self.fill))
+
+    def cache_keys(self, n: int) -> list[int]:
+        """The prefix-cache keys of `fill[:n]`; namespaced keys are built once and extended as
+        `fill` grows (a jump-forward replaces `fill`, which rebuilds them)."""
+        fill = self.fill
+        if not self.cache_ns:
+            return fill[:n]
+        keys = self._keys
+        if self._keys_of is not fill or len(keys) > len(fill):
+            keys = self._keys = []
+            self._keys_of = fill
+        if len(keys) < len(fill):
+            off = self.cache_ns
+            keys.extend(t + off for t in fill[len(keys) :])
+        return keys[:n] if n < len(keys) else keys
 
     @property
     def max_new_tokens(self) -> int:
@@ -122,3 +147,13 @@ class Request:
     @property
     def remaining(self) -> int:
         return max(self.spec.max_new_tokens - len(self.output), 0)
+
+
+def namespace_offset(namespace: str) -> int:
+    """The cache-key offset of a namespace name: 0 for the default namespace, else a multiple
+    of 2^32 drawn from the name's 64-bit hash (names that differ get different offsets, up to
+    a 2^-64 collision chance per pair)."""
+    if not namespace:
+        return 0
+    digest = hashlib.blake2b(namespace.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") + 1) << 32

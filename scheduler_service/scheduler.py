@@ -88,9 +88,10 @@ class Scheduler:
         st.waiting.append(req)
         self.wake.set()
 
-    def abort(self, rid: str) -> bool:
+    def abort(self, rid: str, session: str | None = None) -> bool:
+        """Abort `rid`; with `session`, only if that session submitted it."""
         req = self.by_rid.get(rid)
-        if req is None or self.st is None:
+        if req is None or self.st is None or (session is not None and req.session != session):
             return False
         req.aborted = True
         self.aborted.add(rid)

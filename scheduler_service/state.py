@@ -62,9 +62,8 @@ class SchedState:
             self.pending_release.append(req.handle)
             req.handle = -1
         n = req.known_kv  # a decode of a not yet known token (overlap) is dropped
-        kv = req.fill[:n]
-        if insert and kv:
-            self.cache.insert(kv, req.kv_slots[:n])
+        if insert and n:
+            self.cache.insert(req.cache_keys(n), req.kv_slots[:n])
             extra = req.kv_slots[n:]
             if extra:
                 self.cache.free_slots(extra)

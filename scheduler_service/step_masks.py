@@ -1,6 +1,6 @@
 """Grammar masks for a step's constrained rows, fetched from the grammar service.
 
-Two moments (DESIGN.md section 3):
+Two moments (docs/architecture.md, Step protocol):
 
 - `before_send`: admits/extends that sample (a request's first token, the token after a
   jump-forward). Their grammar state is known when the step is built, so their masks travel
@@ -72,7 +72,8 @@ class StepMasks:
             if r is None:
                 continue
             code = grpc.StatusCode.INVALID_ARGUMENT if err.code == 3 else grpc.StatusCode.INTERNAL
-            log.error("grammar_row_failed", rid=r.rid, code=err.code, error=err.message)
+            log.warning("grammar_row_failed", rid=r.rid, code=err.code)
+            log.debug("grammar_row_failed_detail", rid=r.rid, error=err.message)  # user text
             failed[err.handle] = (code, f"grammar: {err.message}")
         return failed
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
-from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
 from radixmesh_server.model_store import resolve_model
+from radixmesh_server.security import INTERNAL_SERVER_NAME
 
 
 @pytest.fixture(scope="session")
@@ -34,25 +36,57 @@ class Stack:
     def address(self, name: str) -> str:
         return self.launcher.specs[name].address
 
+    def ready(self, name: str, service: str = "readiness") -> bool:
+        """One health check of a service, with the launcher's certificate (internal mTLS)."""
+        tls = self.launcher.probe_tls(name)
+        addr = self.launcher.specs[name].probe_address
+        return asyncio.run(check_ready(addr, service, tls=tls))
+
+    def channel_as(self, name: str, role: str) -> grpc.aio.Channel:
+        """An asyncio channel to internal service `name`, presenting the certificate of `role`
+        (e.g. "tokenizer" to reach the scheduler, "scheduler" to reach model or grammar)."""
+        address = self.address(name)
+        files = self.launcher.pki.get(role)
+        if files is None:  # a stack without internal TLS
+            return grpc.aio.insecure_channel(address)
+        creds = grpc.ssl_channel_credentials(
+            files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+        )
+        options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+        return grpc.aio.secure_channel(address, creds, options=options)
+
     def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))
 
 
 def start_stack(
-    tmp: Path, model_args: list[str] | None = None, scheduler_args: list[str] | None = None
-) -> Iterator[Stack]:
+    tmp: Path,
+    model_args: list[str] | None = None,
+    scheduler_args: list[str] | None = None,
+    tokenizer_args: list[str] | None = None,
+    internal_tls: bool = True,
+    tokenizer_health_port: int = 0,
+) -> Generator[Stack, None, None]:
+    """A whole stack as `radixmesh serve` runs it: internal links over mutual TLS.
+    `tokenizer_health_port`: probe the front door there (needed when its port speaks TLS)."""
     ports = StackPorts.free()
     metrics = StackPorts.free()
+    specs = stack_specs(
+        ports,
+        "default",
+        model_args=model_args or [],
+        scheduler_args=scheduler_args or [],
+        tokenizer_args=tokenizer_args or [],
+        metrics=metrics,
+    )
+    for spec in specs:
+        if spec.name == "tokenizer":
+            spec.health_port = tokenizer_health_port
     launcher = Launcher(
-        stack_specs(
-            ports,
-            "default",
-            model_args=model_args or [],
-            scheduler_args=scheduler_args or [],
-            metrics=metrics,
-        ),
+        specs,
         log_dir=tmp,
         max_backoff=0.5,
+        internal_tls=internal_tls,
     )
     launcher.start_all()
     loop = asyncio.new_event_loop()

@@ -11,6 +11,7 @@ import structlog
 
 from radixmesh_server.server import channel
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from tokenizer_service.auth import ApiKeys, Principal, cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
@@ -18,7 +19,12 @@ from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
-from tokenizer_service.validation import InvalidRequest, check_input_ids, normalize_sampling
+from tokenizer_service.validation import (
+    InvalidRequest,
+    check_chat_roles,
+    check_input_ids,
+    normalize_sampling,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -29,12 +35,15 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         cfg: TokenizerConfig,
         tok: Tokenization,
         link: SchedulerLink,
+        keys: ApiKeys | None = None,
         metrics: FrontDoorMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics or FrontDoorMetrics()
         self.tok = tok
         self.link = link
+        self.keys = keys or ApiKeys({})
+        self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
         self._stats_chan = channel(cfg.scheduler_address)
         self.sched_stub = scheduler_pb2_grpc.SchedulerStub(self._stats_chan)
 
@@ -59,6 +68,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         if not chat.messages:
             raise InvalidRequest("chat has no messages")
         msgs = [{"role": m.role, "content": m.content} for m in chat.messages]
+        check_chat_roles([m.role for m in chat.messages])
         gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
         try:
             return self.tok.apply_chat(msgs, gen)
@@ -85,6 +95,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         context: grpc.aio.ServicerContext,
         timer: RequestTimer,
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
+        # The interceptor already refused unknown keys; this names the caller's tenant.
+        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
+        wire_rid = f"{tenant}:{rid}" if tenant else rid  # request ids are per tenant
         try:
             ids = self._prompt_ids(request)
             sampling = normalize_sampling(
@@ -101,11 +114,12 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
         submit = scheduler_pb2.SubmitRequest(
-            rid=rid,
+            rid=wire_rid,
             input_ids=ids,
             sampling=sampling,
             logprobs=request.logprobs,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
+            cache_namespace=cache_namespace(tenant, request.cache_salt),
         )
         try:
             queue = self.link.submit(submit)
@@ -116,6 +130,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         log.debug("submitted", rid=rid, prompt_tokens=len(ids))
         stream = _Stream(self, rid, ids, request, sampling)
         finished = False
+        owns = wire_rid not in self.owners  # a duplicate id must not take over the first
+        if owns:
+            self.owners[wire_rid] = tenant
         try:
             while True:
                 item = await queue.get()
@@ -137,7 +154,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                 if done:
                     finished = True
                     if stream.stopped_by_string:
-                        self.link.abort(rid, submit.key)
+                        self.link.abort(wire_rid, submit.key)
                     complete = stream.complete()
                     timer.succeeded(
                         _FINISH_NAMES.get(complete.finish_reason, "unspecified"),
@@ -148,8 +165,10 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
                     return
         finally:
             if not finished:  # client cancelled, deadline passed or the stream broke
-                self.link.abort(rid, submit.key)
-            self.link.done(rid, submit.key)
+                self.link.abort(wire_rid, submit.key)
+            self.link.done(wire_rid, submit.key)
+            if owns:
+                del self.owners[wire_rid]
 
     async def Tokenize(
         self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -178,7 +197,13 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     async def Abort(
         self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AbortResponse:
-        return api_pb2.AbortResponse(found=self.link.request_abort(request.request_id))
+        # Only the tenant that submitted a request may abort it; others learn nothing of it.
+        tenant = (self.keys.of_metadata(context.invocation_metadata()) or Principal("")).tenant
+        rid = request.request_id
+        wire_rid = f"{tenant}:{rid}" if tenant else rid
+        if self.owners.get(wire_rid) != tenant:
+            return api_pb2.AbortResponse(found=False)
+        return api_pb2.AbortResponse(found=self.link.request_abort(wire_rid))
 
     async def GetModelInfo(
         self, request: api_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext

@@ -87,3 +87,17 @@ def check_input_ids(ids: list[int], vocab_size: int) -> None:
         f"input_ids contain {len(bad)} ids outside the vocabulary [0, {vocab_size}), "
         f"e.g. {bad[:3]}",
     )
+
+
+# The roles every supported chat template renders (the DSL's rm.system/user/assistant too).
+# Templates differ in what they do with others (SmolLM2's renders any name as a turn), so the
+# front door refuses them rather than let a typo ("bot") become a prompt.
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_chat_roles(roles: list[str]) -> None:
+    for i, role in enumerate(roles):
+        check(
+            role in CHAT_ROLES,
+            f"chat message {i} has role {role!r}; valid roles are {', '.join(CHAT_ROLES)}",
+        )

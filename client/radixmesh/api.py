@@ -10,13 +10,22 @@ code and the server's message.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from radixmesh.transport import open_aio_channel, open_channel
+from radixmesh.wrong_port import (
+    internal_tls_message,
+    served_services,
+    tls_internal_role,
+    wrong_service_message,
+)
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 
 DEFAULT_ENDPOINT = os.environ.get("RADIXMESH_ENDPOINT", "localhost:50051")
@@ -105,7 +114,7 @@ def build_request(
     stop_token_ids: Sequence[int] = (),
     ignore_eos: bool = False,
     skip_special_tokens: bool = False,
-    json_schema: str | None = None,
+    json_schema: str | Mapping[str, Any] | None = None,
     regex: str | None = None,
     ebnf: str | None = None,
     return_logprob: bool = False,
@@ -113,12 +122,24 @@ def build_request(
     prompt_logprobs_from: int | None = None,
     stream: bool = False,
     stream_interval: int | None = None,
+    cache_salt: str = "",
 ) -> api_pb2.GenerateRequest:
-    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given."""
+    """Exactly one of prompt (raw text), input_ids or messages (chat) must be given, and at most
+    one grammar (json_schema as a dict or its JSON text, regex, ebnf). `cache_salt` keeps this
+    request's prefix cache apart from other requests of the same tenant that use another salt."""
     given = [x is not None for x in (prompt, input_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, input_ids or messages")
-    req = api_pb2.GenerateRequest(request_id=request_id, stream=stream)
+    named = (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf))
+    grammars = [n for n, v in named if v is not None]
+    if len(grammars) > 1:
+        # The wire holds one constraint (a oneof): a second would silently replace the first.
+        raise ValueError(
+            f"give at most one of json_schema, regex or ebnf (got {' and '.join(grammars)})"
+        )
+    if json_schema is not None and not isinstance(json_schema, str):
+        json_schema = json.dumps(json_schema)
+    req = api_pb2.GenerateRequest(request_id=request_id, stream=stream, cache_salt=cache_salt)
     if prompt is not None:
         req.text = prompt
     elif input_ids is not None:
@@ -156,17 +177,50 @@ def build_request(
     return req
 
 
-def _error(exc: grpc.RpcError) -> RadixMeshError:
-    return RadixMeshError(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+def _error(exc: grpc.RpcError, endpoint: str, chan: grpc.Channel) -> RadixMeshError:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    hint = None
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        hint = wrong_service_message(endpoint, served_services(chan))
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        role = tls_internal_role(endpoint)
+        hint = internal_tls_message(endpoint, role) if role else None
+    if hint is not None:
+        return RadixMeshError(code, f"{details} ({hint})" if details else hint)
+    return RadixMeshError(code, details)
+
+
+async def _aerror(
+    exc: grpc.RpcError, endpoint: str, open_sync: Callable[[], grpc.Channel]
+) -> RadixMeshError:
+    # The wrong-port probe is a blocking call on a sync channel with the same credentials:
+    # keep it off the event loop.
+    def probe() -> RadixMeshError:
+        chan = open_sync()
+        try:
+            return _error(exc, endpoint, chan)
+        finally:
+            chan.close()
+
+    return await asyncio.to_thread(probe)
 
 
 class Client:
     """Blocking client. Thread-safe: one channel, calls from any thread."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls: bool | str | None = None,
+    ) -> None:
+        """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
         self.endpoint = endpoint
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(endpoint, options=_OPTIONS)
+        self.channel = open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     def close(self) -> None:
@@ -185,10 +239,12 @@ class Client:
                 if msg.WhichOneof("response") == "complete":
                     return result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
         raise RadixMeshError(grpc.StatusCode.INTERNAL, "stream ended without a result")
 
-    def stream(self, prompt: str | None = None, **kw: Any) -> Iterator[Chunk | GenerateResult]:
+    def stream(
+        self, prompt: str | None = None, **kw: Any
+    ) -> Generator[Chunk | GenerateResult, None, None]:
         """Yields Chunks as text arrives, then the final GenerateResult."""
         req = build_request(prompt, stream=True, **kw)
         try:
@@ -198,7 +254,7 @@ class Client:
                 else:
                     yield result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
     def tokenize(
         self,
@@ -214,7 +270,7 @@ class Client:
         try:
             return list(self.stub.Tokenize(req, timeout=self.timeout).ids)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
     def detokenize(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         try:
@@ -223,34 +279,45 @@ class Client:
                 timeout=self.timeout,
             ).text
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
     def model_info(self) -> api_pb2.ModelInfo:
         try:
             return self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
     def stats(self) -> api_pb2.Stats:
         try:
             return self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, timeout: float | None = None) -> bool:
         try:
-            return self.stub.Abort(api_pb2.AbortRequest(request_id=request_id)).found
+            return self.stub.Abort(
+                api_pb2.AbortRequest(request_id=request_id), timeout=timeout or self.timeout
+            ).found
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise _error(exc, self.endpoint, self.channel) from None
 
 
 class AsyncClient:
     """asyncio client; create it inside a running event loop."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls: bool | str | None = None,
+    ) -> None:
+        """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
+        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext)."""
         self.endpoint = endpoint
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(endpoint, options=_OPTIONS)
+        self.channel = open_aio_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
+        self._open_sync = lambda: open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     async def close(self) -> None:
@@ -279,7 +346,7 @@ class AsyncClient:
                 else:
                     yield result_from_proto(msg.request_id, msg.complete)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint, self._open_sync) from None
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         try:
@@ -288,17 +355,17 @@ class AsyncClient:
                 timeout=self.timeout,
             )
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint, self._open_sync) from None
         return list(resp.ids)
 
     async def model_info(self) -> api_pb2.ModelInfo:
         try:
             return await self.stub.GetModelInfo(api_pb2.GetModelInfoRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint, self._open_sync) from None
 
     async def stats(self) -> api_pb2.Stats:
         try:
             return await self.stub.GetStats(api_pb2.GetStatsRequest(), timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise await _aerror(exc, self.endpoint, self._open_sync) from None

@@ -1,8 +1,8 @@
 """Part `check`: teacher-forced logits of our model vs HF transformers on the same random weights.
 
-DESIGN.md section 3: ||ours - ref32|| / ||ref32|| must be at most 1.5x HF's own bf16 error
-against the same fp32 reference, and never NaN. The model is Llama-3.1-8B's shapes cut to a few
-layers (full vocabulary, GQA 32/8, llama3 RoPE scaling), weights normal(0, 0.02), norms 1.
+The numerics rule (docs/architecture.md): ||ours - ref32|| / ||ref32|| must be at most 1.5x HF's own
+bf16 error against the same fp32 reference, and never NaN. The model is Llama-3.1-8B's shapes cut to
+a few layers (full vocabulary, GQA 32/8, llama3 RoPE scaling), weights normal(0, 0.02), norms 1.
 
 Three sequences are run as a server would: a mixed first step (sequence 0's first prefill
 chunk, sequence 1's whole prompt), a second mixed step (sequence 0's second chunk over its

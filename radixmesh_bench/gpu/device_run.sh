@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs GPU benchmark parts on the GPU machine, from the repository root:
 #   bash radixmesh_bench/gpu/device_run.sh check:210 test:100 decode1:140 batch64:130
-# Each argument is PART[:TIMEOUT_S]. Needs the wheels in .whl (../shared/device/fetch-wheels.sh);
+# Each argument is PART[:TIMEOUT_S]. Needs the GPU wheels in .whl (see docs/gpu.md);
 # reuses flashinfer kernels compiled by an earlier run when .fi_aot/fi_jit.tar.xz is present, and
 # leaves this run's kernels in $OUT/fi_jit.tar.xz. Results go to $OUT/<part>.json.
 set -o pipefail
@@ -9,7 +9,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/client:${PYTHONPATH:-} PYTHONUNBUFFERED=1  # client/: the radixmesh package
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 aot=$(python3 -c 'import flashinfer, pathlib; print(pathlib.Path(flashinfer.__file__).parent / "data" / "aot")')
 if [ -f .fi_aot/fi_jit.tar.xz ]; then

@@ -443,7 +443,7 @@ def render(docs: list[dict[str, Any]]) -> str:
             ],
             nums,
         )
-        lines += ["", "pass: ratio <= 1.5 and no NaN (DESIGN.md section 3).", ""]
+        lines += ["", "pass: ratio <= 1.5 and no NaN (docs/architecture.md).", ""]
     if startup:
         lines += ["## Start-up errors (part startup)", ""]
         lines += _table(

@@ -1,6 +1,6 @@
 """Driving one serving run through the stack's front door, and its figures.
 
-Every request is submitted at once (request rate inf) as a `client.AsyncClient` stream with
+Every request is submitted at once (request rate inf) as a `radixmesh.api.AsyncClient` stream with
 `input_ids`, greedy, EOS ignored. TTFT: submit to first chunk; ITL: gaps between chunks (a chunk
 of k tokens counts as k gaps of 1/k); the scheduler's GetStats counters before and after give
 the hit rate, radix bookkeeping time, steps, evictions and retractions of the run alone.

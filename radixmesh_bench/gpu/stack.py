@@ -16,7 +16,7 @@ Two systems, one after the other so each has the GPU alone:
 2. grpc-stack: the four services as separate processes (`radixmesh_server.launcher`): model service
    with `--random-weights`, tokenizer and grammar services on the random model's folder (its
    config.json and the Llama-3.1 tokenizer), scheduler with a larger prefill chunk. Requests go
-   through `client.AsyncClient` streams (one token per chunk) from this process. TTFT: submit
+   through `radixmesh.api.AsyncClient` streams (one token per chunk) from this process. TTFT: submit
    to first chunk; ITL: gaps between chunks (a chunk of n tokens counts as n gaps of 1/n).
 
 Per workload the stack's row carries its overhead against the in-process row:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16radixmesh/v1/api.proto\x12\x0cradixmesh.v1\"\xad\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x05\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x06 \x01(\x05H\x06\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x07 \x01(\x05H\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x0f\n\x05regex\x18\r \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x0e \x01(\tH\x00\x42\x0c\n\nconstraintB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokens\"z\n\x0eLogprobOptions\x12\x16\n\x0ereturn_logprob\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\x05\x12!\n\x14prompt_logprobs_from\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x17\n\x15_prompt_logprobs_from\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"y\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.radixmesh.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xb9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\tinput_ids\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x12*\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x06 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x0e\n\x06stream\x18\x07 \x01(\x08\x12\x1c\n\x0fstream_interval\x18\x08 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05inputB\x12\n\x10_stream_interval\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.radixmesh.v1.TopLogprob\"^\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\"\xce\x02\n\x10GenerateComplete\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\noutput_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\r\x12\x33\n\x0foutput_logprobs\x18\x08 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x33\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x1c\n\x14prompt_logprobs_from\x18\n \x01(\r\"\x94\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunkH\x00\x12\x32\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1e.radixmesh.v1.GenerateCompleteH\x00\x42\n\n\x08response\"r\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x42\x07\n\x05input\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"=\n\x11\x44\x65tokenizeRequest\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"-\n\x0bRoleMarkers\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x0e\n\x06suffix\x18\x02 \x01(\t\"\xc5\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x31\n\x05roles\x18\x05 \x03(\x0b\x32\".radixmesh.v1.ModelInfo.RolesEntry\x12\x1d\n\x15\x64\x65\x66\x61ult_system_prompt\x18\x06 \x01(\t\x12\x19\n\x11generation_prefix\x18\x07 \x01(\t\x12\x15\n\rchat_template\x18\x08 \x01(\t\x12\x14\n\x0c\x62os_token_id\x18\t \x01(\x05\x1aG\n\nRolesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.RoleMarkers:\x02\x38\x01\"\x11\n\x0fGetStatsRequest\"\xf4\x03\n\x05Stats\x12\x14\n\x0cqueue_length\x18\x01 \x01(\r\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x13\n\x0bkv_capacity\x18\x03 \x01(\x04\x12\x0f\n\x07kv_free\x18\x04 \x01(\x04\x12\x14\n\x0ckv_evictable\x18\x05 \x01(\x04\x12\x11\n\tkv_locked\x18\x06 \x01(\x04\x12\x18\n\x10kv_request_owned\x18\x07 \x01(\x04\x12\x13\n\x0btoken_usage\x18\x08 \x01(\x01\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\t \x01(\x01\x12\x15\n\rprompt_tokens\x18\n \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0b \x01(\x04\x12\x18\n\x10generated_tokens\x18\x0c \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\r \x01(\x04\x12\x19\n\x11\x66inished_requests\x18\x0e \x01(\x04\x12\x13\n\x0bretractions\x18\x0f \x01(\x04\x12\r\n\x05steps\x18\x10 \x01(\x04\x12\x15\n\rradix_seconds\x18\x11 \x01(\x01\x12\x19\n\x11\x66rontend_inflight\x18\x12 \x01(\r\x12\x19\n\x11mask_wait_seconds\x18\x13 \x01(\x01\x12\x15\n\rjump_forwards\x18\x14 \x01(\x04\x12\x1b\n\x13jump_forward_tokens\x18\x15 \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xc2\x03\n\tRadixMesh\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12I\n\x08Tokenize\x12\x1d.radixmesh.v1.TokenizeRequest\x1a\x1e.radixmesh.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.radixmesh.v1.DetokenizeRequest\x1a .radixmesh.v1.DetokenizeResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12J\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\x17.radixmesh.v1.ModelInfo\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Statsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16radixmesh/v1/api.proto\x12\x0cradixmesh.v1\"\xad\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x05\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x06 \x01(\x05H\x06\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x07 \x01(\x05H\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x0f\n\x05regex\x18\r \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x0e \x01(\tH\x00\x42\x0c\n\nconstraintB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokens\"z\n\x0eLogprobOptions\x12\x16\n\x0ereturn_logprob\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\x05\x12!\n\x14prompt_logprobs_from\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x17\n\x15_prompt_logprobs_from\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"y\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.radixmesh.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xcd\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\tinput_ids\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x12*\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x06 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x0e\n\x06stream\x18\x07 \x01(\x08\x12\x1c\n\x0fstream_interval\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x12\n\ncache_salt\x18( \x01(\tB\x07\n\x05inputB\x12\n\x10_stream_interval\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.radixmesh.v1.TopLogprob\"^\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\"\xce\x02\n\x10GenerateComplete\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\noutput_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\r\x12\x33\n\x0foutput_logprobs\x18\x08 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x33\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x1c\n\x14prompt_logprobs_from\x18\n \x01(\r\"\x94\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunkH\x00\x12\x32\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1e.radixmesh.v1.GenerateCompleteH\x00\x42\n\n\x08response\"r\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x42\x07\n\x05input\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"=\n\x11\x44\x65tokenizeRequest\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"-\n\x0bRoleMarkers\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x0e\n\x06suffix\x18\x02 \x01(\t\"\xc5\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x31\n\x05roles\x18\x05 \x03(\x0b\x32\".radixmesh.v1.ModelInfo.RolesEntry\x12\x1d\n\x15\x64\x65\x66\x61ult_system_prompt\x18\x06 \x01(\t\x12\x19\n\x11generation_prefix\x18\x07 \x01(\t\x12\x15\n\rchat_template\x18\x08 \x01(\t\x12\x14\n\x0c\x62os_token_id\x18\t \x01(\x05\x1aG\n\nRolesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.RoleMarkers:\x02\x38\x01\"\x11\n\x0fGetStatsRequest\"\xf4\x03\n\x05Stats\x12\x14\n\x0cqueue_length\x18\x01 \x01(\r\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x13\n\x0bkv_capacity\x18\x03 \x01(\x04\x12\x0f\n\x07kv_free\x18\x04 \x01(\x04\x12\x14\n\x0ckv_evictable\x18\x05 \x01(\x04\x12\x11\n\tkv_locked\x18\x06 \x01(\x04\x12\x18\n\x10kv_request_owned\x18\x07 \x01(\x04\x12\x13\n\x0btoken_usage\x18\x08 \x01(\x01\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\t \x01(\x01\x12\x15\n\rprompt_tokens\x18\n \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0b \x01(\x04\x12\x18\n\x10generated_tokens\x18\x0c \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\r \x01(\x04\x12\x19\n\x11\x66inished_requests\x18\x0e \x01(\x04\x12\x13\n\x0bretractions\x18\x0f \x01(\x04\x12\r\n\x05steps\x18\x10 \x01(\x04\x12\x15\n\rradix_seconds\x18\x11 \x01(\x01\x12\x19\n\x11\x66rontend_inflight\x18\x12 \x01(\r\x12\x19\n\x11mask_wait_seconds\x18\x13 \x01(\x01\x12\x15\n\rjump_forwards\x18\x14 \x01(\x04\x12\x1b\n\x13jump_forward_tokens\x18\x15 \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xc2\x03\n\tRadixMesh\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12I\n\x08Tokenize\x12\x1d.radixmesh.v1.TokenizeRequest\x1a\x1e.radixmesh.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.radixmesh.v1.DetokenizeRequest\x1a .radixmesh.v1.DetokenizeResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12J\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\x17.radixmesh.v1.ModelInfo\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Statsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_ROLESENTRY']._loaded_options = None
   _globals['_MODELINFO_ROLESENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=3065
-  _globals['_FINISHREASON']._serialized_end=3185
+  _globals['_FINISHREASON']._serialized_start=3085
+  _globals['_FINISHREASON']._serialized_end=3205
   _globals['_SAMPLINGPARAMS']._serialized_start=41
   _globals['_SAMPLINGPARAMS']._serialized_end=470
   _globals['_LOGPROBOPTIONS']._serialized_start=472
@@ -47,41 +47,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=667
   _globals['_CHATMESSAGES']._serialized_end=788
   _globals['_GENERATEREQUEST']._serialized_start=791
-  _globals['_GENERATEREQUEST']._serialized_end=1104
-  _globals['_TOPLOGPROB']._serialized_start=1106
-  _globals['_TOPLOGPROB']._serialized_end=1153
-  _globals['_TOKENLOGPROB']._serialized_start=1155
-  _globals['_TOKENLOGPROB']._serialized_end=1243
-  _globals['_GENERATECHUNK']._serialized_start=1245
-  _globals['_GENERATECHUNK']._serialized_end=1339
-  _globals['_GENERATECOMPLETE']._serialized_start=1342
-  _globals['_GENERATECOMPLETE']._serialized_end=1676
-  _globals['_GENERATERESPONSE']._serialized_start=1679
-  _globals['_GENERATERESPONSE']._serialized_end=1827
-  _globals['_TOKENIZEREQUEST']._serialized_start=1829
-  _globals['_TOKENIZEREQUEST']._serialized_end=1943
-  _globals['_TOKENIZERESPONSE']._serialized_start=1945
-  _globals['_TOKENIZERESPONSE']._serialized_end=1976
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1978
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2039
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2041
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2075
-  _globals['_ABORTREQUEST']._serialized_start=2077
-  _globals['_ABORTREQUEST']._serialized_end=2111
-  _globals['_ABORTRESPONSE']._serialized_start=2113
-  _globals['_ABORTRESPONSE']._serialized_end=2143
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2145
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2166
-  _globals['_ROLEMARKERS']._serialized_start=2168
-  _globals['_ROLEMARKERS']._serialized_end=2213
-  _globals['_MODELINFO']._serialized_start=2216
-  _globals['_MODELINFO']._serialized_end=2541
-  _globals['_MODELINFO_ROLESENTRY']._serialized_start=2470
-  _globals['_MODELINFO_ROLESENTRY']._serialized_end=2541
-  _globals['_GETSTATSREQUEST']._serialized_start=2543
-  _globals['_GETSTATSREQUEST']._serialized_end=2560
-  _globals['_STATS']._serialized_start=2563
-  _globals['_STATS']._serialized_end=3063
-  _globals['_RADIXMESH']._serialized_start=3188
-  _globals['_RADIXMESH']._serialized_end=3638
+  _globals['_GENERATEREQUEST']._serialized_end=1124
+  _globals['_TOPLOGPROB']._serialized_start=1126
+  _globals['_TOPLOGPROB']._serialized_end=1173
+  _globals['_TOKENLOGPROB']._serialized_start=1175
+  _globals['_TOKENLOGPROB']._serialized_end=1263
+  _globals['_GENERATECHUNK']._serialized_start=1265
+  _globals['_GENERATECHUNK']._serialized_end=1359
+  _globals['_GENERATECOMPLETE']._serialized_start=1362
+  _globals['_GENERATECOMPLETE']._serialized_end=1696
+  _globals['_GENERATERESPONSE']._serialized_start=1699
+  _globals['_GENERATERESPONSE']._serialized_end=1847
+  _globals['_TOKENIZEREQUEST']._serialized_start=1849
+  _globals['_TOKENIZEREQUEST']._serialized_end=1963
+  _globals['_TOKENIZERESPONSE']._serialized_start=1965
+  _globals['_TOKENIZERESPONSE']._serialized_end=1996
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1998
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2059
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2061
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2095
+  _globals['_ABORTREQUEST']._serialized_start=2097
+  _globals['_ABORTREQUEST']._serialized_end=2131
+  _globals['_ABORTRESPONSE']._serialized_start=2133
+  _globals['_ABORTRESPONSE']._serialized_end=2163
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2165
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2186
+  _globals['_ROLEMARKERS']._serialized_start=2188
+  _globals['_ROLEMARKERS']._serialized_end=2233
+  _globals['_MODELINFO']._serialized_start=2236
+  _globals['_MODELINFO']._serialized_end=2561
+  _globals['_MODELINFO_ROLESENTRY']._serialized_start=2490
+  _globals['_MODELINFO_ROLESENTRY']._serialized_end=2561
+  _globals['_GETSTATSREQUEST']._serialized_start=2563
+  _globals['_GETSTATSREQUEST']._serialized_end=2580
+  _globals['_STATS']._serialized_start=2583
+  _globals['_STATS']._serialized_end=3083
+  _globals['_RADIXMESH']._serialized_start=3208
+  _globals['_RADIXMESH']._serialized_end=3658
 # @@protoc_insertion_point(module_scope)

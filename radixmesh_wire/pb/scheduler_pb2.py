@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from radixmesh_wire.pb import api_pb2 as radixmesh_dot_v1_dot_api__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x16radixmesh/v1/api.proto\"#\n\rFrontendHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xc7\x01\n\rSubmitRequest\x12\x0b\n\x03rid\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x12\n\noutput_ids\x18\x05 \x03(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0b\n\x03key\x18\x07 \x01(\x05\"#\n\x14\x41\x62ortRequestInternal\x12\x0b\n\x03rid\x18\x01 \x01(\t\"\xab\x01\n\x0f\x46rontendMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.FrontendHelloH\x00\x12-\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12\x33\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\".radixmesh.v1.AbortRequestInternalH\x00\x42\x06\n\x04kind\"Q\n\x0eSchedulerHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\"\xc1\x02\n\x0b\x44\x65ltaExtras\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12,\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rcached_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\x15\n\rerror_message\x18\x08 \x01(\tB\x15\n\x13_matched_stop_tokenB\x10\n\x0e_cached_tokens\"\x8e\x01\n\x10SchedulerMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.radixmesh.v1.SchedulerHello\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x0c\x12)\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x19.radixmesh.v1.DeltaExtrasJ\x04\x08\x02\x10\x03\x32\x99\x01\n\tScheduler\x12L\n\x07Session\x12\x1d.radixmesh.v1.FrontendMessage\x1a\x1e.radixmesh.v1.SchedulerMessage(\x01\x30\x01\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Statsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x16radixmesh/v1/api.proto\"#\n\rFrontendHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xe0\x01\n\rSubmitRequest\x12\x0b\n\x03rid\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x12\n\noutput_ids\x18\x05 \x03(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0b\n\x03key\x18\x07 \x01(\x05\x12\x17\n\x0f\x63\x61\x63he_namespace\x18( \x01(\t\"#\n\x14\x41\x62ortRequestInternal\x12\x0b\n\x03rid\x18\x01 \x01(\t\"\xab\x01\n\x0f\x46rontendMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.FrontendHelloH\x00\x12-\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12\x33\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\".radixmesh.v1.AbortRequestInternalH\x00\x42\x06\n\x04kind\"Q\n\x0eSchedulerHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\"\xc1\x02\n\x0b\x44\x65ltaExtras\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12,\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rcached_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\x15\n\rerror_message\x18\x08 \x01(\tB\x15\n\x13_matched_stop_tokenB\x10\n\x0e_cached_tokens\"\x8e\x01\n\x10SchedulerMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.radixmesh.v1.SchedulerHello\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x0c\x12)\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x19.radixmesh.v1.DeltaExtrasJ\x04\x08\x02\x10\x03\x32\x99\x01\n\tScheduler\x12L\n\x07Session\x12\x1d.radixmesh.v1.FrontendMessage\x1a\x1e.radixmesh.v1.SchedulerMessage(\x01\x30\x01\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Statsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FRONTENDHELLO']._serialized_start=70
   _globals['_FRONTENDHELLO']._serialized_end=105
   _globals['_SUBMITREQUEST']._serialized_start=108
-  _globals['_SUBMITREQUEST']._serialized_end=307
-  _globals['_ABORTREQUESTINTERNAL']._serialized_start=309
-  _globals['_ABORTREQUESTINTERNAL']._serialized_end=344
-  _globals['_FRONTENDMESSAGE']._serialized_start=347
-  _globals['_FRONTENDMESSAGE']._serialized_end=518
-  _globals['_SCHEDULERHELLO']._serialized_start=520
-  _globals['_SCHEDULERHELLO']._serialized_end=601
-  _globals['_DELTAEXTRAS']._serialized_start=604
-  _globals['_DELTAEXTRAS']._serialized_end=925
-  _globals['_SCHEDULERMESSAGE']._serialized_start=928
-  _globals['_SCHEDULERMESSAGE']._serialized_end=1070
-  _globals['_SCHEDULER']._serialized_start=1073
-  _globals['_SCHEDULER']._serialized_end=1226
+  _globals['_SUBMITREQUEST']._serialized_end=332
+  _globals['_ABORTREQUESTINTERNAL']._serialized_start=334
+  _globals['_ABORTREQUESTINTERNAL']._serialized_end=369
+  _globals['_FRONTENDMESSAGE']._serialized_start=372
+  _globals['_FRONTENDMESSAGE']._serialized_end=543
+  _globals['_SCHEDULERHELLO']._serialized_start=545
+  _globals['_SCHEDULERHELLO']._serialized_end=626
+  _globals['_DELTAEXTRAS']._serialized_start=629
+  _globals['_DELTAEXTRAS']._serialized_end=950
+  _globals['_SCHEDULERMESSAGE']._serialized_start=953
+  _globals['_SCHEDULERMESSAGE']._serialized_end=1095
+  _globals['_SCHEDULER']._serialized_start=1098
+  _globals['_SCHEDULER']._serialized_end=1251
 # @@protoc_insertion_point(module_scope)

@@ -15,7 +15,7 @@ class FrontendHello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("rid", "input_ids", "sampling", "logprobs", "output_ids", "eos_token_ids", "key")
+    __slots__ = ("rid", "input_ids", "sampling", "logprobs", "output_ids", "eos_token_ids", "key", "cache_namespace")
     RID_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class SubmitRequest(_message.Message):
     OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     rid: str
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _api_pb2.SamplingParams
@@ -30,7 +31,8 @@ class SubmitRequest(_message.Message):
     output_ids: _containers.RepeatedScalarFieldContainer[int]
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     key: int
-    def __init__(self, rid: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_api_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_api_pb2.LogprobOptions, _Mapping]] = ..., output_ids: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., key: _Optional[int] = ...) -> None: ...
+    cache_namespace: str
+    def __init__(self, rid: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_api_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[_Union[_api_pb2.LogprobOptions, _Mapping]] = ..., output_ids: _Optional[_Iterable[int]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., key: _Optional[int] = ..., cache_namespace: _Optional[str] = ...) -> None: ...
 
 class AbortRequestInternal(_message.Message):
     __slots__ = ("rid",)

@@ -1,4 +1,5 @@
-"""HF transformers reference outputs and the numerics rule of DESIGN.md section 3."""
+"""HF transformers reference outputs and the numerics rule (docs/architecture.md, "Checking
+numerics")."""
 
 from __future__ import annotations
 
@@ -53,11 +54,11 @@ def agree(
     ours_logprobs: Sequence[float] | None = None,
     eos: Sequence[int] = (),
 ) -> tuple[bool, str]:
-    """DESIGN.md section 3: sequences agree up to their first difference; a difference is
-    accepted only where the reference's top-2 margin is below 10x the largest logit difference
-    seen at earlier positions (floor 1e-3 in fp32). With `ours_logprobs` the earlier difference
-    is measured on the chosen tokens' log-probabilities (a shift-free view of the logits).
-    Both sides ignore EOS: comparison stops at it."""
+    """The numerics rule (docs/architecture.md): sequences agree up to their first difference; a
+    difference is accepted only where the reference's top-2 margin is below 10x the largest logit
+    difference seen at earlier positions (floor 1e-3 in fp32). With `ours_logprobs` the earlier
+    difference is measured on the chosen tokens' log-probabilities (a shift-free view of the
+    logits). Both sides ignore EOS: comparison stops at it."""
     limit = min(len(ours), len(ref.tokens))
     worst = 0.0
     for i in range(limit):

@@ -1,5 +1,5 @@
 """Token-exact agreement with HF transformers through all four services over gRPC, with and
-without NaN-poisoned freed KV slots (DESIGN.md section 3 numerics rule)."""
+without NaN-poisoned freed KV slots (docs/architecture.md, Checking numerics)."""
 
 from __future__ import annotations
 

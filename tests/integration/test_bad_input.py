@@ -7,16 +7,18 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
+from radixmesh_wire.pb import api_pb2
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration
 
-BAD = [
+BAD: list[tuple[dict[str, Any], str]] = [
     ({"prompt": ""}, "empty"),
     ({"prompt": "hi", "max_new_tokens": -1}, "max_new_tokens"),
     ({"prompt": "hi", "max_new_tokens": 10**6}, "context window"),
@@ -57,7 +59,7 @@ def test_max_new_tokens_zero_only_prefills(stack: Stack) -> None:
         assert again.cached_tokens > 0
 
 
-def _wait_idle(c: Client, timeout: float = 10.0) -> object:
+def _wait_idle(c: Client, timeout: float = 10.0) -> api_pb2.Stats:
     """Poll GetStats until nothing runs or the deadline passes (a condition, not a sleep)."""
     deadline = time.monotonic() + timeout
     while True:

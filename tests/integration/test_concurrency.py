@@ -4,6 +4,7 @@ request gives identical text alone and inside a batch."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from radixmesh.api import Client, GenerateResult
@@ -48,8 +49,9 @@ def _requests() -> list[dict]:
 
 
 def _same(a: GenerateResult, b: GenerateResult) -> None:
-    """DESIGN.md rule between two runs of our own stack: identical up to a first difference
-    that is only allowed where the two runs' chosen-token logprobs already diverge."""
+    """The numerics rule (docs/architecture.md) between two runs of our own stack: identical up
+    to a first difference that is only allowed where the two runs' chosen-token logprobs
+    already diverge."""
     for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids, strict=False)):
         if x != y:
             worst = max(
@@ -87,7 +89,7 @@ def test_sixteen_concurrent_streams_match_solo(stack: Stack) -> None:
 
 
 def test_seeded_sample_same_alone_and_batched(stack: Stack) -> None:
-    kw = {
+    kw: dict[str, Any] = {
         "prompt": "My favourite animal is",
         "max_new_tokens": 16,
         "temperature": 0.9,

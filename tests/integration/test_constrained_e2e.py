@@ -38,7 +38,6 @@ from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKin
 from grammar_service.matchers import MatchError, RequestMatcher
 from grammar_service.suite import BY_NAME, SUITE, GrammarCase
 from radixmesh_bench.constrained import constrained_request
-from radixmesh_server.launcher import check_ready
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
@@ -348,7 +347,6 @@ def test_grammar_service_killed_mid_run(
         )
         for i in range(2)
     ]
-    grammar_addr = gstack.address("grammar")
     with Client(gstack.endpoint, timeout=TIMEOUT) as c:
         threads = [
             threading.Thread(target=s.run, args=(c,), daemon=True) for s in (*constrained, *plain)
@@ -362,9 +360,7 @@ def test_grammar_service_killed_mid_run(
             time.sleep(0.02)
         killed_at = time.monotonic()
         gstack.launcher.kill("grammar")
-        while asyncio.run(check_ready(grammar_addr)) is False or (
-            time.monotonic() - killed_at < 0.5
-        ):
+        while not gstack.ready("grammar") or (time.monotonic() - killed_at < 0.5):
             assert time.monotonic() - killed_at < 180, "grammar service not restarted"
             time.sleep(0.1)
         back_at = time.monotonic()

@@ -93,7 +93,7 @@ def test_figure2_essay_judge(backend: rm.GrpcBackend, api: Client) -> None:
     assert state["summary"].strip()
     assert state["grade"] in GRADES
     grade = state.get_meta_info("grade")
-    assert isinstance(grade, rm.SelectResult) and len(grade.scores) == len(GRADES)
+    assert isinstance(grade.source, rm.SelectResult) and len(grade.scores) == len(GRADES)
     assert grade.scores[grade.index] == max(grade.scores)
 
     text = state.text()
@@ -292,7 +292,7 @@ def test_four_turn_chat_matches_chat_template(backend: rm.GrpcBackend, api: Clie
     template_ids = api.tokenize(messages=messages[:-1])
     assert api.tokenize(last_prompt, add_special_tokens=True) == template_ids
     last = state.get_meta_info("answer_3")
-    assert isinstance(last, rm.Completion) and last.prompt_tokens == len(template_ids)
+    assert isinstance(last.source, rm.Completion) and last.prompt_tokens == len(template_ids)
     assert last.cached_tokens > 0  # each turn extends the previous turn's prompt
     # ... and the whole conversation renders like the template too.
     assert api.tokenize(text + info.generation_prefix, add_special_tokens=True) == api.tokenize(
@@ -345,8 +345,8 @@ def _select_scores(backend: rm.GrpcBackend, *, hint: bool, parallel: bool) -> li
     for prompt, choices, _ in KNOWN[:3]:
         state = complete.run(prompt=prompt, choices=choices, backend=backend)
         meta = state.get_meta_info("answer")
-        assert isinstance(meta, rm.SelectResult)
-        results.append(meta)
+        assert isinstance(meta.source, rm.SelectResult)
+        results.append(meta.source)
     return results
 
 

@@ -4,7 +4,6 @@ requests succeed again. Uses its own stack: it breaks things."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,6 @@ import grpc
 import pytest
 from radixmesh.api import Client, RadixMeshError
 
-from radixmesh_server.launcher import check_ready
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
@@ -25,10 +23,6 @@ def fragile(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterat
     yield from start_stack(
         tmp_path_factory.mktemp("fragile"), ["--kv-tokens", "8192"], ["--debug-invariants"]
     )
-
-
-def _ready(addr: str, service: str = "readiness") -> bool:
-    return asyncio.run(check_ready(addr, service))
 
 
 def _until(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
@@ -61,9 +55,8 @@ def test_kill_service(fragile: Stack, victim: str, dependant: str) -> None:
                 f.result(timeout=10)
             assert err.value.code == grpc.StatusCode.UNAVAILABLE, err.value
         assert time.monotonic() - killed_at < 2.0
-        dep = fragile.address(dependant)
-        assert _until(lambda: not _ready(dep), 5), f"{dependant} readiness did not drop"
-        assert _ready(dep, "liveness"), f"{dependant} liveness must not drop"
+        assert _until(lambda: not fragile.ready(dependant), 5), f"{dependant} readiness stayed"
+        assert fragile.ready(dependant, "liveness"), f"{dependant} liveness must not drop"
         fragile.wait_ready(timeout=120)  # the launcher restarted it; the stack reconnects
         assert fragile.launcher.restarts[victim] >= 1
         res = c.generate("The capital of France is", max_new_tokens=4, temperature=0)

@@ -4,6 +4,8 @@ client exactly as a plain non-streamed run of the same request says."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from radixmesh.api import Chunk, Client, GenerateResult
 
@@ -11,7 +13,7 @@ from tests.conftest import Stack
 
 pytestmark = pytest.mark.integration
 
-ARGS = {
+ARGS: dict[str, Any] = {
     "prompt": "Here is a list of animals: cat, dog, horse,",
     "max_new_tokens": 24,
     "temperature": 0,

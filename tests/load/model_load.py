@@ -1,10 +1,10 @@
 """Load test for the model service alone (not part of CI's pass/fail timing).
 
-The REAL model service runs as a process on a free port; this process is a FAKE scheduler
-speaking the Steps stream (DESIGN.md section 3): open a session, one step admitting B requests
-with random prompts (greedy, prompt length `--prompt-len`), then decode steps for all B. So
-only the worker's costs count: step decoding, the forward pass, sampling, the reply, and the
-gRPC hop. For each batch size and each pipelining depth it reports:
+The REAL model service runs as a process on a free port; this process is a FAKE scheduler speaking
+the Steps stream (docs/architecture.md, Step protocol): open a session, one step admitting B
+requests with random prompts (greedy, prompt length `--prompt-len`), then decode steps for all B. So
+only the worker's costs count: step decoding, the forward pass, sampling, the reply, and the gRPC
+hop. For each batch size and each pipelining depth it reports:
 
 - steps/s and decode tok/s over the measured steps (after `--warmup` decode steps);
 - step time p50/p99: the interval between consecutive results (what a scheduler sees), the

@@ -82,4 +82,5 @@ def test_engine_passes_the_flag_to_the_capture(
     cfg = parse_config(ModelServiceConfig, ["--model", folder, "--device", "cpu", *argv])
     eng = engine_mod.build_engine(cfg)
     assert seen["max_bs"] == expect
+    assert eng.runner.decode_graphs is not None
     assert eng.runner.decode_graphs.buckets == buckets_up_to(expect)

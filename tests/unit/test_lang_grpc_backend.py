@@ -158,7 +158,7 @@ def test_program_over_grpc_sends_hints_and_scores(server: tuple[FakeRadixMesh, s
     state = prog.run(backend=rm.GrpcBackend(endpoint, timeout=10))
     assert state["ok"] == " yes"
     meta = state.get_meta_info("ok")
-    assert isinstance(meta, rm.SelectResult) and meta.scores == (-0.5, -2.0)
+    assert isinstance(meta.source, rm.SelectResult) and meta.scores == (-0.5, -2.0)
     state.wait()
     warm = [
         r for r in fake.requests if r.sampling.max_new_tokens == 0 and not r.logprobs.ByteSize()

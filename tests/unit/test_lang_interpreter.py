@@ -142,7 +142,8 @@ def test_stop_strings_and_regex_reach_the_backend() -> None:
     params = backend.calls_of("gen")[0].params
     assert params.stop == (".",) and params.regex == r"\d+ apples"
     meta = state.get_meta_info("n")
-    assert isinstance(meta, rm.Completion) and meta.matched_stop == "."
+    assert isinstance(meta.source, rm.Completion) and meta.matched_stop == "."
+    assert meta["finish_reason"] == {"type": "stop", "matched": "."}
 
 
 def test_text_iter_streams_gen_chunks_in_order() -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TextIO, cast
 
 import pytest
 import structlog
@@ -65,7 +65,8 @@ def logging_to_current_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     def configure(service: str, level: str = "info", json: bool = False) -> None:
         configure_logging(service, level, json)
         structlog.configure(
-            logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
+            # PrintLogger only calls write() and flush(), which _CurrentStderr forwards.
+            logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
             cache_logger_on_first_use=False,
         )
 

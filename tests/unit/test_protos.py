@@ -21,7 +21,7 @@ def test_stubs_match_protos() -> None:
 
 def test_client_imports_without_torch() -> None:
     code = (
-        "import sys; import client, radixmesh.api; "
+        "import sys; import radixmesh, radixmesh.api, radixmesh.lang; "
         "bad = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )

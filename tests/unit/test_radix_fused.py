@@ -6,12 +6,13 @@ through each path; trees, sizes, LFU counters, protection and eviction order mus
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.prefix_cache import CachedPrefix
-from scheduler_service.radix_cache import RadixCache
+from scheduler_service.radix_cache import RadixCache, _Node
 
 
 def reference_cache_unfinished(
@@ -32,7 +33,7 @@ def reference_cache_unfinished(
 
 def shape(c: RadixCache) -> list[tuple[object, ...]]:
     out = []
-    stack = [(c._root, ())]
+    stack: list[tuple[_Node, tuple[int, ...]]] = [(c._root, ())]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():
@@ -42,6 +43,15 @@ def shape(c: RadixCache) -> list[tuple[object, ...]]:
             )
             stack.append((child, p))
     return sorted(out)
+
+
+@dataclass
+class Running:
+    """One request's hold on a cache: its locked node, its slots, its cached length."""
+
+    node: object
+    slots: list[int]
+    length: int
 
 
 class Clock:
@@ -64,15 +74,15 @@ def test_fused_matches_reference(eviction: str, seed: int) -> None:
     for _ in range(60):
         clock.t += 0.02
         toks = rng.choice(bases) + [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
-        state = []
+        state: list[Running] = []
         for c in (fused, ref):
             m = c.match_prefix(toks[:-1])
             c.lock(m.node)
             new = c.alloc(len(toks) - m.length)
             assert new is not None
-            state.append([m.node, m.slots + new, m.length])
+            state.append(Running(m.node, list(m.slots) + list(new), m.length))
         # Prefill in chunks; occasionally another request caches an overlapping prefix first.
-        pos = state[0][2]
+        pos = state[0].length
         while pos < len(toks):
             pos = min(len(toks), pos + rng.randrange(1, 5))
             if rng.random() < 0.2:
@@ -84,16 +94,16 @@ def test_fused_matches_reference(eviction: str, seed: int) -> None:
                     assert extra is not None
                     c.insert(other, m.slots + extra)
                     c.unlock(m.node)
-            a = fused.cache_unfinished(toks[:pos], state[0][1][:pos], state[0][0])
-            b = reference_cache_unfinished(ref, toks[:pos], state[1][1][:pos], state[1][0])
+            a = fused.cache_unfinished(toks[:pos], state[0].slots[:pos], state[0].node)
+            b = reference_cache_unfinished(ref, toks[:pos], state[1].slots[:pos], state[1].node)
             assert (a is None) == (b is None)
             if a is not None and b is not None:
                 assert a.cached_len == b.cached_len
-                state[0][0], state[1][0] = a.node, b.node
+                state[0].node, state[1].node = a.node, b.node
             assert shape(fused) == shape(ref)
-        for c, (node, slots, _) in zip((fused, ref), state, strict=True):
-            c.insert(toks, slots)
-            c.unlock(node)
+        for c, run in zip((fused, ref), state, strict=True):
+            c.insert(toks, run.slots)
+            c.unlock(run.node)
             c.check_integrity(0)
         assert shape(fused) == shape(ref)
         assert (fused.evictable_size, fused.locked_size, fused.protected_size) == (

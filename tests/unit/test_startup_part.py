@@ -47,6 +47,7 @@ def test_llama_70b_config_has_the_published_shape_and_parameter_count() -> None:
     a = args_of("llama-3.1-70b")
     assert (a.hidden_size, a.num_layers, a.num_heads, a.num_kv_heads) == (8192, 80, 64, 8)
     assert (a.intermediate_size, a.vocab_size, a.head_dim) == (28672, 128256, 128)
+    assert a.rope_scaling is not None
     assert a.rope_scaling["rope_type"] == "llama3" and a.rope_scaling["factor"] == 8.0
     assert a.max_position == 131072 and not a.tie_word_embeddings
     n = preflight.param_count(a)
@@ -77,7 +78,12 @@ def test_70b_does_not_fit_an_80gb_gpu_even_in_bf16(tmp_path: Path, h100: None) -
 
 # -- the KV check before the weights ----------------------------------------------------------
 def kv_precheck(a: LlamaArgs, device: str, **kw: Any) -> None:
-    opts = {"kv_tokens": 0, "kv_memory_fraction": 0.85, "kv_memory_gb": 0.5, "min_tokens": 0}
+    opts: dict[str, Any] = {
+        "kv_tokens": 0,
+        "kv_memory_fraction": 0.85,
+        "kv_memory_gb": 0.5,
+        "min_tokens": 0,
+    }
     opts.update(kw)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     preflight.check_kv_before_weights(a, dtype, torch.device(device), **opts)
@@ -87,10 +93,11 @@ def test_kv_before_weights_on_an_h100(tmp_path: Path, h100: None) -> None:
     a = args_of("llama-3.1-8b")
     kv_precheck(a, "cuda")  # the defaults serve: about 54 GiB of KV
     kv_precheck(a, "cuda", min_tokens=400_000)
-    for name, kw, needed in [
+    cases: list[tuple[str, dict[str, Any], int]] = [
         ("kv_min_tokens", {"min_tokens": 1_000_000}, 1_000_000),
         ("kv_fraction", {"kv_memory_fraction": 0.001}, 4096),
-    ]:
+    ]
+    for name, kw, needed in cases:
         with pytest.raises(ModelError) as exc:
             kv_precheck(a, "cuda", **kw)
         msg = str(exc.value)

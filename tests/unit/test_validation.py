@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from radixmesh_wire.pb import api_pb2
@@ -9,7 +11,7 @@ from tokenizer_service.validation import InvalidRequest, normalize_sampling
 
 
 def _norm(
-    prompt_len: int = 10, lp: api_pb2.LogprobOptions | None = None, **kw: object
+    prompt_len: int = 10, lp: api_pb2.LogprobOptions | None = None, **kw: Any
 ) -> api_pb2.SamplingParams:
     return normalize_sampling(
         api_pb2.SamplingParams(**kw), lp or api_pb2.LogprobOptions(), prompt_len, 100, 1000, 128, 20
@@ -29,7 +31,7 @@ def _norm(
         ({"stop_token_ids": [5000]}, "stop token"),
     ],
 )
-def test_rejects(kw: dict[str, object], field: str) -> None:
+def test_rejects(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidRequest, match=field):
         _norm(**kw)
 

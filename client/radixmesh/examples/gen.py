@@ -23,7 +23,7 @@ def main() -> None:
     state = capital.run(country="France", temperature=0)
     print("answer:    ", state["answer"].strip())
     print("population:", state["population"].strip())
-    meta = state.get_meta_info("population")
+    meta = state.get_meta_info("population").source  # the Completion behind SGLang's dict
     if isinstance(meta, rm.Completion):  # the 2nd call reuses the 1st call's KV cache
         print(f"2nd call: {meta.cached_tokens}/{meta.prompt_tokens} prompt tokens cached")
     report(state)

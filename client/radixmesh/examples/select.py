@@ -27,7 +27,7 @@ def main() -> None:
     review = "The food was wonderful but we waited an hour for a table."
     for name, method in METHODS.items():
         state = sentiment.run(review=review, method=method)
-        meta = state.get_meta_info("label")
+        meta = state.get_meta_info("label").source  # the SelectResult behind SGLang's dict
         assert isinstance(meta, rm.SelectResult)
         scores = ", ".join(f"{x:.3f}" for x in meta.scores)
         print(f"{name:26s} -> {state['label'].strip():9s} scores [{scores}]")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from radixmesh.lang.params import GenParams
 
@@ -139,6 +139,12 @@ class BackendBase:
     def prompt_logprobs(self, prompt: Prompt, start: int, *, top: int = 0) -> Completion:
         request = LogprobRequest(prompt_logprobs_from=start, top_logprobs=top)
         return self.generate(prompt, GenParams(max_new_tokens=0), logprobs=request)
+
+    def get_chat_template(self) -> Any:
+        """SGLang's `backend.get_chat_template()` (a `ChatTemplate` of this model's markers)."""
+        from radixmesh.lang.chat_template import ChatTemplate
+
+        return ChatTemplate.from_model_info(self.model_info())  # type: ignore[attr-defined]
 
     def close(self) -> None:
         return None

@@ -9,7 +9,7 @@ stream executor per stream, exactly like the interpreter, without re-running Pyt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,8 +27,11 @@ from radixmesh.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Text,
     Variable,
+    VarScopeBegin,
+    VarScopeEnd,
 )
 from radixmesh.lang.params import GenParams, split_sampling
 from radixmesh.lang.roles import RoleRenderer
@@ -73,6 +76,10 @@ def describe(op: GraphOp) -> str:
         return "fork -> streams " + ", ".join(str(s) for s in op.streams)
     if isinstance(op, GetForkItem):
         return f"get_fork_item %{op.fork}[{op.index}]"
+    if isinstance(op, VarScopeBegin | VarScopeEnd):
+        return f"var_scope {op.name!r} {'begin' if isinstance(op, VarScopeBegin) else 'end'}"
+    if isinstance(op, SeparateReasoning):
+        return f"separate_reasoning {op.name!r}"
     return f"join %{op.fork} ({op.mode})"
 
 
@@ -84,6 +91,12 @@ class ProgramGraph:
     nodes: tuple[GraphNode, ...]
     arguments: tuple[str, ...]
     num_streams: int
+
+    @property
+    def last_node(self) -> GraphNode | None:
+        """The root stream's last node (SGLang's `trace().last_node`)."""
+        nodes = self.stream_nodes(0)
+        return nodes[-1] if nodes else None
 
     def stream_nodes(self, stream: int) -> list[GraphNode]:
         return [n for n in self.nodes if n.stream == stream]
@@ -158,6 +171,17 @@ class ProgramGraph:
         finally:
             root._executor.end()
         return root
+
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[Mapping[str, Any]],
+        *,
+        backend: Backend | None = None,
+        **sampling: Any,
+    ) -> list[ProgramState]:
+        """`run` for each kwargs mapping, all in flight at once; finished states in order."""
+        states = [self.run(backend=backend, **sampling, **kwargs) for kwargs in batch_kwargs]
+        return [s.wait() for s in states]
 
     def _dispatch(self, root: ProgramState, values: dict[str, Any]) -> None:
         states: dict[int, ProgramState] = {0: root}

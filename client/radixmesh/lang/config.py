@@ -35,6 +35,16 @@ class GlobalConfig:
     enable_parallelism: bool = True
     default_num_threads: int = 64
 
+    @property
+    def default_backend(self) -> Backend | None:
+        """SGLang's `global_config.default_backend`: the backend set so far (None if none)."""
+        with _backend_lock:
+            return _default_backend
+
+    @default_backend.setter
+    def default_backend(self, backend: Backend | None) -> None:
+        set_default_backend(backend)
+
 
 global_config = GlobalConfig()
 

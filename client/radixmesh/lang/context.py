@@ -22,20 +22,29 @@ class ProgramContext:
     stream: bool = False
     parallel: bool = True
     hint: bool = True
+    spec_tokens: int | None = None  # API speculative execution (speculation.py) when set
     _renderer: RoleRenderer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def create(
-        cls, backend: Backend, defaults: GenParams | None = None, *, stream: bool = False
+        cls,
+        backend: Backend,
+        defaults: GenParams | None = None,
+        *,
+        stream: bool = False,
+        spec_tokens: int | None = None,
     ) -> ProgramContext:
         """A context with the ablation switches of `global_config` as of now."""
+        if spec_tokens is not None and stream:
+            raise ValueError("stream=True cannot be combined with num_api_spec_tokens")
         return cls(
             backend,
             defaults or GenParams(),
             stream=stream,
             parallel=global_config.enable_parallelism,
             hint=global_config.enable_fork_hint,
+            spec_tokens=spec_tokens,
         )
 
     def renderer(self) -> RoleRenderer:

@@ -11,7 +11,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,10 +21,10 @@ from radixmesh.lang.config import get_default_backend, global_config
 from radixmesh.lang.context import ProgramContext
 from radixmesh.lang.errors import TracingError
 from radixmesh.lang.interpreter import StreamExecutor
-from radixmesh.lang.params import GenParams, split_sampling
+from radixmesh.lang.params import GenParams, params_from_kwargs, split_sampling
 from radixmesh.lang.roles import RoleRenderer
 from radixmesh.lang.state import ProgramState
-from radixmesh.lang.tracer import trace_program
+from radixmesh.lang.tracer import TracerState, trace_program
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +74,59 @@ class _ProgressPrinter:
 class SglFunction:
     """A program: the decorated function plus its run / run_batch / trace entry points."""
 
-    def __init__(self, func: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: Mapping[str, Any] | None = None,
+    ) -> None:
         self.func = func
         self.name = getattr(func, "__name__", "program")
         params = list(inspect.signature(func).parameters.values())
         if not params:
             raise TypeError(f"{self.name} must take the prompt state as its first parameter")
+        if num_api_spec_tokens is not None and num_api_spec_tokens < 1:
+            raise ValueError("num_api_spec_tokens must be >= 1")
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments: dict[str, Any] = dict(bind_arguments or {})
         self.arg_names = tuple(p.name for p in params[1:])
         self._graph: ProgramGraph | None = None
         self._trace_error: TracingError | None = None
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
 
-    def __call__(self, s: Any, *args: Any, **kwargs: Any) -> Any:
-        """Calls the program as a subroutine on an existing state (no new program)."""
-        return self.func(s, *args, **kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """On a prompt state (`other(s, ...)` inside a program): runs as a subroutine on that
+        state. Otherwise starts a run, as SGLang does: `prog(question="...")` is `prog.run(...)`.
+        """
+        if args and isinstance(args[0], ProgramState | TracerState):
+            return self.func(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """A copy of the program with some arguments fixed (SGLang's `bind`)."""
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"{self.name} has no parameters {unknown}")
+        return SglFunction(
+            self.func,
+            num_api_spec_tokens=self.num_api_spec_tokens,
+            bind_arguments={**self.bind_arguments, **kwargs},
+        )
+
+    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Positional and keyword program arguments (plus bound ones) as keywords."""
+        free = [a for a in self.arg_names if a not in self.bind_arguments]
+        if len(args) > len(free):
+            raise TypeError(f"{self.name} takes {len(free)} positional arguments, got {len(args)}")
+        out = dict(zip(free, args, strict=False))
+        for key, value in kwargs.items():
+            if key in out:
+                raise TypeError(f"{self.name} got multiple values for argument {key!r}")
+            out[key] = value
+        out.update(self.bind_arguments)
+        return out
 
     def _start(
         self,
@@ -100,7 +138,9 @@ class SglFunction:
         stream: bool,
         reraise: bool,
     ) -> ProgramState:
-        ctx = ProgramContext.create(backend, defaults, stream=stream)
+        ctx = ProgramContext.create(
+            backend, defaults, stream=stream, spec_tokens=self.num_api_spec_tokens
+        )
         state = ProgramState(StreamExecutor(ctx))
 
         def body() -> None:
@@ -132,8 +172,8 @@ class SglFunction:
         program_kwargs, defaults = split_sampling(kwargs, set(self.arg_names))
         return self._start(
             backend or get_default_backend(),
-            args,
-            program_kwargs,
+            (),
+            self._arguments(args, program_kwargs),
             defaults,
             stream=stream,
             reraise=not stream,  # a streamed body's error surfaces through the state
@@ -141,67 +181,106 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: Sequence[Mapping[str, Any]],
+        batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
         *,
         backend: Backend | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool | Progress = False,
+        generator_style: bool = False,
         **sampling: Any,
-    ) -> BatchResult:
-        """Runs one program per kwargs mapping; returns their finished states in input order.
+    ) -> Any:
+        """Runs one program per item (a kwargs mapping, or a tuple of positional arguments);
+        returns their finished states in input order.
 
         Up to `num_threads` programs run at once ("auto": min(batch size,
         global_config.default_num_threads); 1 when frontend parallelism is disabled).
-        A failing program does not stop the others: its state raises on read.
-        With the frontend hint on and more than one program, the program's traced constant
-        prefix is first sent once as a prefix-only request.
+        A failing request does not stop the others: its state raises on read. An exception
+        raised by a program body itself is re-raised here (the first in input order) once
+        every program has finished, as SGLang does. Keyword arguments must be sampling knobs
+        (a misspelt one is a TypeError). With the frontend hint on and more than one program,
+        the program's traced constant prefix is first sent once as a prefix-only request.
         `progress_bar`: True for a bar on stderr, or a callable (done, total).
+        `generator_style=True` returns an iterator yielding the states in input order, each
+        as soon as it (and those before it) finished.
         """
         backend = backend or get_default_backend()
-        _, batch_defaults = split_sampling(sampling, set())
-        total = len(batch_kwargs)
+        batch_defaults = params_from_kwargs(sampling)
+        items = [self._batch_item(item) for item in batch_kwargs]
+        total = len(items)
         if not global_config.enable_parallelism:
             workers = 1
         elif num_threads == "auto":
             workers = max(1, min(total, global_config.default_num_threads))
         else:
             workers = max(1, int(num_threads))
-        result = BatchResult()
+        prefix_warm = None
         if global_config.enable_fork_hint and total > 1:
-            result.prefix_warm = self._warm_prefix(backend)
+            prefix_warm = self._warm_prefix(backend)
 
         report: Progress | None = None
         if callable(progress_bar):
             report = progress_bar
         elif progress_bar:
             report = _ProgressPrinter(total)
-        states: list[ProgramState | None] = [None] * total
         lock = threading.Lock()
         done = 0
 
-        def job(i: int) -> None:
+        def job(i: int) -> ProgramState:
             nonlocal done
-            kwargs, own = split_sampling(batch_kwargs[i], set(self.arg_names))
+            kwargs, own = split_sampling(items[i], set(self.arg_names))
             defaults = own.merged_over(batch_defaults)
             state = self._start(backend, (), kwargs, defaults, stream=False, reraise=False)
-            states[i] = state.wait()
+            state.wait()
             with lock:
                 done += 1
                 if report is not None:
                     report(done, total)
+            return state
 
-        if workers == 1:
-            for i in range(total):
-                job(i)
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-batch") as pool:
-                for future in [pool.submit(job, i) for i in range(total)]:
-                    future.result()
-        result.extend(s for s in states if s is not None)
+        if generator_style:
+            return self._batch_iter(job, total, workers)
+        result = BatchResult()
+        result.prefix_warm = prefix_warm
+        result.extend(self._batch_iter(job, total, workers))
+        for state in result:
+            if state._executor.program_error is not None:
+                raise state._executor.program_error
         return result
 
-    def trace(self, **bound: Any) -> ProgramGraph:
-        """The program's graph; parameters not given in `bound` are abstract arguments."""
+    def _batch_item(self, item: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
+        if isinstance(item, Mapping):
+            return self._arguments((), item)
+        if isinstance(item, list | tuple):
+            return self._arguments(item, {})
+        raise TypeError(f"run_batch items must be dicts or tuples, not {type(item).__name__}")
+
+    @staticmethod
+    def _batch_iter(
+        job: Callable[[int], ProgramState], total: int, workers: int
+    ) -> Iterator[ProgramState]:
+        if workers == 1:
+            for i in range(total):
+                yield job(i)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="radixmesh-batch") as pool:
+            futures = [pool.submit(job, i) for i in range(total)]
+            for future in futures:
+                yield future.result()
+
+    def cache(self, backend: Backend | None = None) -> Completion | None:
+        """Sends the program's constant prefix once as a prefix-only request (SGLang's
+        `cache`), so that later runs hit the radix cache."""
+        return self._warm_prefix(backend or get_default_backend())
+
+    def compile(self, *, backend: Backend | None = None) -> ProgramGraph:
+        """SGLang's `compile`: the traced graph, which runs without re-running Python
+        (`graph.run(...)`, `graph.run_batch(...)`)."""
+        return self.trace()
+
+    def trace(self, *, backend: Backend | None = None, **bound: Any) -> ProgramGraph:
+        """The program's graph; parameters not given in `bound` are abstract arguments.
+        `backend` is accepted for SGLang's signature (tracing needs none)."""
+        bound = {**self.bind_arguments, **bound}
         if bound:
             return trace_program(self.func, self.name, self.arg_names, bound)
         if self._graph is None and self._trace_error is None:
@@ -237,6 +316,16 @@ class SglFunction:
         return f"<radixmesh function {self.name}({', '.join(self.arg_names)})>"
 
 
-def function(func: Callable[..., Any]) -> SglFunction:
-    """Decorator: `@rm.function def prog(s, question): s += ...`."""
-    return SglFunction(func)
+def function(
+    func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None
+) -> Any:
+    """Decorator: `@rm.function def prog(s, question): s += ...`, or
+    `@rm.function(num_api_spec_tokens=64)` for API speculative execution
+    (`radixmesh.lang.speculation`)."""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+
+    def decorate(f: Callable[..., Any]) -> SglFunction:
+        return SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+
+    return decorate

@@ -175,6 +175,14 @@ class GrpcBackend(BackendBase):
         except grpc.RpcError as exc:
             raise _rpc_error("Tokenize", exc) from exc
 
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of token ids (used for `gen(return_text_in_logprobs=True)`)."""
+        request = api_pb2.DetokenizeRequest(ids=list(ids))
+        try:
+            return str(self._stub.Detokenize(request, timeout=self.timeout).text)
+        except grpc.RpcError as exc:
+            raise _rpc_error("Detokenize", exc) from exc
+
     def model_info(self) -> ModelInfo:
         with self._lock:
             if self._info is None:

@@ -28,8 +28,25 @@ from typing import Any
 
 from radixmesh.lang.context import ProgramContext
 from radixmesh.lang.errors import ProgramError
-from radixmesh.lang.ir import Argument, Gen, Leaf, RoleBegin, RoleEnd, Select, Text, Variable
+from radixmesh.lang.gen_exec import split_reasoning
+from radixmesh.lang.ir import (
+    Argument,
+    Gen,
+    Leaf,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Text,
+    Variable,
+    VarScopeBegin,
+    VarScopeEnd,
+)
+from radixmesh.lang.meta import select_meta
+from radixmesh.lang.params import GenParams
 from radixmesh.lang.scoring import run_select
+from radixmesh.lang.speculation import Speculator, Term
+from radixmesh.lang.stream_gen import GenExecution
 from radixmesh.lang.stream_ops import (
     Await,
     End,
@@ -47,7 +64,7 @@ log = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
-class StreamExecutor:
+class StreamExecutor(GenExecution):
     """One prompt stream; see the module docstring for the execution model."""
 
     def __init__(
@@ -79,6 +96,11 @@ class StreamExecutor:
         self._messages: list[dict[str, str]] = []
         self._role: tuple[str, int] | None = None
         self._roles_started = False
+        self._scopes: dict[str, int] = {}  # open var_scope name -> text position
+        self._spec = Speculator(ctx.spec_tokens) if ctx.spec_tokens is not None else None
+        # Chat speculation: the open assistant turn's terms and the gens' (futures, params).
+        self._turn: list[Term] | None = None
+        self._turn_gens: list[tuple[list[Future[Any]], GenParams]] = []
         self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
         if ctx.parallel:
             name = f"radixmesh-stream-{self.id}"
@@ -118,8 +140,16 @@ class StreamExecutor:
         with self._cond:
             for leaf in leaves:
                 op = LeafOp(label_of(leaf), leaf=leaf)
-                if isinstance(leaf, Gen | Select) and leaf.name is not None:
+                named = isinstance(leaf, Gen | Select) and leaf.name is not None
+                if named or isinstance(leaf, VarScopeEnd):
+                    assert isinstance(leaf, Gen | Select | VarScopeEnd) and leaf.name is not None
                     op.outputs.append(self._register(leaf.name))
+                elif isinstance(leaf, SeparateReasoning):
+                    op.source = self._vars.get(leaf.name)
+                    if op.source is None:
+                        raise ValueError(f"separate_reasoning needs a gen named {leaf.name!r}")
+                    op.outputs.append(self._register(leaf.name))
+                    op.outputs.append(self._register(leaf.name + "_reasoning_content"))
                 ops.append(op)
         self._submit_role = role
         self._dispatch(ops)
@@ -130,6 +160,19 @@ class StreamExecutor:
         if name not in self._own_vars:
             self._own_vars.append(name)
         return future
+
+    def set_var(self, name: str, value: Any) -> None:
+        """`s[name] = value`: the variable holds `value` from now on (SGLang's set_var)."""
+        future: Future[Any] = Future()
+        future.set_result(value)
+        with self._cond:
+            self._vars[name] = future
+            if name not in self._own_vars:
+                self._own_vars.append(name)
+
+    def has_var(self, name: str) -> bool:
+        with self._cond:
+            return name in self._vars
 
     def submit_value(self, value: Future[Any], label: str) -> None:
         """Append a value another stream will produce (compiler-mode inter-stream edge)."""
@@ -290,6 +333,15 @@ class StreamExecutor:
                 self._pending -= 1
                 self._cond.notify_all()
 
+    def _fill(self, text: str) -> None:
+        """Appends constant text (not model output): it is matched against the speculation."""
+        if self._turn is not None:  # chat speculation: part of the turn's template
+            self._turn.append(Term(text))
+            return
+        if self._spec is not None:
+            self._spec.fill(text)
+        self._append(text)
+
     def _append(self, text: str, var: str | None = None) -> None:
         if text:
             with self._cond:
@@ -298,7 +350,13 @@ class StreamExecutor:
                 self._cond.notify_all()
 
     def _execute(self, op: Op) -> None:
-        if isinstance(op, LeafOp):
+        if isinstance(op, LeafOp) and isinstance(op.leaf, SeparateReasoning):
+            assert op.source is not None
+            value = op.source.result()
+            answer, reasoning = split_reasoning(value, op.leaf.begin, op.leaf.end)
+            for future, v in zip(op.outputs, (answer, reasoning), strict=True):
+                future.set_result(v)
+        elif isinstance(op, LeafOp):
             assert op.leaf is not None
             self._execute_leaf(op.leaf, op.outputs)
         elif isinstance(op, Inherit):
@@ -306,7 +364,7 @@ class StreamExecutor:
             self._fork_len = len(snap.text)
             self._messages = [dict(m) for m in snap.messages]
             self._role, self._roles_started = snap.role, snap.roles_started
-            self._append(snap.text)
+            self._append(snap.text)  # not a fill: a fork starts without speculation
         elif isinstance(op, ForkPoint):
             if op.hint and self._text:
                 try:  # the hint only saves compute: a failure must not fail the program
@@ -318,7 +376,7 @@ class StreamExecutor:
                 future.set_result(snap)
         elif isinstance(op, Await):
             value = op.value.result()
-            self._append(value if isinstance(value, str) else str(value))
+            self._fill(value if isinstance(value, str) else str(value))
         elif isinstance(op, JoinOp):
             self._execute_join(op)
         else:  # pragma: no cover - all op kinds are handled above
@@ -327,9 +385,20 @@ class StreamExecutor:
     def _execute_leaf(self, leaf: Leaf, outputs: list[Future[Any]]) -> None:
         value: Any = None
         if isinstance(leaf, Text):
-            self._append(leaf.value)
+            self._fill(leaf.value)
+        elif isinstance(leaf, Gen) and self._turn is not None:
+            params = leaf.params.merged_over(self.ctx.defaults)
+            self._turn.append(Term("", leaf.name or "", params.stop))
+            self._turn_gens.append((outputs, params))
+            return  # resolved when the turn is generated, at the role's end
         elif isinstance(leaf, Gen):
             value = self._execute_gen(leaf)
+        elif isinstance(leaf, VarScopeBegin):
+            self._scopes[leaf.name] = len(self._text)
+        elif isinstance(leaf, VarScopeEnd):
+            if leaf.name not in self._scopes:
+                raise ValueError(f"var_scope {leaf.name!r} ends without beginning")
+            value = self._text[self._scopes.pop(leaf.name) :]
         elif isinstance(leaf, Select):
             result = run_select(
                 self.ctx.backend,
@@ -344,38 +413,33 @@ class StreamExecutor:
             value = result.choice
             if leaf.name is not None:
                 with self._cond:
-                    self._meta[leaf.name] = result
+                    self._meta[leaf.name] = select_meta(result)
         elif isinstance(leaf, RoleBegin):
-            renderer = self.ctx.renderer()
-            self._append(renderer.begin(leaf.role, first=not self._roles_started))
-            self._roles_started = True
-            self._role = (leaf.role, len(self._text))
+            self._begin_role(leaf.role)
         elif isinstance(leaf, RoleEnd):
             assert self._role is not None and self._role[0] == leaf.role  # checked at submit
-            content = self._text[self._role[1] :]
+            if self._turn is not None:
+                self._finish_turn()
+            # As SGLang: a message's content is the role's text without leading whitespace.
+            content = self._text[self._role[1] :].lstrip()
             self._messages.append({"role": leaf.role, "content": content})
             self._role = None
-            self._append(self.ctx.renderer().end(leaf.role))
+            self._fill(self.ctx.renderer().end(leaf.role))
         for future in outputs:
             future.set_result(value)
 
-    def _execute_gen(self, leaf: Gen) -> str:
-        params = leaf.params.merged_over(self.ctx.defaults)
-        prompt, start = self._text, len(self._text)
-        on_text = (lambda chunk: self._append(chunk, leaf.name)) if self.ctx.stream else None
-        completion = self.ctx.backend.generate(prompt, params, on_text=on_text)
-        with self._cond:
-            streamed = self._text[start:]
-        if completion.text.startswith(streamed):
-            self._append(completion.text[len(streamed) :], leaf.name)
-        else:  # the server trimmed streamed text (a stop string): the completion is the truth
-            with self._cond:
-                self._text = prompt + completion.text
-        self.ctx.stats.add("gen", completion)
-        if leaf.name is not None:
-            with self._cond:
-                self._meta[leaf.name] = completion
-        return completion.text
+    def _begin_role(self, role: str) -> None:
+        renderer = self.ctx.renderer()
+        first = not self._roles_started
+        system = renderer.default_system(role, first=first)
+        if system is not None:  # the template's default system message is a message too
+            self._messages.append({"role": "system", "content": system.lstrip()})
+        self._fill(renderer.begin(role, first=first))
+        self._roles_started = True
+        self._role = (role, len(self._text))
+        chat = getattr(self.ctx.backend, "is_chat_model", False)
+        if role == "assistant" and chat and self.ctx.spec_tokens is not None:
+            self._turn, self._turn_gens = [], []
 
     def _execute_join(self, op: JoinOp) -> None:
         for child in op.children:
@@ -385,7 +449,7 @@ class StreamExecutor:
                 raise ProgramError(f"fork branch {i} failed") from child._error
         if op.mode == "concat":
             for child in op.children:
-                self._append(child._text[child._fork_len :])
+                self._fill(child._text[child._fork_len :])
             return
         for name, future in zip(op.names, op.outputs, strict=True):
             values = []

@@ -78,6 +78,28 @@ class RoleEnd(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class VarScopeBegin(Expr):
+    """Start of `s.var_scope(name)`: the text appended until `VarScopeEnd` becomes `s[name]`."""
+
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class SeparateReasoning(Expr):
+    """After gen `name`: split its `<think>...</think>` part into `s[name + "_reasoning_content"]`
+    and keep only the answer in `s[name]` (the prompt text keeps both)."""
+
+    name: str
+    begin: str = "<think>"
+    end: str = "</think>"
+
+
+@dataclass(frozen=True, eq=False)
 class Role(Expr):
     """`RoleBegin(role)`, the content, `RoleEnd(role)`; content None means empty."""
 
@@ -166,13 +188,37 @@ class Join:
 
 
 #: Leaves the interpreter executes; composites are flattened away first.
-Leaf = Text | Gen | Select | RoleBegin | RoleEnd | Argument | Variable
+Leaf = (
+    Text
+    | Gen
+    | Select
+    | RoleBegin
+    | RoleEnd
+    | Argument
+    | Variable
+    | VarScopeBegin
+    | VarScopeEnd
+    | SeparateReasoning
+)
 GraphOp = Leaf | Fork | GetForkItem | Join
 
+_LEAVES = (
+    Gen,
+    Select,
+    RoleBegin,
+    RoleEnd,
+    Argument,
+    Variable,
+    VarScopeBegin,
+    VarScopeEnd,
+    SeparateReasoning,
+)
 _SENTINEL = re.compile("\x00rm:(arg|var):([^\x00]*)\x00")
 
 
 def _as_expr(value: Any) -> Expr:
+    if value is None:
+        raise ValueError("tried to append None to a prompt")
     if isinstance(value, Expr):
         return value
     if isinstance(value, str):
@@ -201,6 +247,8 @@ def split_sentinels(text: str) -> list[Leaf]:
 
 def flatten(value: Expr | str) -> list[Leaf]:
     """Leaves of `value` in program order; empty Text is dropped. Raises TypeError on junk."""
+    if value is None:
+        raise ValueError("tried to append None to a prompt")
     out: list[Leaf] = []
     stack: list[Any] = [value]
     while stack:
@@ -220,7 +268,7 @@ def flatten(value: Expr | str) -> list[Leaf]:
                 stack.append(item.value)
             elif item.value:
                 out.append(item)
-        elif isinstance(item, Gen | Select | RoleBegin | RoleEnd | Argument | Variable):
+        elif isinstance(item, _LEAVES):
             out.append(item)
         else:
             raise TypeError(

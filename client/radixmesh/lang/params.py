@@ -31,6 +31,12 @@ class GenParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # Not sampling knobs but per-gen request options (SGLang passes them the same way).
+    n: int | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
 
     def __post_init__(self) -> None:
         constraints = [c for c in (self.regex, self.json_schema, self.ebnf) if c is not None]
@@ -38,6 +44,8 @@ class GenParams:
             raise ValueError("at most one of regex, json_schema, ebnf may be given")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
+        if self.n is not None and self.n < 1:
+            raise ValueError("n must be >= 1")
 
     @property
     def constrained(self) -> bool:
@@ -65,7 +73,11 @@ class GenParams:
 
 
 #: Keyword names accepted as sampling defaults by `run` / `run_batch` (plus `max_tokens`).
-SAMPLING_KEYS: frozenset[str] = frozenset(f.name for f in fields(GenParams)) | {"max_tokens"}
+SAMPLING_KEYS: frozenset[str] = frozenset(f.name for f in fields(GenParams)) | {
+    "max_tokens",
+    "frequency_penalty",
+    "presence_penalty",
+}
 
 
 def make_params(
@@ -84,10 +96,23 @@ def make_params(
     regex: str | None = None,
     json_schema: str | Mapping[str, Any] | None = None,
     ebnf: str | None = None,
+    n: int | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
 ) -> GenParams:
     """Normalises user-facing spellings (`max_tokens`, a single stop string, a schema dict)."""
     if max_tokens is not None and max_new_tokens is not None and max_tokens != max_new_tokens:
         raise ValueError("give max_tokens or max_new_tokens, not both")
+    for knob, value in (
+        ("frequency_penalty", frequency_penalty),
+        ("presence_penalty", presence_penalty),
+    ):
+        if value:  # accepted for SGLang's signature; a real penalty must not be dropped silently
+            raise ValueError(f"{knob} is not supported by RadixMesh (got {value})")
     stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
     schema = (
         json_schema
@@ -108,6 +133,11 @@ def make_params(
         regex=regex,
         json_schema=schema,
         ebnf=ebnf,
+        n=n,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
     )
 
 

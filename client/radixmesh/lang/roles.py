@@ -24,6 +24,12 @@ class RoleRenderer:
             )
         return markers
 
+    def default_system(self, role: str, *, first: bool) -> str | None:
+        """The default system prompt `begin` inserts before `role`, None when it inserts none."""
+        if first and role != "system" and self._info.default_system_prompt:
+            return self._info.default_system_prompt
+        return None
+
     def begin(self, role: str, *, first: bool) -> str:
         """Text opening `role`. On the stream's first role, a non-system role is preceded by
         the model's default system prompt, as the model's chat template would do."""

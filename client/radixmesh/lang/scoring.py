@@ -19,12 +19,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from radixmesh.lang.backend import Backend, Completion, Prompt, TokenLogprob
-from radixmesh.lang.choices import ChoiceScores, ChoicesMethod
+from radixmesh.lang.choices import (
+    ChoiceScores,
+    ChoicesDecision,
+    ChoicesMethod,
+    LogprobEntry,
+    sglang_normalized,
+)
 from radixmesh.lang.errors import BackendError
 from radixmesh.lang.stats import ProgramStats
 
@@ -63,6 +69,8 @@ class SelectResult:
     token_logprobs: tuple[tuple[float, ...], ...]
     unconditional_logprobs: tuple[tuple[float, ...], ...] | None
     completions: tuple[Completion, ...]
+    #: SGLang's meta info of a select (normalized_prompt_logprobs, input_token_logprobs, ...).
+    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 def choice_tokens(completion: Completion, prefix_ids: Sequence[int]) -> list[TokenLogprob]:
@@ -82,6 +90,16 @@ def choice_tokens(completion: Completion, prefix_ids: Sequence[int]) -> list[Tok
     return out
 
 
+def boundary_entry(completion: Completion, prefix_ids: Sequence[int]) -> TokenLogprob | None:
+    """The entry of the prompt's own last token when it survived unmerged (else None)."""
+    last = len(prefix_ids) - 1
+    k = last - completion.prompt_logprobs_from
+    if last < 1 or not 0 <= k < len(completion.prompt_logprobs):
+        return None
+    entry = completion.prompt_logprobs[k]
+    return entry if entry.token_id == prefix_ids[last] else None
+
+
 def _score(
     backend: Backend, prompt: Prompt, prefix_ids: Sequence[int], *, top: int
 ) -> tuple[Completion, list[TokenLogprob]]:
@@ -94,6 +112,19 @@ def _score(
             f"got {len(completion.prompt_logprobs)} from {completion.prompt_logprobs_from})"
         )
     return completion, tokens
+
+
+def _standalone(backend: Backend, ids: Sequence[int]) -> tuple[Completion, list[TokenLogprob]]:
+    """Scores token ids with no context (SGLang's unconditional logprobs); position 0 has no
+    logprob and is returned as 0.0."""
+    if len(ids) < 2:
+        return Completion(""), [TokenLogprob(ids[0], 0.0)] if ids else []
+    completion = backend.prompt_logprobs(list(ids), 1)
+    return completion, [TokenLogprob(ids[0], 0.0), *completion.prompt_logprobs]
+
+
+def _entries(tokens: Sequence[TokenLogprob]) -> list[LogprobEntry]:
+    return [(t.logprob, t.token_id, None) for t in tokens]
 
 
 def _unconditional(
@@ -117,7 +148,7 @@ def run_select(
     backend: Backend,
     prefix: str,
     choices: Sequence[str],
-    method: ChoicesMethod,
+    method: ChoicesMethod | Any,
     *,
     hint: bool,
     parallel: bool,
@@ -134,11 +165,11 @@ def run_select(
     else:
         prefix_ids = backend.tokenize(prefix) if prefix else []
 
-    top = 1 if method.needs_top else 0
+    top = 1 if getattr(method, "needs_top", False) else 0
     calls: list[Callable[[], tuple[Completion, list[TokenLogprob]]]] = [
         partial(_score, backend, prefix + c, prefix_ids, top=top) for c in choices
     ]
-    if method.needs_unconditional:
+    if getattr(method, "needs_unconditional", False):
         calls += [partial(_unconditional, backend, c, method.context) for c in choices]
     results = map_calls(calls, parallel=parallel)
     if stats is not None:
@@ -147,6 +178,19 @@ def run_select(
 
     n = len(choices)
     conditional = [[t.logprob for t in toks] for _, toks in results[:n]]
+    normalized: list[float] = []
+    for completion, toks in results[:n]:
+        boundary = boundary_entry(completion, prefix_ids)
+        values = ([boundary.logprob] if boundary else []) + [t.logprob for t in toks]
+        normalized.append(sglang_normalized(values, boundary_is_prompt=boundary is not None))
+    inputs = [_entries(toks) for _, toks in results[:n]]
+    meta: dict[str, Any] = {
+        "normalized_prompt_logprobs": normalized,
+        "input_token_logprobs": inputs,
+        "output_token_logprobs": [[] for _ in choices],
+    }
+    if not hasattr(method, "pick"):  # an SGLang-style ChoicesSamplingMethod
+        return _decide(backend, choices, method, results[:n], meta, parallel=parallel, stats=stats)
     unconditional = [[t.logprob for t in toks] for _, toks in results[n:]] or None
     scores = []
     for i, (_, toks) in enumerate(results[:n]):
@@ -158,9 +202,11 @@ def run_select(
                 token_logprobs=tuple(conditional[i]),
                 is_argmax=argmax,
                 unconditional_logprobs=tuple(unconditional[i]) if unconditional else None,
+                normalized=normalized[i],
             )
         )
     index, values = method.pick(scores)
+    meta["scores"] = values
     return SelectResult(
         choice=choices[index],
         index=index,
@@ -169,4 +215,52 @@ def run_select(
         token_logprobs=tuple(tuple(x) for x in conditional),
         unconditional_logprobs=tuple(tuple(x) for x in unconditional) if unconditional else None,
         completions=tuple(c for c, _ in results),
+        meta_info=meta,
+    )
+
+
+def _decide(
+    backend: Backend,
+    choices: Sequence[str],
+    method: Any,
+    results: list[tuple[Completion, list[TokenLogprob]]],
+    meta: dict[str, Any],
+    *,
+    parallel: bool,
+    stats: ProgramStats | None,
+) -> SelectResult:
+    """Runs an SGLang-style method: `method(choices=..., ...)` returns a ChoicesDecision."""
+    uncond_results: list[tuple[Completion, list[TokenLogprob]]] = []
+    if getattr(method, "requires_unconditional_logprobs", False):
+        calls = [
+            partial(_standalone, backend, [e[1] for e in entries])
+            for entries in meta["input_token_logprobs"]
+        ]
+        uncond_results = map_calls(calls, parallel=parallel)
+        if stats is not None:
+            for completion, _ in uncond_results:
+                stats.add("select", completion)
+    unconditional = [_entries(toks) for _, toks in uncond_results] or None
+    decision = method(
+        choices=list(choices),
+        normalized_prompt_logprobs=meta["normalized_prompt_logprobs"],
+        input_token_logprobs=meta["input_token_logprobs"],
+        output_token_logprobs=meta["output_token_logprobs"],
+        unconditional_token_logprobs=unconditional,
+    )
+    if not isinstance(decision, ChoicesDecision) or decision.decision not in choices:
+        raise ValueError(f"choices method {method!r} must return a ChoicesDecision of a choice")
+    index = list(choices).index(decision.decision)
+    info = dict(decision.meta_info or meta)
+    return SelectResult(
+        choice=decision.decision,
+        index=index,
+        method=getattr(method, "name", type(method).__name__),
+        scores=tuple(meta["normalized_prompt_logprobs"]),
+        token_logprobs=tuple(tuple(e[0] or 0.0 for e in x) for x in meta["input_token_logprobs"]),
+        unconditional_logprobs=(
+            tuple(tuple(e[0] or 0.0 for e in x) for x in unconditional) if unconditional else None
+        ),
+        completions=tuple(c for c, _ in results + uncond_results),
+        meta_info=info,
     )

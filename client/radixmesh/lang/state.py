@@ -7,16 +7,30 @@ for ordering and error semantics.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, overload
 
-from radixmesh.lang.backend import Completion
 from radixmesh.lang.errors import BackendError
 from radixmesh.lang.interpreter import StreamExecutor
-from radixmesh.lang.ir import Expr, RoleBegin, RoleEnd, flatten
-from radixmesh.lang.scoring import SelectResult
+from radixmesh.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, flatten
+from radixmesh.lang.meta import MetaInfo
 from radixmesh.lang.stats import ProgramStats
+
+#: SGLang's join mode names, mapped to RadixMesh's.
+JOIN_MODES = {
+    "gather": "gather",
+    "gather_variable": "gather",
+    "concat": "concat",
+    "concate_and_append": "concat",
+}
+
+
+def join_mode(mode: str) -> str:
+    if mode not in JOIN_MODES:
+        raise ValueError(f"invalid join mode {mode!r}; expected one of {sorted(JOIN_MODES)}")
+    return JOIN_MODES[mode]
 
 
 class ProgramState:
@@ -37,28 +51,52 @@ class ProgramState:
         self._executor.submit(flatten(other))
 
     @contextmanager
-    def _role(self, role: str) -> Iterator[ProgramState]:
+    def _role_scope(self, role: str) -> Iterator[ProgramState]:
         self._executor.submit([RoleBegin(role)])
         yield self
         self._executor.submit([RoleEnd(role)])
 
-    def system(self) -> AbstractContextManager[ProgramState]:
-        """`with s.system(): s += ...` wraps what is appended in system markers."""
-        return self._role("system")
+    def _role(self, role: str, expr: Expr | str | None) -> Any:
+        if expr is None:
+            return self._role_scope(role)
+        self._executor.submit([RoleBegin(role), *flatten(expr), RoleEnd(role)])
+        return None
 
-    def user(self) -> AbstractContextManager[ProgramState]:
-        return self._role("user")
+    def system(self, expr: Expr | str | None = None) -> Any:
+        """`s.system(x)` appends x in system markers; `with s.system(): s += ...` wraps what
+        is appended inside the block."""
+        return self._role("system", expr)
 
-    def assistant(self) -> AbstractContextManager[ProgramState]:
-        return self._role("assistant")
+    def user(self, expr: Expr | str | None = None) -> Any:
+        return self._role("user", expr)
 
-    def fork(self, size: int = 1) -> ForkGroup:
+    def assistant(self, expr: Expr | str | None = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[ProgramState]:
+        """`with s.var_scope("x"): s += ...` stores the text appended in the block as s["x"]."""
+        self._executor.submit([VarScopeBegin(name)])
+        yield self
+        self._executor.submit([VarScopeEnd(name)])
+
+    def fork(self, size: int = 1, position_ids_offset: Sequence[int] | None = None) -> ForkGroup:
         """`size` branches that start from this prompt as of now and run in parallel.
 
         With the frontend hint on (the default), the shared prefix is sent first as a
-        prefix-only request so that every branch hits the radix cache.
+        prefix-only request so that every branch hits the radix cache. `position_ids_offset`
+        is accepted and ignored, as SGLang's interpreter does.
         """
-        return ForkGroup(self._executor, [ProgramState(e) for e in self._executor.fork(size)])
+        return ForkGroup(self._executor, [ProgramState(e) for e in self._executor.fork(int(size))])
+
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """`with s.copy() as c:` a one-branch fork, joined (gather) when the block ends."""
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     # ---- reading (these wait) ---------------------------------------------------------
 
@@ -69,11 +107,21 @@ class ProgramState:
     def get_var(self, name: str) -> Any:
         return self._executor.get(name)
 
-    def get_meta_info(self, name: str) -> Completion | SelectResult | None:
-        """The Completion (gen: cached_tokens, finish_reason, ...) or SelectResult (select:
-        per-choice scores) behind variable `name`."""
+    def __setitem__(self, name: str, value: Any) -> None:
+        """`s[name] = value` sets a variable directly (it is not appended to the prompt)."""
+        self._executor.set_var(name, value)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self._executor.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return self._executor.has_var(name)
+
+    def get_meta_info(self, name: str) -> MetaInfo | None:
+        """SGLang's meta-info dict of gen/select variable `name` (see `radixmesh.lang.meta`);
+        attribute reads go to the Completion / SelectResult behind it."""
         meta = self._executor.meta(name)
-        return meta if isinstance(meta, Completion | SelectResult) else None
+        return meta if isinstance(meta, MetaInfo) else None
 
     def text(self) -> str:
         """The whole prompt so far; raises ProgramError if an op of this stream failed."""
@@ -87,6 +135,24 @@ class ProgramState:
         """Text as it is produced (gen streams token chunks when run with stream=True),
         only variable `var_name`'s when given; ends when the program returns."""
         yield from self._executor.chunks(var_name)
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio code: chunks are read on a worker thread, so the event
+        loop never blocks. With `return_meta_data` (and a variable) yields (chunk, meta)."""
+        loop = asyncio.get_running_loop()
+        chunks = self._executor.chunks(var_name)
+        done = object()
+        while True:
+            chunk = await loop.run_in_executor(None, next, chunks, done)
+            if chunk is done:
+                return
+            if return_meta_data and var_name is not None:
+                meta = await loop.run_in_executor(None, self._executor.meta, var_name)
+                yield chunk, meta
+            else:
+                yield chunk
 
     def sync(self) -> None:
         """Waits for every op submitted to this state so far (not its forks)."""
@@ -151,11 +217,23 @@ class ForkGroup(Sequence[ProgramState]):
     def __len__(self) -> int:
         return len(self._states)
 
-    def __iadd__(self, other: Expr | str | Sequence[Expr | str]) -> ForkGroup:
-        """Appends `other` to every branch, or element i to branch i for a sequence."""
+    def __setitem__(self, index: int, value: ProgramState) -> None:
+        """Completes `forks[i] += x` (Python stores the branch back); branches are fixed."""
+        if value is not self._states[index]:
+            raise TypeError("fork branches cannot be replaced; append to them with +=")
+
+    def __iadd__(
+        self, other: Expr | str | Sequence[Expr | str] | Callable[[int], Expr | str]
+    ) -> ForkGroup:
+        """Appends `other` to every branch, element i to branch i for a sequence, or
+        `other(i)` to branch i for a function."""
         if isinstance(other, Expr | str):
             for state in self._states:
                 state += other
+            return self
+        if callable(other):
+            for i, state in enumerate(self._states):
+                state += other(i)
             return self
         items = list(other)
         if len(items) != len(self._states):
@@ -168,8 +246,9 @@ class ForkGroup(Sequence[ProgramState]):
         """Variable `name` of every branch (waits)."""
         return [s[name] for s in self._states]
 
-    def join(self, mode: str = "gather") -> None:
+    def join(self, mode: str = "gather_variable") -> None:
         """Ends the branches. "gather": each variable set in the branches becomes, in the
         parent, the list of branch values; "concat": the branches' new text is appended to
-        the parent in branch order. Does not block."""
-        self._parent.join([s._executor for s in self._states], mode)
+        the parent in branch order. SGLang's names "gather_variable" and
+        "concate_and_append" are the same modes. Does not block."""
+        self._parent.join([s._executor for s in self._states], join_mode(mode))

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.lang.ir import Gen, Leaf, RoleBegin, RoleEnd, Select
+from radixmesh.lang.ir import Gen, Leaf, RoleBegin, RoleEnd, Select, VarScopeBegin, VarScopeEnd
 
 if TYPE_CHECKING:
     from radixmesh.lang.interpreter import StreamExecutor
@@ -34,6 +34,7 @@ class Op:
 @dataclass(eq=False)
 class LeafOp(Op):
     leaf: Leaf | None = None
+    source: Future[Any] | None = None  # SeparateReasoning: the gen's own variable
 
 
 @dataclass(eq=False)
@@ -73,4 +74,6 @@ def label_of(leaf: Leaf) -> str:
         return f"{kind} {leaf.name!r}" if leaf.name else kind
     if isinstance(leaf, RoleBegin | RoleEnd):
         return f"{leaf.role} role"
+    if isinstance(leaf, VarScopeBegin | VarScopeEnd):
+        return f"var_scope {leaf.name!r}"
     return "text"

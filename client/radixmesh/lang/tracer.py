@@ -10,7 +10,7 @@ can be compiled, as in the paper.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any, NoReturn, overload
 
 from radixmesh.lang.compiler import GraphNode, ProgramGraph
@@ -27,8 +27,11 @@ from radixmesh.lang.ir import (
     RoleEnd,
     Select,
     Variable,
+    VarScopeBegin,
+    VarScopeEnd,
     flatten,
 )
+from radixmesh.lang.state import join_mode
 
 
 class _Builder:
@@ -82,22 +85,42 @@ class TracerState:
     def get_var(self, name: str) -> Variable:
         return self[name]
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._needs_value("s[name] = value")
+
     @contextmanager
-    def _role(self, role: str) -> Iterator[TracerState]:
+    def _role_scope(self, role: str) -> Iterator[TracerState]:
         self.extend(RoleBegin(role))
         yield self
         self.extend(RoleEnd(role))
 
-    def system(self) -> AbstractContextManager[TracerState]:
-        return self._role("system")
+    def _role(self, role: str, expr: Expr | str | None) -> Any:
+        if expr is None:
+            return self._role_scope(role)
+        self.extend(RoleBegin(role) + expr + RoleEnd(role))
+        return None
 
-    def user(self) -> AbstractContextManager[TracerState]:
-        return self._role("user")
+    def system(self, expr: Expr | str | None = None) -> Any:
+        return self._role("system", expr)
 
-    def assistant(self) -> AbstractContextManager[TracerState]:
-        return self._role("assistant")
+    def user(self, expr: Expr | str | None = None) -> Any:
+        return self._role("user", expr)
 
-    def fork(self, size: int = 1) -> TracerForkGroup:
+    def assistant(self, expr: Expr | str | None = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[TracerState]:
+        self.extend(VarScopeBegin(name))
+        yield self
+        node_id = self._builder.add(self.stream, VarScopeEnd(name))
+        self._builder.sources[(self.stream, name)] = node_id
+
+    def fork(
+        self, size: int = 1, position_ids_offset: Sequence[int] | None = None
+    ) -> TracerForkGroup:
+        # position_ids_offset: accepted and ignored, as in SGLang (see ProgramState.fork)
+        size = int(size)
         if size < 1:
             raise ValueError("fork needs size >= 1")
         streams = tuple(self._builder.new_stream(self.stream) for _ in range(size))
@@ -135,8 +158,19 @@ class TracerForkGroup(Sequence[TracerState]):
     def __len__(self) -> int:
         return len(self._states)
 
-    def __iadd__(self, other: Expr | str | Sequence[Expr | str]) -> TracerForkGroup:
-        items = [other] * len(self) if isinstance(other, Expr | str) else list(other)
+    def __setitem__(self, index: int, value: TracerState) -> None:
+        if value is not self._states[index]:
+            raise TypeError("fork branches cannot be replaced; append to them with +=")
+
+    def __iadd__(
+        self, other: Expr | str | Sequence[Expr | str] | Callable[[int], Expr | str]
+    ) -> TracerForkGroup:
+        if isinstance(other, Expr | str):
+            items = [other] * len(self)
+        elif callable(other):
+            items = [other(i) for i in range(len(self))]
+        else:
+            items = list(other)
         if len(items) != len(self):
             raise ValueError(f"{len(items)} items for {len(self)} branches")
         for state, item in zip(self._states, items, strict=True):
@@ -146,9 +180,8 @@ class TracerForkGroup(Sequence[TracerState]):
     def values(self, name: str) -> list[Variable]:
         return [s[name] for s in self._states]
 
-    def join(self, mode: str = "gather") -> None:
-        if mode not in ("gather", "concat"):
-            raise ValueError("join mode must be 'gather' or 'concat'")
+    def join(self, mode: str = "gather_variable") -> None:
+        mode = join_mode(mode)
         builder, parent = self._parent._builder, self._parent.stream
         join_id = builder.add(parent, Join(self._fork_id, mode))
         if mode == "gather":  # the branches' variables become lists in the parent

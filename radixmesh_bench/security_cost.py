@@ -1,0 +1,133 @@
+"""`radixmesh bench security`: what TLS and API keys cost (JSON on stdout).
+
+Two stacks run side by side on the same model: `plain` (every link plaintext, no keys) and
+`secured` (mutual TLS on every internal link, TLS on the public port, an API key on every
+call). The same workload runs on each in alternating rounds (A B A B ...), so drift on the
+machine hits both alike; the report gives output tok/s and latency percentiles per mode and
+the secured/plain ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from radixmesh.api import Client
+
+from radixmesh_bench.stack import progress, timed_stream
+from radixmesh_server.launcher import Launcher, StackPorts, free_port, stack_specs
+from radixmesh_server.logging import configure_logging
+from radixmesh_server.pki import make_server_cert
+
+API_KEY = "bench-key"
+
+
+@contextlib.contextmanager
+def _stack(secured: bool, model: str, logs: Path) -> Iterator[dict[str, Any]]:
+    ports = StackPorts.free()
+    tok_args: list[str] = []
+    client: dict[str, Any] = {"endpoint": f"127.0.0.1:{ports.tokenizer}"}
+    if secured:
+        ca, cert, key = make_server_cert(logs / "public-tls", "localhost")
+        tok_args = ["--api-keys", API_KEY, "--tls-cert", str(cert), "--tls-key", str(key)]
+        client = {"endpoint": f"localhost:{ports.tokenizer}", "api_key": API_KEY, "tls": str(ca)}
+    specs = stack_specs(ports, model, tokenizer_args=tok_args)
+    if secured:
+        next(s for s in specs if s.name == "tokenizer").health_port = free_port()
+    launcher = Launcher(
+        specs, log_dir=logs / ("secured" if secured else "plain"), internal_tls=secured
+    )
+    launcher.start_all()
+    try:
+        asyncio.run(launcher.wait_ready(timeout=600))
+        yield client
+    finally:
+        launcher.stop_all()
+
+
+def _round(client: dict[str, Any], n: int, concurrency: int, tokens: int) -> dict[str, Any]:
+    reqs = [
+        {
+            "prompt": f"Request {i}: write a short story about the number {i}.",
+            "max_new_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
+        for i in range(n)
+    ]
+    with Client(timeout=600, **client) as c, ThreadPoolExecutor(concurrency) as pool:
+        t0 = time.perf_counter()
+        out = list(pool.map(lambda kw: timed_stream(c, **kw), reqs))
+        wall = time.perf_counter() - t0
+    return {
+        "wall_s": wall,
+        "out_tokens": sum(t.result.completion_tokens for t in out),
+        "latency_s": [t.latency_s for t in out],
+        "ttft_s": [t.ttft_s for t in out],
+    }
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = sorted(x for r in rounds for x in r["latency_s"])
+    ttft = sorted(x for r in rounds for x in r["ttft_s"])
+    tok_s = [r["out_tokens"] / r["wall_s"] for r in rounds]
+    return {
+        "output_tok_s_median": statistics.median(tok_s),
+        "output_tok_s_rounds": [round(x, 1) for x in tok_s],
+        "latency_p50_s": statistics.median(lat),
+        "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "ttft_p50_s": statistics.median(ttft),
+    }
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    configure_logging("bench", "warning")
+    logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-security-"))
+    results: dict[str, list[dict[str, Any]]] = {"plain": [], "secured": []}
+    with _stack(False, ns.model, logs) as plain, _stack(True, ns.model, logs) as secured:
+        _round(plain, ns.concurrency, ns.concurrency, 4)  # warm both (first-call costs)
+        _round(secured, ns.concurrency, ns.concurrency, 4)
+        for i in range(ns.rounds):
+            for name, client in (("plain", plain), ("secured", secured)):
+                progress(f"round {i + 1}/{ns.rounds}: {name}")
+                results[name].append(_round(client, ns.requests, ns.concurrency, ns.max_new_tokens))
+    plain_s, sec_s = _summary(results["plain"]), _summary(results["secured"])
+    return {
+        "bench": "security",
+        "workload": {
+            "requests_per_round": ns.requests,
+            "concurrency": ns.concurrency,
+            "max_new_tokens": ns.max_new_tokens,
+            "rounds": ns.rounds,
+            "model": ns.model,
+        },
+        "plain": plain_s,
+        "secured": sec_s,
+        "throughput_ratio": sec_s["output_tok_s_median"] / plain_s["output_tok_s_median"],
+        "latency_p50_ratio": sec_s["latency_p50_s"] / plain_s["latency_p50_s"],
+        "logs": str(logs),
+    }
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("security", help="throughput and latency with and without TLS + keys")
+    p.add_argument("--model", default="default")
+    p.add_argument("--requests", type=int, default=32, help="requests per round")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+
+    def main(ns: argparse.Namespace) -> int:
+        print(json.dumps(run(ns), indent=2))
+        return 0
+
+    p.set_defaults(func=main)

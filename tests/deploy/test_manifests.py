@@ -118,9 +118,13 @@ def test_services_have_grpc_probes_with_the_codes_health_names(overlay: str) -> 
     for c in containers(render(overlay)):
         if c.init or c.workload["kind"] != "Deployment":
             continue
-        port = parsed_config(c).port
+        cfg = parsed_config(c)
         declared = {p["containerPort"] for p in c.spec["ports"]}
-        assert port in declared, c.where
+        assert cfg.port in declared, c.where
+        # Probes use the plaintext health port (docs/security.md): they keep working when the
+        # service port speaks mutual TLS or requires API keys.
+        port = cfg.health_port
+        assert port and port in declared and port != cfg.port, c.where
         want = {"startupProbe": LIVENESS, "livenessProbe": LIVENESS, "readinessProbe": READINESS}
         for probe, service in want.items():
             grpc = c.spec[probe]["grpc"]

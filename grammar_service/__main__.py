@@ -12,7 +12,7 @@ from radixmesh_server.server import run
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(GrammarConfig, argv)
-    configure_logging("grammar", cfg.log_level)
+    configure_logging("grammar", cfg.log_level, json=cfg.log_format == "json")
     configure_internal(cfg)
     run(lambda: serve(cfg))
 

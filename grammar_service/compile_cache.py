@@ -28,6 +28,7 @@ import json
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -122,6 +123,8 @@ class CompileCache:
         self._inflight: dict[GrammarKey, asyncio.Task[_Entry]] = {}
         self._nbytes = 0
         self.stats = CacheStats()
+        # Called with each compile's seconds (metrics); None: off.
+        self.on_compiled: Callable[[float], None] | None = None
 
     # --- lookups -------------------------------------------------------------------------
 
@@ -176,6 +179,8 @@ class CompileCache:
         finally:
             self._inflight.pop(key, None)
         ms = (time.perf_counter() - t0) * 1e3
+        if self.on_compiled is not None:
+            self.on_compiled(ms / 1e3)
         if entry.error is not None:
             self.stats.errors += 1
             # The error quotes the caller's grammar: user text goes to the log at debug only.

@@ -38,6 +38,8 @@ class GrammarConfig(TransportConfig):
         "their callers leave); keep it above the front door's grace",
     )
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if self.max_cache_entries < 1:

@@ -26,6 +26,7 @@ import xgrammar as xgr
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKey
 from grammar_service.config import GrammarConfig
 from grammar_service.jump_forward import Retokenizer
+from grammar_service.metrics import GrammarMetrics
 from grammar_service.steps import (
     MaskEngine,
     SessionState,
@@ -35,6 +36,7 @@ from grammar_service.steps import (
     parse_step,
 )
 from grammar_service.tokenizer_source import load_tokenizer
+from radixmesh_server.metrics import serve_metrics
 from radixmesh_server.security import require_peer
 from radixmesh_wire.pb import grammar_pb2 as pb
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
@@ -49,6 +51,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         """`tokenizer`: a loaded Hugging Face tokenizer (see `build_servicer` for paths)."""
         config.validate()
         self.config = config
+        self.metrics: GrammarMetrics | None = None  # set by `serve` when metrics are on
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
             tokenizer,
             vocab_size=config.vocab_size or None,
@@ -180,7 +183,10 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(self._pool, self.engine.run, state, ops, compiled)
         state.steps += 1
-        result.service_ms = (time.perf_counter() - t0) * 1e3
+        seconds = time.perf_counter() - t0
+        result.service_ms = seconds * 1e3
+        if self.metrics is not None:
+            self.metrics.mask_time.observe(seconds)
         return result
 
     async def _compile_binds(self, ops: StepOps) -> dict[GrammarKey, xgr.CompiledGrammar | str]:
@@ -221,6 +227,10 @@ async def serve(config: GrammarConfig) -> None:
     from radixmesh_server.server import Listen, run_server
 
     servicer = build_servicer(config.tokenizer, config)
+    if config.metrics_port:
+        servicer.metrics = GrammarMetrics(servicer.cache.stats)
+        servicer.cache.on_compiled = servicer.metrics.compile_time.observe
+        serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, "grammar")
     log.info(
         "grammar_ready",
         backend=servicer.backend,

@@ -17,7 +17,7 @@ from radixmesh_server.watchdog import Watchdog
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(ModelServiceConfig, argv)
-    configure_logging("model", cfg.log_level)
+    configure_logging("model", cfg.log_level, json=cfg.log_format == "json")
     configure_internal(cfg)
     from model_service.engine import build_engine
     from model_service.server import ModelWorkerServicer
@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     servicer = ModelWorkerServicer(
         engine, cfg.mask_wait_s, cfg.max_handles, dog.progress("model step", cfg.watchdog_s)
     )
+    if cfg.metrics_port:
+        from model_service.metrics import ModelMetrics
+        from radixmesh_server.metrics import serve_metrics
+
+        servicer.metrics = ModelMetrics(int(engine.runner.pool.capacity))
+        serve_metrics(servicer.metrics.registry, cfg.host, cfg.metrics_port, "model")
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)

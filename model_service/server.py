@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,7 @@ import grpc
 import structlog
 
 from model_service.engine import Engine
+from model_service.metrics import ModelMetrics
 from model_service.runner import InFlight, StepError
 from model_service.step_validation import StepLimits, validate_step
 from radixmesh_server.security import require_peer
@@ -130,6 +132,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None
         self.session_gen = 0
+        self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
 
     def info(self) -> model_pb2.WorkerInfo:
         e = self.engine
@@ -210,15 +213,19 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             self.progress.begin()
             try:
                 ops = decode_step(step)
+                t0 = time.perf_counter()
                 fl = await loop.run_in_executor(self.executor, self._launch, ops)
                 self.progress.beat()
                 out = await loop.run_in_executor(self.waiter, runner.finish, fl)
+                if self.metrics is not None:
+                    self.metrics.observe(time.perf_counter() - t0, _rows(ops))
             except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
                 mailbox.discard(step.step_id)
+                if self.metrics is not None:
+                    self.metrics.failed()
                 kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
                 log.error(
                     kind,
-                    session=sid,
                     step=step.step_id,
                     error=repr(exc),
                     exc_info=not isinstance(exc, StepError),
@@ -265,3 +272,8 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
                 self.session_id = None
                 await loop.run_in_executor(self.executor, runner.reset)
             log.info("session_closed", generation=gen)
+
+
+def _rows(ops: StepOps) -> int:
+    """Rows of a step: prefill chunks (admits and extends) plus decodes."""
+    return len(ops.admits) + len(ops.extends) + len(ops.decode_handles)

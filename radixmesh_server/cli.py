@@ -92,6 +92,8 @@ def _serve(ns: argparse.Namespace) -> int:
         tok_args += ["--chat-template", str(Path(ns.chat_template).resolve())]
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
     model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
+    m = ns.metrics_port
+    metrics = StackPorts(m, m + 1, m + 2, m + 3) if m else None
     launcher = Launcher(
         stack_specs(
             ports,
@@ -100,6 +102,7 @@ def _serve(ns: argparse.Namespace) -> int:
             scheduler_args=sched_args,
             tokenizer_args=tok_args,
             shutdown_grace=ns.shutdown_grace,
+            metrics=metrics,
         ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         internal_tls=True,
@@ -121,6 +124,8 @@ def _serve(ns: argparse.Namespace) -> int:
             f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar}); "
             f"HTTP at http://localhost:{ports.http} (OpenAI /v1, SGLang /generate)"
         )
+        if metrics is not None:
+            print(f"radixmesh: /metrics on ports {m}-{m + 3} (same order)", flush=True)
         if not ns.no_smoke:
             await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
         _say("serving; Ctrl-C to stop.")
@@ -260,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--kv-tokens", type=int, default=0, help="KV pool size (0: memory budget)")
     s.add_argument("--log-dir", default="", help="write each service's log here")
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve /metrics: the front door on this port, the others on the next 3 (0: off)",
+    )
     s.add_argument("--log-level", default="info")
     s.add_argument("--startup-timeout", type=float, default=600.0)
     s.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")

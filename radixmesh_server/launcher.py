@@ -94,15 +94,23 @@ def stack_specs(
     tokenizer_args: Sequence[str] = (),
     grammar_args: Sequence[str] = (),
     shutdown_grace: float | None = None,
+    metrics: StackPorts | None = None,
 ) -> list[ServiceSpec]:
     """`shutdown_grace`: the front door's SIGTERM grace; internal services get a little more
-    (radixmesh_server.drain), so requests that fit it never lose a dependency first."""
+    (radixmesh_server.drain), so requests that fit it never lose a dependency first.
+    `metrics`: each service's /metrics port (None: metrics off)."""
     p = ports
     if shutdown_grace is not None:
         inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
         model_args, grammar_args = [*model_args, *inner], [*grammar_args, *inner]
         scheduler_args = [*scheduler_args, *inner]
         tokenizer_args = [*tokenizer_args, "--shutdown-grace-s", str(shutdown_grace)]
+    if metrics is not None:
+        m = metrics
+        model_args = [*model_args, f"--metrics-port={m.model}"]
+        grammar_args = [*grammar_args, f"--metrics-port={m.grammar}"]
+        scheduler_args = [*scheduler_args, f"--metrics-port={m.scheduler}"]
+        tokenizer_args = [*tokenizer_args, f"--metrics-port={m.tokenizer}"]
     return [
         ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
         ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),

@@ -9,6 +9,7 @@ nothing computed is lost while memory lasts) and they wait again with their toke
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
@@ -35,6 +36,7 @@ class PlannedStep:
     owners: dict[int, tuple[Request, int]] = field(default_factory=dict)
     sampling: list[int] = field(default_factory=list)  # handles of rows that sample
     late: list[int] = field(default_factory=list)  # constrained decode rows: masks follow
+    sent_at: float = 0.0  # perf_counter when sent (step round-trip metric)
 
     @property
     def decoded(self) -> list[int]:
@@ -276,6 +278,8 @@ class BatchBuilder:
             st.stats.prompt_tokens += len(r.prompt)
             st.stats.cached_prompt_tokens += min(len(prefix), len(r.prompt))
             st.extra(r).cached_tokens = len(prefix)
+            if st.on_admit is not None:
+                st.on_admit(time.perf_counter() - r.submitted_at)
         st.running[r.handle] = r
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)

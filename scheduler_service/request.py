@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     output_logprobs: list[tuple[float, list[int], list[float]]] = field(default_factory=list)
     arrival: int = field(default_factory=lambda: next(_arrivals))
+    submitted_at: float = field(default_factory=time.perf_counter)  # queue-time metric
     phase: Phase = Phase.WAITING
     handle: int = -1
     kv_slots: list[int] = field(default_factory=list)

@@ -28,6 +28,7 @@ from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar_link import GrammarLink
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.outbox import Batch
 from scheduler_service.output_processor import apply_result
@@ -68,6 +69,7 @@ class Scheduler:
         self.wake = asyncio.Event()
         self.down_since: float | None = None  # when the model was lost (None: connected)
         self.hold_expired = False  # held past --model-hold-s: refuse until the model is back
+        self.metrics: SchedulerMetrics | None = None  # set by the service when metrics are on
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -232,6 +234,8 @@ class Scheduler:
             if old is not None:  # a model back with another pool size: held work carries over
                 st.waiting, st.outboxes, st.stats = old.waiting, old.outboxes, old.stats
                 st.grammar_ops = old.grammar_ops
+            if self.metrics is not None:
+                st.on_admit = self.metrics.queue_time.observe
         else:
             assert st is not None
             st.cache.reset()  # new session: the worker's KV pool content is gone
@@ -287,6 +291,7 @@ class Scheduler:
                 st.stats.step_seconds += time.perf_counter() - t0
                 await self.masks.before_send(plan)
                 if not plan.empty or plan.ops.releases:
+                    plan.sent_at = time.perf_counter()
                     inflight.append((plan, self.link.send(plan.ops)))
                     sent = True
                     if plan.ops.masks_follow and len(inflight) == 1:
@@ -313,7 +318,10 @@ class Scheduler:
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
-            st.stats.step_seconds += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            st.stats.step_seconds += t2 - t1
+            if self.metrics is not None:
+                self.metrics.observe_step(t2 - plan.sent_at, len(plan.owners))
             if inflight and inflight[0][0].ops.masks_follow:
                 self.link.send_masks(await self.masks.after_send(inflight[0][0]))
             if self.cfg.debug_invariants:

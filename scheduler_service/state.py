@@ -6,6 +6,7 @@ Accounting invariant (checked after every step in debug mode):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler_service.grammar_ops import GrammarOps
@@ -29,6 +30,8 @@ class SchedState:
     grammar_ops: GrammarOps = field(default_factory=GrammarOps)
     grammar_up: bool = False  # constrained requests run only while the grammar link is up
     step_id: int = 0
+    # Called with a request's queue time at its first admission (metrics); None: off.
+    on_admit: Callable[[float], None] | None = None
 
     def outbox(self, session: str) -> Outbox:
         box = self.outboxes.get(session)

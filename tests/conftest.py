@@ -34,6 +34,7 @@ class Stack:
     launcher: Launcher
     ports: StackPorts
     log_dir: Path
+    metrics_ports: StackPorts | None = None  # each service's /metrics port
 
     @property
     def endpoint(self) -> str:
@@ -80,12 +81,14 @@ def start_stack(
     """A whole stack as `radixmesh serve` runs it: internal links over mutual TLS.
     `tokenizer_health_port`: probe the front door there (needed when its port speaks TLS)."""
     ports = StackPorts.free()
+    metrics = StackPorts.free()
     specs = stack_specs(
         ports,
         "default",
         model_args=model_args or [],
         scheduler_args=scheduler_args or [],
         tokenizer_args=tokenizer_args or [],
+        metrics=metrics,
     )
     for spec in specs:
         if spec.name == "tokenizer":
@@ -104,7 +107,7 @@ def start_stack(
     try:
         asyncio.run(launcher.wait_ready(timeout=300))
         supervisor.start()
-        yield Stack(launcher, ports, tmp)
+        yield Stack(launcher, ports, tmp, metrics)
     finally:
         launcher.stop_all()
         supervisor.join(timeout=5)

@@ -11,6 +11,7 @@ import structlog
 
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
+from radixmesh_server.metrics import serve_metrics
 from radixmesh_server.model_store import ModelError, resolve_model
 from radixmesh_server.security import configure_internal
 from radixmesh_server.server import Listen, run, run_server
@@ -19,6 +20,7 @@ from tokenizer_service.auth import ApiKeyInterceptor, ApiKeys
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
 from tokenizer_service.http_app import build_app, start_http
+from tokenizer_service.metrics import FrontDoorMetrics
 from tokenizer_service.scheduler_link import SchedulerLink
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
@@ -26,7 +28,7 @@ from tokenizer_service.tokenization import Tokenization
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(TokenizerConfig, argv)
-    configure_logging("tokenizer", cfg.log_level)
+    configure_logging("tokenizer", cfg.log_level, json=cfg.log_format == "json")
     configure_internal(cfg)
     keys = ApiKeys.from_config(cfg.api_keys, cfg.admin_api_keys, cfg.api_keys_file)
     listen = Listen(
@@ -46,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         link = SchedulerLink(cfg.scheduler_address, hold_s=cfg.scheduler_hold_s)
-        core = FrontDoor(cfg, tok, link)
+        metrics = FrontDoorMetrics()
+        serve_metrics(metrics.registry, cfg.host, cfg.metrics_port, "tokenizer")
+        core = FrontDoor(cfg, tok, link, metrics)
 
         def register(server, health):  # type: ignore[no-untyped-def]
             servicer = RadixMeshServicer(core, keys)

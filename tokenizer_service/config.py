@@ -40,3 +40,5 @@ class TokenizerConfig(TransportConfig):
         "rest with UNAVAILABLE",
     )
     log_level: str = field("info", "log level")
+    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
+    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])

@@ -23,6 +23,7 @@ from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
+from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
 from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 from tokenizer_service.text_stream import TextStream
 from tokenizer_service.tokenization import Tokenization
@@ -68,10 +69,17 @@ class GenerateInput:
 
 
 class FrontDoor:
-    def __init__(self, cfg: TokenizerConfig, tok: Tokenization, link: SchedulerLink) -> None:
+    def __init__(
+        self,
+        cfg: TokenizerConfig,
+        tok: Tokenization,
+        link: SchedulerLink,
+        metrics: FrontDoorMetrics | None = None,
+    ) -> None:
         self.cfg = cfg
         self.tok = tok
         self.link = link
+        self.metrics = metrics or FrontDoorMetrics()
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
 
     @property
@@ -132,8 +140,27 @@ class FrontDoor:
         prepared: tuple[list[int], api_pb2.SamplingParams] | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Chunks (when inp.stream) then one Complete; GenerateError on failure. Closing the
-        generator early aborts the request."""
+        generator early aborts the request. Every log line of the request carries its id, and
+        its outcome and latencies go to the front door's metrics."""
         rid = inp.rid or uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(rid=rid)
+        timer = self.metrics.start()
+        try:
+            async for ev in self._generate(inp, rid, prepared, timer):
+                yield ev
+        except GenerateError as exc:
+            timer.failed(exc.status.name.lower())
+            raise
+        finally:
+            timer.close()
+
+    async def _generate(
+        self,
+        inp: GenerateInput,
+        rid: str,
+        prepared: tuple[list[int], api_pb2.SamplingParams] | None,
+        timer: RequestTimer,
+    ) -> AsyncGenerator[Event, None]:
         wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
         ids, sampling = prepared or self.prepare(inp)
         resumed = inp.resume_output_ids
@@ -175,6 +202,7 @@ class FrontDoor:
                 if ex is not None and ex.error_code:
                     finished = True
                     raise GenerateError(_status(ex.error_code), ex.error_message)
+                timer.tokens(len(item.token_ids))
                 chunk, done = stream.on_delta(item)
                 if chunk is not None:
                     yield chunk
@@ -182,7 +210,11 @@ class FrontDoor:
                     finished = True
                     if stream.stopped_by_string:
                         self.link.abort(wire_rid, submit.key)
-                    yield stream.complete(inp.logprobs)
+                    complete = stream.complete(inp.logprobs)
+                    timer.succeeded(
+                        complete.finish_reason, len(complete.prompt_ids), len(complete.output_ids)
+                    )
+                    yield complete
                     return
         finally:
             if not finished:  # the consumer went away, or the stream broke

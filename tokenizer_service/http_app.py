@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from radixmesh_server.server import channel
 from radixmesh_wire.pb import scheduler_pb2_grpc
@@ -40,7 +41,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 _OPEN = frozenset({"/health", "/ready", "/health/ready"})  # probes reveal nothing
-_ADMIN = frozenset({"/server_info", "/get_server_info", "/flush_cache"})  # like GetStats
+_ADMIN = frozenset(
+    {"/server_info", "/get_server_info", "/flush_cache", "/metrics"}
+)  # like GetStats
 
 
 def _auth(keys: ApiKeys) -> Middleware:
@@ -91,8 +94,17 @@ def build_app(
         err = HttpError(503, "not ready: the scheduler is not connected", "unavailable")
         return error_response(err)
 
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(core.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     app.add_routes(
-        [web.get("/health", health), web.get("/ready", ready), web.get("/health/ready", ready)]
+        [
+            web.get("/health", health),
+            web.get("/ready", ready),
+            web.get("/health/ready", ready),
+            web.get("/metrics", metrics),  # admin scope when keys are on (global figures)
+        ]
     )
     app.add_routes(OpenAIApi(core, names).routes())
     app.add_routes(SGLangApi(core, sched, model_path, server_args).routes())

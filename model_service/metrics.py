@@ -1,0 +1,46 @@
+"""Model service metrics: forward time per step (launch to tokens read back) and the rows
+and tokens each step computes, plus the KV pool's size. Observed once per step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from radixmesh_server.metrics import (
+    BATCH_BUCKETS,
+    STEP_BUCKETS,
+    Reading,
+    StatsCollector,
+    name,
+    new_registry,
+)
+
+
+class ModelMetrics:
+    def __init__(self, kv_capacity: int, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or new_registry()
+        r = self.registry
+        self.forward = Histogram(
+            name("model_forward_seconds"),
+            "One step on the worker: launched until its sampled tokens are read back.",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.rows = Histogram(
+            name("model_batch_size"), "Rows of one forward step.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.steps = Counter(name("model_steps"), "Steps run, by outcome.", ["outcome"], registry=r)
+        self._kv_capacity = kv_capacity
+        r.register(StatsCollector(self._read))
+
+    def observe(self, seconds: float, rows: int) -> None:
+        self.forward.observe(seconds)
+        self.rows.observe(rows)
+        self.steps.labels("ok").inc()
+
+    def failed(self) -> None:
+        self.steps.labels("error").inc()
+
+    def _read(self) -> Iterator[Reading]:
+        yield Reading("kv_pool_tokens", "gauge", "KV pool capacity in tokens.", self._kv_capacity)

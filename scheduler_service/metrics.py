@@ -1,0 +1,104 @@
+"""Scheduler metrics: queue and running gauges, KV token usage, cache hit rate and token
+counters are read from `SchedState` at scrape time; per-step round trip, batch size and
+per-request queue time are histograms observed once per step / once per admission."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from radixmesh_server.metrics import (
+    BATCH_BUCKETS,
+    LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    Reading,
+    StatsCollector,
+    name,
+    new_registry,
+)
+from scheduler_service.state import SchedState
+
+
+class SchedulerMetrics:
+    def __init__(
+        self,
+        state: Callable[[], SchedState | None],
+        max_running: int,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry or new_registry()
+        self._state = state
+        self._max_running = max_running
+        self.queue_time = Histogram(
+            name("queue_time_seconds"),
+            "Time a request waited in the queue before its first admission.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.step_time = Histogram(
+            name("scheduler_step_seconds"),
+            "Round trip of one step: sent to the model service until its result is applied.",
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            name("scheduler_batch_size"),
+            "Rows (requests) in one step.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(StatsCollector(self._read))
+
+    def observe_step(self, seconds: float, rows: int) -> None:
+        self.step_time.observe(seconds)
+        self.batch_size.observe(rows)
+
+    def _read(self) -> Iterator[Reading]:
+        yield Reading(
+            "max_running_requests", "gauge", "Most requests decoding at once.", self._max_running
+        )
+        st = self._state()
+        if st is None:  # not connected to a model service yet: no pool, no counters
+            return
+        cache, s = st.cache, st.stats
+        cap = cache.allocator.capacity
+        yield Reading(
+            "num_running_reqs", "gauge", "Requests admitted and running.", len(st.running)
+        )
+        yield Reading("num_queue_reqs", "gauge", "Requests waiting for admission.", len(st.waiting))
+        yield Reading("max_total_num_tokens", "gauge", "KV pool capacity in tokens.", cap)
+        used = 1 - cache.free_size / cap if cap else 0.0
+        yield Reading("token_usage", "gauge", "Fraction of KV slots not free.", used)
+        yield Reading(
+            "cache_hit_rate",
+            "gauge",
+            "Prompt tokens served from the prefix cache.",
+            s.cache_hit_rate,
+        )
+        yield Reading("prompt_tokens", "counter", "Prompt tokens admitted.", s.prompt_tokens)
+        yield Reading(
+            "cached_tokens",
+            "counter",
+            "Prompt tokens served from the prefix cache.",
+            s.cached_prompt_tokens,
+        )
+        yield Reading("generation_tokens", "counter", "Tokens generated.", s.generated_tokens)
+        yield Reading("finished_requests", "counter", "Requests finished.", s.finished_requests)
+        yield Reading("retractions", "counter", "Requests retracted for KV.", s.retractions)
+        yield Reading("scheduler_steps", "counter", "Steps applied.", s.steps)
+        yield Reading(
+            "scheduler_cpu_seconds",
+            "counter",
+            "Scheduler time building and applying steps.",
+            s.step_seconds,
+        )
+        yield Reading(
+            "mask_wait_seconds",
+            "counter",
+            "Time steps waited for grammar masks.",
+            s.mask_wait_seconds,
+        )
+        yield Reading(
+            "evicted_tokens", "counter", "Prefix-cache tokens evicted.", cache.stats.evicted_tokens
+        )

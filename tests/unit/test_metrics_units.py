@@ -1,0 +1,81 @@
+"""Metrics building blocks without a stack: the scrape-time collector, the front door's
+per-call timer invariants, and JSON logs carrying the request id."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixmesh_server.metrics import Reading, StatsCollector, new_registry
+from tokenizer_service.metrics import FrontDoorMetrics
+
+
+def _families(registry) -> dict:  # type: ignore[no-untyped-def]
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_stats_collector_reads_live_values_with_labels() -> None:
+    reg = new_registry()
+    box = {"n": 3}
+    reg.register(
+        StatsCollector(
+            lambda: [
+                Reading("widgets", "counter", "w", box["n"], (("kind", "a"),)),
+                Reading("widgets", "counter", "w", 1, (("kind", "b"),)),
+                Reading("level", "gauge", "l", 0.5),
+            ]
+        )
+    )
+    box["n"] = 7  # read at scrape time, not at registration
+    fams = _families(reg)
+    w = fams["radixmesh:widgets"]
+    assert w.type == "counter"
+    got = {(s.name, s.labels["kind"]): s.value for s in w.samples if s.name.endswith("_total")}
+    assert got == {("radixmesh:widgets_total", "a"): 7.0, ("radixmesh:widgets_total", "b"): 1.0}
+    assert fams["radixmesh:level"].type == "gauge"
+
+
+def test_request_timer_counts_each_call_once() -> None:
+    m = FrontDoorMetrics()
+    ok, cancelled, bad = m.start(), m.start(), m.start()
+    assert m.inflight._value.get() == 3
+    ok.tokens(1)
+    ok.tokens(2)
+    ok.succeeded("length", prompt_tokens=4, output_tokens=3)
+    bad.failed("invalid_argument")
+    for t in (ok, cancelled, bad, ok):  # close twice: still one decrement
+        t.close()
+    fams = _families(m.registry)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples
+    }
+    assert samples[("radixmesh:frontdoor_inflight_streams", ())] == 0
+    assert samples[("radixmesh:request_success_total", (("finish_reason", "length"),))] == 1
+    fail = "radixmesh:request_failure_total"
+    assert samples[(fail, (("reason", "cancelled"),))] == 1
+    assert samples[(fail, (("reason", "invalid_argument"),))] == 1
+    assert samples[("radixmesh:time_to_first_token_seconds_count", ())] == 1
+    assert samples[("radixmesh:inter_token_latency_seconds_count", ())] == 1
+    assert samples[("radixmesh:frontdoor_generation_tokens_total", ())] == 3
+
+
+def test_json_logs_carry_service_and_request_id() -> None:
+    code = (
+        "import structlog\n"
+        "from radixmesh_server.logging import configure_logging\n"
+        "configure_logging('tokenizer', 'info', json=True)\n"
+        "structlog.contextvars.bind_contextvars(rid='r-42')\n"
+        "structlog.get_logger().info('submitted', prompt_tokens=3)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    line = json.loads(out.stderr.strip().splitlines()[-1])
+    assert line["event"] == "submitted" and line["rid"] == "r-42"
+    assert line["service"] == "tokenizer" and line["level"] == "info"
+    assert line["prompt_tokens"] == 3 and "timestamp" in line

@@ -19,6 +19,9 @@ class GrammarConfig:
     max_cache_entries: int = field(1024, "compiled grammars kept (LRU)")
     max_cache_bytes: int = field(1 << 30, "bytes of compiled grammars kept (0: no byte bound)")
     compile_threads: int = field(2, "concurrent compiles (and xgrammar threads per compile)")
+    compile_isolation: str = field(
+        "process", "where compiles run: 'process' (killable workers) or 'thread' (in-process)"
+    )
     mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
     batch_fill_min_rows: int = field(8, "rows from which xgrammar's threaded batch fill is used")
     fill_threads: int = field(0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))")
@@ -31,11 +34,17 @@ class GrammarConfig:
     error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
+    jump_forward_max_bytes: int = field(512, "longest forced string one jump-forward proposes")
+    jump_forward_budget_ms: float = field(
+        10.0, "time one jump-forward search may take (it proposes what it found by then)"
+    )
     log_level: str = field("info", "log level")
 
     def validate(self) -> None:
         if self.max_cache_entries < 1:
             raise ValueError("--max-cache-entries must be >= 1")
+        if self.compile_isolation not in ("process", "thread"):
+            raise ValueError("--compile-isolation must be 'process' or 'thread'")
         if self.fill_threads < 0:
             raise ValueError("--fill-threads must be >= 0 (0: automatic)")
         if self.compile_threads < 1 or self.mask_threads < 1:
@@ -44,6 +53,8 @@ class GrammarConfig:
             raise ValueError("--vocab-size and --max-cache-bytes must be >= 0")
         if 0 <= self.max_rollback_tokens < self.jump_forward_window:
             raise ValueError("--max-rollback-tokens must cover --jump-forward-window")
+        if self.jump_forward_max_bytes < 1 or not 0 < self.jump_forward_budget_ms < 1e6:
+            raise ValueError("--jump-forward-max-bytes and --jump-forward-budget-ms must be > 0")
         self.parsed_stop_token_ids()
 
     def parsed_stop_token_ids(self) -> list[int] | None:

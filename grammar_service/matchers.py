@@ -114,9 +114,6 @@ class RequestMatcher:
         Must not be called when terminated (xgrammar refuses)."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
-    def jump_forward_string(self) -> str:
-        return str(self.matcher.find_jump_forward_string())
-
     def tail(self, n: int) -> list[int]:
         """The last min(n, len(history)) accepted tokens."""
         return self.history[-n:] if n > 0 else []

@@ -152,7 +152,9 @@ class Retokenizer:
         vocab = self._token_bytes
         return b"".join(vocab[i] if 0 <= i < len(vocab) else b"\x00\xff" for i in ids)
 
-    def propose(self, m: RequestMatcher, first_row: np.ndarray | None = None) -> JumpProposal | None:
+    def propose(
+        self, m: RequestMatcher, first_row: np.ndarray | None = None
+    ) -> JumpProposal | None:
         """None when the grammar forces nothing; otherwise the forced text and, when checks
         pass, the token form. Does not change `m`."""
         if m.terminated:

@@ -22,6 +22,13 @@ class GrammarConfig:
     compile_isolation: str = field(
         "process", "where compiles run: 'process' (killable workers) or 'thread' (in-process)"
     )
+    compile_timeout_s: float = field(20.0, "seconds one grammar may compile (0: no limit)")
+    compile_memory_mb: int = field(
+        2048, "MiB one compile may allocate in its worker process (0: no limit)"
+    )
+    compile_small_chars: int = field(
+        2048, "grammars this short get a compile worker of their own (with >= 2 workers)"
+    )
     mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
     batch_fill_min_rows: int = field(8, "rows from which xgrammar's threaded batch fill is used")
     fill_threads: int = field(0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))")
@@ -45,6 +52,8 @@ class GrammarConfig:
             raise ValueError("--max-cache-entries must be >= 1")
         if self.compile_isolation not in ("process", "thread"):
             raise ValueError("--compile-isolation must be 'process' or 'thread'")
+        if self.compile_timeout_s < 0 or self.compile_memory_mb < 0:
+            raise ValueError("--compile-timeout-s and --compile-memory-mb must be >= 0")
         if self.fill_threads < 0:
             raise ValueError("--fill-threads must be >= 0 (0: automatic)")
         if self.compile_threads < 1 or self.mask_threads < 1:

@@ -21,7 +21,7 @@ from enum import IntEnum
 import numpy as np
 import xgrammar as xgr
 
-from grammar_service.compile_cache import GrammarKey
+from grammar_service.kinds import GrammarKey
 
 
 class ErrorCode(IntEnum):

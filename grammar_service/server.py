@@ -62,6 +62,10 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             disable_xgrammar_cache=config.disable_xgrammar_cache,
             error_ttl_s=config.error_ttl_s,
             pattern_strings=config.pattern_strings,
+            isolation=config.compile_isolation,
+            timeout_s=config.compile_timeout_s,
+            memory_mb=config.compile_memory_mb,
+            small_chars=config.compile_small_chars,
         )
         # Why a copy: `decoded_vocab` rebuilds a Python list on every access (~0.3 s).
         self.token_bytes: list[bytes] = list(self.tokenizer_info.decoded_vocab)

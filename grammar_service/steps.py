@@ -22,8 +22,8 @@ import numpy as np
 import structlog
 import xgrammar as xgr
 
-from grammar_service.compile_cache import GrammarKey, GrammarKind
 from grammar_service.jump_forward import Retokenizer
+from grammar_service.kinds import GrammarKey, GrammarKind
 from grammar_service.matchers import ErrorCode, MatchError, MatcherTable, RequestMatcher
 from radixmesh_wire.mask_rows import EncodedRow, bitmask_words, encode_ids, encode_rows
 from radixmesh_wire.pb import grammar_pb2 as pb

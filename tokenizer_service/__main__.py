@@ -33,7 +33,14 @@ def main(argv: list[str] | None = None) -> None:
             api_pb2_grpc.add_RadixMeshServicer_to_server(RadixMeshServicer(cfg, tok, link), server)
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
-        await run_server("tokenizer", cfg.host, cfg.port, register, background=link.run)
+        await run_server(
+            "tokenizer",
+            cfg.host,
+            cfg.port,
+            register,
+            background=link.run,
+            max_receive_bytes=cfg.max_request_bytes,
+        )
 
     run(serve)
 

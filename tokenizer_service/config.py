@@ -18,4 +18,9 @@ class TokenizerConfig:
     tokenizer: str = field("", "tokenizer folder if different from --model")
     default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
     max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
+    max_input_chars: int = field(
+        1_000_000, "most characters tokenized for one request (text, chat contents)"
+    )
+    max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
+    tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
     log_level: str = field("info", "log level")

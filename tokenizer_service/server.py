@@ -3,8 +3,11 @@ scheduler, incremental detokenization, stop strings, coalesced client streams, a
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import structlog
@@ -17,9 +20,16 @@ from tokenizer_service.detokenizer import IncrementalDetokenizer
 from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
-from tokenizer_service.validation import InvalidRequest, check_input_ids, normalize_sampling
+from tokenizer_service.validation import (
+    InvalidRequest,
+    check_input_ids,
+    check_text_size,
+    normalize_sampling,
+)
 
 log = structlog.get_logger(__name__)
+
+INLINE_TOKENIZE_CHARS = 4096  # shorter inputs are tokenized on the loop (tens of microseconds)
 
 
 class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
@@ -27,6 +37,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self.cfg = cfg
         self.tok = tok
         self.link = link
+        self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self._stats_chan = channel(cfg.scheduler_address)
         self.sched_stub = scheduler_pb2_grpc.SchedulerStub(self._stats_chan)
 
@@ -35,25 +46,45 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         h = self.link.hello
         return int(h.context_length) if h and h.context_length else 4096
 
-    def _prompt_ids(self, req: api_pb2.GenerateRequest) -> list[int]:
+    async def _off_loop(self, fn: Callable[..., list[int]], *args: Any) -> list[int]:
+        """Run a tokenization in the tokenizer pool: 10 MB of text takes seconds, which on the
+        loop would stall every other request."""
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, fn, *args)
+
+    def _text_limit(self) -> int:
+        """Characters one request may bring: the flag, or fewer when even the longest tokens
+        could not fit the context window (a text of n chars has >= n / max_token_chars)."""
+        return min(self.cfg.max_input_chars, self.context_length * self.tok.max_token_chars)
+
+    async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_text_size(len(text), self._text_limit())
+        if len(text) <= INLINE_TOKENIZE_CHARS:  # microseconds: not worth a thread hop
+            return self.tok.encode(text, add_special_tokens)
+        return await self._off_loop(self.tok.encode, text, add_special_tokens)
+
+    async def _prompt_ids(self, req: api_pb2.GenerateRequest) -> list[int]:
         kind = req.WhichOneof("input")
         if kind == "text":
-            return self.tok.encode(req.text)
+            return await self._encode(req.text)
         if kind == "input_ids":
             ids = list(req.input_ids.ids)
             check_input_ids(ids, self.tok.vocab_size)
             return ids
         if kind == "chat":
-            return self._chat_ids(req.chat)
+            return await self._chat_ids(req.chat)
         raise InvalidRequest("no input: set text, input_ids or chat")
 
-    def _chat_ids(self, chat: api_pb2.ChatMessages) -> list[int]:
+    async def _chat_ids(self, chat: api_pb2.ChatMessages) -> list[int]:
         if not chat.messages:
             raise InvalidRequest("chat has no messages")
         msgs = [{"role": m.role, "content": m.content} for m in chat.messages]
+        chars = sum(len(m["content"]) + len(m["role"]) for m in msgs)
+        check_text_size(chars, self._text_limit(), "the chat")
         gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
         try:
-            return self.tok.apply_chat(msgs, gen)
+            if chars <= INLINE_TOKENIZE_CHARS:
+                return self.tok.apply_chat(msgs, gen)
+            return await self._off_loop(self.tok.apply_chat, msgs, gen)
         except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
@@ -62,7 +93,7 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
         try:
-            ids = self._prompt_ids(request)
+            ids = await self._prompt_ids(request)
             sampling = normalize_sampling(
                 request.sampling,
                 request.logprobs,
@@ -120,9 +151,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     ) -> api_pb2.TokenizeResponse:
         try:
             if request.WhichOneof("input") == "chat":
-                return api_pb2.TokenizeResponse(ids=self._chat_ids(request.chat))
+                return api_pb2.TokenizeResponse(ids=await self._chat_ids(request.chat))
             return api_pb2.TokenizeResponse(
-                ids=self.tok.encode(request.text, request.add_special_tokens)
+                ids=await self._encode(request.text, request.add_special_tokens)
             )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

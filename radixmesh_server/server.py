@@ -212,8 +212,9 @@ async def run_server(
     `max_receive_bytes` (0: MAX_MESSAGE_BYTES) bounds request messages (the public front door
     takes less than peers send each other)."""
     options = list(SERVER_OPTIONS)
-    if max_receive_bytes:
-        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
+        key = "grpc.max_receive_message_length"
+        options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
     server = grpc.aio.server(options=options, interceptors=[StrictDecoding()])
     hb = Health()
     names = list(register(server, hb))

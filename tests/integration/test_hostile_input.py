@@ -3,6 +3,7 @@ its latency (issue 12, items 1, 6, 7, 8, 13), through the public API of a real s
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -99,7 +100,7 @@ def test_huge_texts_are_refused_fast_and_block_nobody(stack: Stack) -> None:
             ("word " * 400_000, grpc.StatusCode.INVALID_ARGUMENT, "--max-input-chars"),
         ]:
             t0 = time.monotonic()
-            res, latency = _alongside(c, lambda text=text: c.generate(text, max_new_tokens=1))
+            res, latency = _alongside(c, functools.partial(c.generate, text, max_new_tokens=1))
             assert isinstance(res, RadixMeshError) and res.code == code, res
             assert needle in res.message
             assert time.monotonic() - t0 < max(3 * idle, idle + 5.0)

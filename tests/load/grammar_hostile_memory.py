@@ -161,7 +161,9 @@ async def main(ns: argparse.Namespace, extra: list[str]) -> dict:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             await asyncio.wait_for(ch.channel_ready(), 120)
         base = rss_mb(proc.pid)
-        stop, peaks, outcomes = asyncio.Event(), {}, Counter()
+        stop = asyncio.Event()
+        peaks: dict[str, float] = {}
+        outcomes: Counter[str] = Counter()
         sample = asyncio.create_task(sampler(proc.pid, stop, peaks))
         deadline = time.monotonic() + ns.seconds
         await asyncio.gather(*(client(port, n, deadline, outcomes) for n in range(ns.clients)))

@@ -42,8 +42,8 @@ class GrammarConfig:
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
     jump_forward_max_bytes: int = field(512, "longest forced string one jump-forward proposes")
-    jump_forward_budget_ms: float = field(
-        10.0, "time one jump-forward search may take (it proposes what it found by then)"
+    jump_forward_max_steps: int = field(
+        64, "mask fills one jump-forward search may do (it proposes what it found by then)"
     )
     log_level: str = field("info", "log level")
 
@@ -62,8 +62,8 @@ class GrammarConfig:
             raise ValueError("--vocab-size and --max-cache-bytes must be >= 0")
         if 0 <= self.max_rollback_tokens < self.jump_forward_window:
             raise ValueError("--max-rollback-tokens must cover --jump-forward-window")
-        if self.jump_forward_max_bytes < 1 or not 0 < self.jump_forward_budget_ms < 1e6:
-            raise ValueError("--jump-forward-max-bytes and --jump-forward-budget-ms must be > 0")
+        if self.jump_forward_max_bytes < 1 or self.jump_forward_max_steps < 1:
+            raise ValueError("--jump-forward-max-bytes and --jump-forward-max-steps must be > 0")
         self.parsed_stop_token_ids()
 
     def parsed_stop_token_ids(self) -> list[int] | None:

@@ -14,7 +14,9 @@ also returns `str`, which fails on a forced string that ends inside a multibyte 
 we walk ourselves, on a fork of the matcher, from masks: every continuation starts with an
 allowed token, so the longest common byte prefix of the allowed tokens is forced; accept it on
 the fork and repeat until the allowed tokens disagree, a stop token is allowed, or the bounds
-(`max_bytes`, `budget_s`) are reached. The masks are exact and the vocabulary byte-level, so
+(`max_bytes`, and `max_steps` mask fills, which bounds the time) are reached. The bounds are
+counts, not a clock, so a proposal never depends on load: the same request jumps the same way
+alone or in a batch. The masks are exact and the vocabulary byte-level, so
 this finds what xgrammar's character walk finds, up to the bounds. A truncated walk is still a
 correct (shorter) forced prefix.
 
@@ -36,7 +38,6 @@ Rollback+accept to us), which keeps its token log the single source of truth.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,12 +80,12 @@ class ForcedBytes:
         stop_token_ids: Sequence[int],
         *,
         max_bytes: int = 512,
-        budget_s: float = 0.01,
+        max_steps: int = 64,
     ) -> None:
         self._token_bytes = token_bytes
         self.vocab_size = vocab_size
         self.max_bytes = max_bytes
-        self.budget_s = budget_s
+        self.max_steps = max_steps
         self._stops = np.asarray(sorted(set(stop_token_ids)), dtype=np.int64)
         # First byte of every token, -1 for tokens without bytes (special tokens): one
         # vectorised comparison answers "do the allowed tokens agree on the next byte?".
@@ -102,12 +103,15 @@ class ForcedBytes:
     def walk(self, matcher: xgr.GrammarMatcher, first_row: np.ndarray | None = None) -> bytes:
         """The forced bytes after `matcher`'s state (b"" when nothing is forced). `first_row`:
         the state's mask if already filled (int32 words). Does not change `matcher`."""
-        deadline = time.perf_counter() + self.budget_s
         out = b""
+        fills = 0
         probe: xgr.GrammarMatcher | None = None
         row = first_row
         while len(out) < self.max_bytes:
             if row is None:
+                if fills >= self.max_steps:
+                    break
+                fills += 1
                 if probe is None:
                     probe = matcher.fork()
                     if out and not probe.accept_string(out):
@@ -126,8 +130,6 @@ class ForcedBytes:
             if probe is not None and not probe.accept_string(step):
                 break
             out += step
-            if time.perf_counter() > deadline:
-                break
         return out
 
 

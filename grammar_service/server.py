@@ -74,7 +74,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             int(self.tokenizer_info.vocab_size),
             [int(t) for t in self.tokenizer_info.stop_token_ids],
             max_bytes=config.jump_forward_max_bytes,
-            budget_s=config.jump_forward_budget_ms / 1e3,
+            max_steps=config.jump_forward_max_steps,
         )
         retok = (
             Retokenizer(tokenizer, self.token_bytes, forced, config.jump_forward_window)

@@ -36,7 +36,7 @@ def servicer(tokenizer: Any) -> GrammarServicer:
         compile_threads=1,
         compile_isolation="thread",
         jump_forward_max_bytes=64,
-        jump_forward_budget_ms=2000,
+        jump_forward_max_steps=1000,
     )
     return build_servicer(tokenizer, config)
 

@@ -18,6 +18,10 @@ other worker: at worst behind one other small grammar, itself bounded by the dea
 
 Workers are forked by a multiprocessing forkserver that preloads xgrammar (a fresh Python with
 torch takes seconds to start; a fork takes milliseconds), so replacing a killed worker is cheap.
+As with any multiprocessing start method but fork, a program run as a plain script re-imports
+itself in each worker (`python -m pkg` does not): such scripts need `if __name__ == "__main__"`.
+Cold compiles of the 24 suite grammars, 2 shared cores: total 2.0-2.7 s in workers vs 1.8-2.0 s
+in-process (the compiled grammar crosses the pipe as JSON).
 
 Invariants:
 - The queue, `_idle` and every job's future are touched on the event loop thread only; a

@@ -10,8 +10,13 @@ Invariants:
 - Compilation runs in a dedicated pool, never on the event loop and never in the mask pool:
   a slow schema delays only the requests that wait for it.
 - Concurrent requests for one key share a single compilation (one task, awaited through
-  `asyncio.shield`, so a cancelled waiter never cancels the compile the others wait for; a
-  compile whose waiters all left still fills the cache).
+  `asyncio.shield`, so a cancelled waiter never cancels the compile the others wait for). When
+  the last waiter leaves (its client's deadline passed or it cancelled) the compile is
+  cancelled: in a worker process (`isolation="process"`) that kills the worker; in a thread
+  it cannot stop, but nobody waits for it and it is not cached.
+- Bounds per compile (process isolation): `timeout_s` and `memory_mb`, enforced by
+  grammar_service/compile_pool.py, which also schedules small grammars ahead of big ones. In
+  thread isolation `timeout_s` bounds only the wait (the thread runs on).
 - Errors are cached for `error_ttl_s` (0 = not at all) in a separate small LRU
   (`MAX_ERROR_ENTRIES`). Why: a client retrying a bad schema in a loop should not cost a compile
   per retry, yet a grammar must not stay rejected forever should an error ever be transient, and
@@ -24,48 +29,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import Enum
 
 import structlog
 import xgrammar as xgr
 
-from grammar_service.schema_rewrite import rewrite_schema_text
+from grammar_service.compile_pool import CompilePool
+from grammar_service.compile_worker import compile_grammar
+from grammar_service.kinds import GrammarError, GrammarKey, GrammarKind, clean_error
+
+__all__ = ["CacheStats", "CompileCache", "GrammarError", "GrammarKey", "GrammarKind", "clean_error"]
 
 log = structlog.get_logger(__name__)
 
-# xgrammar messages start with "[hh:mm:ss] /path/file.cc:123: " and sometimes "Check failed:
-# (cond) is false: "; clients want the sentence after that.
-_LOG_PREFIX = re.compile(r"^\s*\[[0-9:.]+\]\s+\S+:\d+:\s*")
-_CHECK_PREFIX = re.compile(r"^Check failed: .*? is false:\s*")
-MAX_ERROR_CHARS = 2000
 MAX_ERROR_ENTRIES = 256
-
-
-class GrammarKind(str, Enum):
-    JSON_SCHEMA = "json_schema"
-    REGEX = "regex"
-    EBNF = "ebnf"
-
-
-GrammarKey = tuple[GrammarKind, str]
-
-
-class GrammarError(Exception):
-    """A grammar that does not compile; `str(err)` is xgrammar's message, cleaned."""
-
-
-def clean_error(exc: BaseException) -> str:
-    text = str(exc).strip()
-    text = _LOG_PREFIX.sub("", text, count=1)
-    text = _CHECK_PREFIX.sub("", text, count=1)
-    return text[:MAX_ERROR_CHARS] or type(exc).__name__
 
 
 @dataclass(slots=True)
@@ -83,6 +64,7 @@ class CacheStats:
     joins: int = 0  # requests that waited for a compile someone else started
     errors: int = 0  # compiles that failed
     evictions: int = 0
+    cancelled: int = 0  # compiles dropped because every waiter left
     entries: int = 0
     nbytes: int = 0
 
@@ -99,10 +81,16 @@ class CompileCache:
         disable_xgrammar_cache: bool = False,
         error_ttl_s: float = 10.0,
         pattern_strings: bool = True,
+        isolation: str = "thread",
+        timeout_s: float = 0.0,
+        memory_mb: int = 0,
+        small_chars: int = 2048,
     ) -> None:
         """`max_bytes` 0 = no byte bound. `compile_threads` sizes both our pool (concurrent
         compiles) and xgrammar's per-compile parallelism. `pattern_strings`: compile
-        length-bounded JSON strings as patterns (grammar_service/schema_rewrite.py)."""
+        length-bounded JSON strings as patterns (grammar_service/schema_rewrite.py).
+        `isolation` "process" compiles in killable worker processes (CompilePool) bounded by
+        `timeout_s` and `memory_mb` (0: unbounded); "thread" in this process."""
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self.tokenizer_info = tokenizer_info
@@ -118,6 +106,22 @@ class CompileCache:
             cache_limit_bytes=max_bytes if max_bytes > 0 else -1,
         )
         self._pool = ThreadPoolExecutor(max(1, compile_threads), thread_name_prefix="compile")
+        self.timeout_s = timeout_s
+        self._workers = (
+            CompilePool(
+                tokenizer_info,
+                workers=compile_threads,
+                threads=compile_threads,
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                small_chars=small_chars,
+                any_whitespace=any_whitespace,
+                pattern_strings=pattern_strings,
+            )
+            if isolation == "process"
+            else None
+        )
+        self._waiters: dict[GrammarKey, int] = {}
         self._lru: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._errors: OrderedDict[GrammarKey, _Entry] = OrderedDict()
         self._inflight: dict[GrammarKey, asyncio.Task[_Entry]] = {}
@@ -144,11 +148,25 @@ class CompileCache:
             else:
                 self.stats.joins += 1
                 cached = True
-            entry = await asyncio.shield(task)
+            entry = await self._wait(key, task)
         if entry.error is not None:
             raise GrammarError(entry.error)
         assert entry.grammar is not None
         return entry.grammar, cached
+
+    async def _wait(self, key: GrammarKey, task: asyncio.Task[_Entry]) -> _Entry:
+        """Await a shared compile; the last waiter to leave cancels it."""
+        self._waiters[key] = self._waiters.get(key, 0) + 1
+        try:
+            return await asyncio.shield(task)
+        finally:
+            left = self._waiters.pop(key) - 1
+            if left:
+                self._waiters[key] = left
+            elif not task.done():
+                self.stats.cancelled += 1
+                self._inflight.pop(key, None)  # a new request starts a fresh compile
+                task.cancel()
 
     def peek(self, kind: GrammarKind, text: str) -> xgr.CompiledGrammar | None:
         """The compiled grammar if it is cached now (no compile, no LRU touch)."""
@@ -174,10 +192,21 @@ class CompileCache:
     async def _compile(self, key: GrammarKey) -> _Entry:
         t0 = time.perf_counter()
         try:
-            loop = asyncio.get_running_loop()
-            entry = await loop.run_in_executor(self._pool, self._compile_sync, key)
+            if self._workers is not None:
+                entry = await self._compile_in_worker(key)
+            else:
+                loop = asyncio.get_running_loop()
+                job = loop.run_in_executor(self._pool, self._compile_sync, key)
+                entry = await (asyncio.wait_for(job, self.timeout_s) if self.timeout_s else job)
+        except TimeoutError:
+            entry = self._error(
+                f"grammar compile took longer than {self.timeout_s:g} s, the grammar service's "
+                "limit (--compile-timeout-s): simplify the grammar or ask the operator to "
+                "raise the limit"
+            )
         finally:
-            self._inflight.pop(key, None)
+            if self._inflight.get(key) is asyncio.current_task():
+                del self._inflight[key]
         ms = (time.perf_counter() - t0) * 1e3
         if self.on_compiled is not None:
             self.on_compiled(ms / 1e3)
@@ -195,25 +224,30 @@ class CompileCache:
             self._insert(key, entry)
         return entry
 
+    async def _compile_in_worker(self, key: GrammarKey) -> _Entry:
+        assert self._workers is not None
+        try:
+            grammar = await self._workers.compile(*key)
+        except GrammarError as exc:
+            return self._error(str(exc))
+        return _Entry(grammar, None, int(grammar.memory_size_bytes), float("inf"))
+
+    def _error(self, message: str) -> _Entry:
+        return _Entry(None, message, 0, time.monotonic() + self.error_ttl_s)
+
     def _compile_sync(self, key: GrammarKey) -> _Entry:
-        """Runs in the compile pool (xgrammar releases the GIL while it compiles)."""
+        """Runs in the compile thread pool (xgrammar releases the GIL while it compiles)."""
         kind, text = key
         try:
-            if kind is GrammarKind.JSON_SCHEMA:
-                _check_json(text)
-                if self.pattern_strings:  # same strict-JSON strings, masks ~100x cheaper
-                    text = rewrite_schema_text(text)
-                grammar = self._compiler.compile_json_schema(
-                    text, any_whitespace=self.any_whitespace
-                )
-            elif kind is GrammarKind.REGEX:
-                grammar = self._compiler.compile_regex(text)
-            elif kind is GrammarKind.EBNF:
-                grammar = self._compiler.compile_grammar(text)
-            else:  # pragma: no cover - GrammarKind is closed
-                raise GrammarError(f"unknown grammar kind {kind!r}")
-        except (RuntimeError, ValueError, TypeError, GrammarError) as exc:
-            return _Entry(None, clean_error(exc), 0, time.monotonic() + self.error_ttl_s)
+            grammar = compile_grammar(
+                self._compiler,
+                kind,
+                text,
+                any_whitespace=self.any_whitespace,
+                pattern_strings=self.pattern_strings,
+            )
+        except GrammarError as exc:
+            return self._error(str(exc))
         return _Entry(grammar, None, int(grammar.memory_size_bytes), float("inf"))
 
     # --- bounds --------------------------------------------------------------------------
@@ -258,14 +292,8 @@ class CompileCache:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _check_json(text: str) -> None:
-    """Reject non-JSON early with Python's message (xgrammar's echoes the whole schema back)."""
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GrammarError(f"JSON schema is not valid JSON: {exc}") from exc
+        if self._workers is not None:
+            self._workers.close()
 
 
 def _swallow(task: asyncio.Task[_Entry]) -> None:

@@ -20,6 +20,16 @@ class GrammarConfig(TransportConfig):
     max_cache_entries: int = field(1024, "compiled grammars kept (LRU)")
     max_cache_bytes: int = field(1 << 30, "bytes of compiled grammars kept (0: no byte bound)")
     compile_threads: int = field(2, "concurrent compiles (and xgrammar threads per compile)")
+    compile_isolation: str = field(
+        "process", "where compiles run: 'process' (killable workers) or 'thread' (in-process)"
+    )
+    compile_timeout_s: float = field(20.0, "seconds one grammar may compile (0: no limit)")
+    compile_memory_mb: int = field(
+        2048, "MiB one compile may allocate in its worker process (0: no limit)"
+    )
+    compile_small_chars: int = field(
+        2048, "grammars this short get a compile worker of their own (with >= 2 workers)"
+    )
     mask_threads: int = field(2, "threads running mask steps (sessions in parallel)")
     batch_fill_min_rows: int = field(8, "rows from which xgrammar's threaded batch fill is used")
     fill_threads: int = field(0, "xgrammar threads filling one step's masks (0: min(8, CPU cores))")
@@ -37,6 +47,10 @@ class GrammarConfig(TransportConfig):
         "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
         "their callers leave); keep it above the front door's grace",
     )
+    jump_forward_max_bytes: int = field(512, "longest forced string one jump-forward proposes")
+    jump_forward_max_steps: int = field(
+        64, "mask fills one jump-forward search may do (it proposes what it found by then)"
+    )
     log_level: str = field("info", "log level")
     metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
     log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
@@ -44,6 +58,10 @@ class GrammarConfig(TransportConfig):
     def validate(self) -> None:
         if self.max_cache_entries < 1:
             raise ValueError("--max-cache-entries must be >= 1")
+        if self.compile_isolation not in ("process", "thread"):
+            raise ValueError("--compile-isolation must be 'process' or 'thread'")
+        if self.compile_timeout_s < 0 or self.compile_memory_mb < 0:
+            raise ValueError("--compile-timeout-s and --compile-memory-mb must be >= 0")
         if self.fill_threads < 0:
             raise ValueError("--fill-threads must be >= 0 (0: automatic)")
         if self.compile_threads < 1 or self.mask_threads < 1:
@@ -52,6 +70,8 @@ class GrammarConfig(TransportConfig):
             raise ValueError("--vocab-size and --max-cache-bytes must be >= 0")
         if 0 <= self.max_rollback_tokens < self.jump_forward_window:
             raise ValueError("--max-rollback-tokens must cover --jump-forward-window")
+        if self.jump_forward_max_bytes < 1 or self.jump_forward_max_steps < 1:
+            raise ValueError("--jump-forward-max-bytes and --jump-forward-max-steps must be > 0")
         self.parsed_stop_token_ids()
 
     def parsed_stop_token_ids(self) -> list[int] | None:

@@ -21,7 +21,7 @@ from enum import IntEnum
 import numpy as np
 import xgrammar as xgr
 
-from grammar_service.compile_cache import GrammarKey
+from grammar_service.kinds import GrammarKey
 
 
 class ErrorCode(IntEnum):
@@ -113,9 +113,6 @@ class RequestMatcher:
         """Write the next-token mask into `bitmask[row]` (int32 [rows, words], xgrammar layout).
         Must not be called when terminated (xgrammar refuses)."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
-
-    def jump_forward_string(self) -> str:
-        return str(self.matcher.find_jump_forward_string())
 
     def tail(self, n: int) -> list[int]:
         """The last min(n, len(history)) accepted tokens."""

@@ -25,7 +25,7 @@ import xgrammar as xgr
 
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKey
 from grammar_service.config import GrammarConfig
-from grammar_service.jump_forward import Retokenizer
+from grammar_service.jump_forward import ForcedBytes, Retokenizer
 from grammar_service.metrics import GrammarMetrics
 from grammar_service.steps import (
     MaskEngine,
@@ -66,11 +66,22 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             disable_xgrammar_cache=config.disable_xgrammar_cache,
             error_ttl_s=config.error_ttl_s,
             pattern_strings=config.pattern_strings,
+            isolation=config.compile_isolation,
+            timeout_s=config.compile_timeout_s,
+            memory_mb=config.compile_memory_mb,
+            small_chars=config.compile_small_chars,
         )
         # Why a copy: `decoded_vocab` rebuilds a Python list on every access (~0.3 s).
         self.token_bytes: list[bytes] = list(self.tokenizer_info.decoded_vocab)
+        forced = ForcedBytes(
+            self.token_bytes,
+            int(self.tokenizer_info.vocab_size),
+            [int(t) for t in self.tokenizer_info.stop_token_ids],
+            max_bytes=config.jump_forward_max_bytes,
+            max_steps=config.jump_forward_max_steps,
+        )
         retok = (
-            Retokenizer(tokenizer, self.token_bytes, config.jump_forward_window)
+            Retokenizer(tokenizer, self.token_bytes, forced, config.jump_forward_window)
             if config.jump_forward_window > 0
             else None
         )

@@ -19,15 +19,17 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
+import structlog
 import xgrammar as xgr
 
-from grammar_service.compile_cache import GrammarKey, GrammarKind
 from grammar_service.jump_forward import Retokenizer
+from grammar_service.kinds import GrammarKey, GrammarKind
 from grammar_service.matchers import ErrorCode, MatchError, MatcherTable, RequestMatcher
 from radixmesh_wire.mask_rows import EncodedRow, bitmask_words, encode_ids, encode_rows
 from radixmesh_wire.pb import grammar_pb2 as pb
 
 _I32 = np.dtype("<i4")
+log = structlog.get_logger(__name__)
 
 KIND_FROM_PB: dict[int, GrammarKind] = {
     pb.GRAMMAR_KIND_JSON_SCHEMA: GrammarKind.JSON_SCHEMA,
@@ -157,19 +159,19 @@ class MaskEngine:
                 if got is None or isinstance(got, str):
                     raise MatchError(ErrorCode.COMPILE, got or "grammar was not compiled")
                 table.bind(b.handle, b.key, got, b.replay)  # type: ignore[arg-type]
-            except MatchError as err:
+            except Exception as err:
                 _fail(errors, b.handle, err)
         for h, n in ops.rollbacks:
             try:
                 table.get(h).rollback(n)
-            except MatchError as err:
+            except Exception as err:
                 _fail(errors, h, err)
         for h, toks in ops.accepts:
             if h in errors:
                 continue  # e.g. its bind failed: the accept would only add a second error
             try:
                 table.get(h).accept(toks)
-            except MatchError as err:
+            except Exception as err:
                 _fail(errors, h, err)
         if stages is not None:
             stages["accept"] = stages.get("accept", 0.0) + time.perf_counter() - t0
@@ -213,7 +215,11 @@ class MaskEngine:
             row = _row(h, encoded[j], terminated=False, can_end=bool(can_end[j]))
             if h in ops.jump_forward and self.retokenizer is not None:
                 tj = time.perf_counter()
-                jf = self.retokenizer.propose(m)
+                try:
+                    jf = self.retokenizer.propose(m, buf[j])
+                except Exception:  # a missed jump costs one decode step; never the stream
+                    log.exception("jump_forward_failed", session=state.session_id, handle=h)
+                    jf = None
                 if jf is not None:
                     row.jump_forward.text = jf.text
                     row.jump_forward.rollback = jf.rollback
@@ -245,8 +251,13 @@ class MaskEngine:
         return out
 
 
-def _fail(errors: dict[int, pb.RowError], handle: int, err: MatchError) -> None:
-    if handle not in errors:  # the first error of a handle is the one that matters
+def _fail(errors: dict[int, pb.RowError], handle: int, err: Exception) -> None:
+    """Record a handle's first error (the one that matters). Anything but a MatchError is a
+    fault of this row's grammar state (or ours): it fails this request alone, as INTERNAL."""
+    if not isinstance(err, MatchError):
+        log.error("row_failed", handle=handle, error=repr(err))
+        err = MatchError(ErrorCode.INTERNAL, f"grammar service error: {err!r}")
+    if handle not in errors:
         errors[handle] = pb.RowError(
             handle=handle,
             code=cast("pb.GrammarErrorCode", int(err.code)),

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grammar_service.compile_cache import GrammarKind
+from grammar_service.kinds import GrammarKind
 
 PAPER_REGEX = r'\{"summary": "[\w\d\s]+\.", "grade": "[ABCD][+-]?"\}'
 

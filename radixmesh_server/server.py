@@ -5,6 +5,11 @@ loops make progress (radixmesh_server.watchdog);
 "readiness" is SERVING only while every peer the service needs is reachable (the service calls
 `Health.set_ready`). Reflection lists every registered service. SIGTERM/SIGINT: readiness goes
 NOT_SERVING, new RPCs are refused, in-flight work drains for `grace_s` (radixmesh_server.drain).
+Every server refuses a request that is not a valid protobuf message (or holds invalid UTF-8 in
+a string field) with INVALID_ARGUMENT (`StrictDecoding`), never UNKNOWN. Message sizes are
+bounded (`MAX_MESSAGE_BYTES`, chosen below; the front door receives less). A service started by
+the launcher exits when the launcher is gone, even when its event loop is stuck (a thread
+watches the parent, and forces the exit if the loop does not stop in time).
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -27,7 +34,10 @@ from radixmesh_server.watchdog import Watchdog
 
 log = structlog.get_logger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The largest internal messages are a step's masks (rows x vocab/8 bytes: 256 rows of a
+# 152k vocabulary are 5 MB) and a long prompt's logprobs relayed to the front door (~20 MB for
+# 100k tokens x 20 top logprobs): 32 MiB covers both and bounds what one peer can make us buffer.
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 _SIZE = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -101,16 +111,103 @@ class Health:
         await self.servicer.enter_graceful_shutdown()
 
 
-async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+ORPHAN_POLL_S = 0.5
+ORPHAN_EXIT_CODE = 70
+
+
+def watch_parent(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, grace_s: float
+) -> threading.Thread | None:
     """A service started by the local launcher stops when the launcher is gone (killed test
-    runs must not leave services behind). In Kubernetes the variable is unset: no-op."""
+    runs must not leave services behind). In Kubernetes the variable is unset: no watch.
+
+    Why a thread and not a task: a loop stuck in native code (an xgrammar call that never
+    returns) never runs a task, so the thread asks the loop to stop and, if the process is
+    still here `grace_s` + 5 s later, exits it with os._exit. Not PR_SET_PDEATHSIG: it fires
+    when the parent *thread* that forked us exits, and the launcher restarts services from a
+    supervisor thread. (Compile workers, whose parent is ours, do use it.)"""
     parent = os.environ.get("RADIXMESH_PARENT_PID")
     if not parent:
-        return
-    while os.getppid() == int(parent):
-        await asyncio.sleep(1.0)
-    log.warning("launcher_gone", parent=parent)
-    stop.set()
+        return None
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            threading.Event().wait(ORPHAN_POLL_S)
+        log.warning("launcher_gone", parent=parent)
+        loop.call_soon_threadsafe(stop.set)
+        threading.Event().wait(grace_s + 5.0)
+        log.error("orphan_forced_exit", parent=parent)
+        os._exit(ORPHAN_EXIT_CODE)
+
+    t = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    t.start()
+    return t
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse (see StrictDecoding)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class StrictDecoding(grpc.aio.ServerInterceptor):
+    """Requests that are not valid protobuf (or hold invalid UTF-8 in a string field) get
+    INVALID_ARGUMENT with the parser's reason; grpc's own answer is UNKNOWN. Covers methods
+    with a single request message (every public method); streams parse as before."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        method = details.method
+        wrapped = self._cache.get(method)
+        if wrapped is None:
+            wrapped = self._cache[method] = _strict(handler, method)
+        return wrapped
+
+
+def _strict(handler: Any, method: str) -> Any:
+    parse = handler.request_deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except (DecodeError, UnicodeDecodeError, ValueError) as exc:
+            return _Undecodable(exc)
+
+    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{method}: the request is not a valid protobuf message ({request.error}); "
+            "string fields must be valid UTF-8",
+        )
+
+    if handler.response_streaming:
+        inner_stream = handler.unary_stream
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            async for item in inner_stream(request, context):
+                yield item
+
+        return handler._replace(request_deserializer=deserialize, unary_stream=stream)
+    inner = handler.unary_unary
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await refuse(request, context)
+        return await inner(request, context)
+
+    return handler._replace(request_deserializer=deserialize, unary_unary=unary)
 
 
 def channel(target: str) -> grpc.aio.Channel:
@@ -155,15 +252,21 @@ async def run_server(
     grace_s: float = DEFAULT_GRACE_S,
     before_cancel: Callable[[], None] | None = None,
     listen: Listen | None = None,
+    max_receive_bytes: int = 0,
 ) -> None:
     """Serve until SIGTERM/SIGINT. `register` adds servicers and returns their full names;
     `background` runs alongside (peer links that flip readiness); `on_stop` runs after draining;
     `before_cancel` ends in-flight work cleanly when the grace period runs out; `watchdog`
     (radixmesh_server.watchdog) turns liveness NOT_SERVING when a loop is stuck, and the
     `background` task ending counts as dead; `listen` says how the port is exposed (TLS,
-    interceptors, a plaintext health-only port)."""
+    interceptors, a plaintext health-only port); `max_receive_bytes` (0: MAX_MESSAGE_BYTES)
+    bounds request messages (the public front door takes less than peers send each other)."""
     listen = listen or Listen()
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=listen.interceptors)
+    options = list(SERVER_OPTIONS)
+    if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
+        key = "grpc.max_receive_message_length"
+        options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
+    server = grpc.aio.server(options=options, interceptors=[StrictDecoding(), *listen.interceptors])
     hb = Health()
     names = list(register(server, hb))
     health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
@@ -204,11 +307,10 @@ async def run_server(
     if bg is not None:
         dog.task("background loop", bg)
     dog_task = asyncio.create_task(dog.run(hb))
-    orphan = asyncio.create_task(_stop_when_orphaned(stop))
+    watch_parent(loop, stop, grace_s)
     if background is None:
         await hb.set_ready(True, "no peers needed")
     await stop.wait()
-    orphan.cancel()
     dog_task.cancel()
     log.info("draining", grace_s=grace_s)
     await hb.shutdown()

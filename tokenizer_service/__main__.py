@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                 listen=listen,
                 grace_s=cfg.shutdown_grace_s,
                 before_cancel=shutting_down,
+                max_receive_bytes=cfg.max_request_bytes,
             )
         finally:
             if runner is not None:

@@ -39,6 +39,11 @@ class TokenizerConfig(TransportConfig):
         "on SIGTERM: stop accepting, let in-flight requests finish this long, then end the "
         "rest with UNAVAILABLE",
     )
+    max_input_chars: int = field(
+        1_000_000, "most characters tokenized for one request (text, chat contents)"
+    )
+    max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
+    tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
     log_level: str = field("info", "log level")
     metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
     log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])

@@ -12,9 +12,12 @@ ends, and is aborted at the scheduler unless it finished there.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -32,10 +35,13 @@ from tokenizer_service.validation import (
     check_chat_roles,
     check_input_ids,
     check_resume,
+    check_text_size,
     normalize_sampling,
 )
 
 log = structlog.get_logger(__name__)
+
+INLINE_TOKENIZE_CHARS = 4096  # shorter inputs are tokenized on the loop (tens of microseconds)
 
 
 class GenerateError(Exception):
@@ -80,6 +86,7 @@ class FrontDoor:
         self.tok = tok
         self.link = link
         self.metrics = metrics or FrontDoorMetrics()
+        self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
 
     @property
@@ -91,36 +98,58 @@ class FrontDoor:
     def ready(self) -> bool:
         return self.link.connected.is_set()
 
-    def prompt_ids(self, inp: GenerateInput) -> list[int]:
+    def _text_limit(self) -> int:
+        """Characters one request may bring: the flag, or fewer when even the longest tokens
+        could not fit the context window (a text of n chars has >= n / max_token_chars)."""
+        return min(self.cfg.max_input_chars, self.context_length * self.tok.max_token_chars)
+
+    async def _off_loop(self, fn: Callable[..., list[int]], *args: Any) -> list[int]:
+        """Run a tokenization in the tokenizer pool: megabytes of text take seconds, which on
+        the loop would stall every other request."""
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, fn, *args)
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_text_size(len(text), self._text_limit())
+        if len(text) <= INLINE_TOKENIZE_CHARS:  # microseconds: not worth a thread hop
+            return self.tok.encode(text, add_special_tokens)
+        return await self._off_loop(self.tok.encode, text, add_special_tokens)
+
+    async def prompt_ids(self, inp: GenerateInput) -> list[int]:
         if inp.text is not None:
-            return self.tok.encode(inp.text)
+            return await self.encode(inp.text)
         if inp.input_ids is not None:
             check_input_ids(inp.input_ids, self.tok.vocab_size)
             return list(inp.input_ids)
         if inp.messages is not None:
-            return self.chat_ids(inp.messages, inp.add_generation_prompt)
+            return await self.chat_ids(inp.messages, inp.add_generation_prompt)
         raise InvalidRequest("no input: set text, input_ids or chat messages")
 
-    def chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    async def chat_ids(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool
+    ) -> list[int]:
         if not messages:
             raise InvalidRequest("chat has no messages")
         check_chat_roles([m.get("role", "") for m in messages])
+        chars = sum(len(m.get("content", "")) + len(m.get("role", "")) for m in messages)
+        check_text_size(chars, self._text_limit(), "the chat")
         try:
-            return self.tok.apply_chat(messages, add_generation_prompt)
+            if chars <= INLINE_TOKENIZE_CHARS:
+                return self.tok.apply_chat(messages, add_generation_prompt)
+            return await self._off_loop(self.tok.apply_chat, messages, add_generation_prompt)
         except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
-    def tokenize_in_place(self, inp: GenerateInput) -> list[int]:
+    async def tokenize_in_place(self, inp: GenerateInput) -> list[int]:
         """Validate `inp` and replace its text or messages by their ids, so that running it
         later does not tokenize again; raises GenerateError(INVALID_ARGUMENT)."""
-        ids, _ = self.prepare(inp)
+        ids, _ = await self.prepare(inp)
         inp.text, inp.messages, inp.input_ids = None, None, ids
         return ids
 
-    def prepare(self, inp: GenerateInput) -> tuple[list[int], api_pb2.SamplingParams]:
+    async def prepare(self, inp: GenerateInput) -> tuple[list[int], api_pb2.SamplingParams]:
         """Tokenize and validate; raises GenerateError(INVALID_ARGUMENT)."""
         try:
-            ids = self.prompt_ids(inp)
+            ids = await self.prompt_ids(inp)
             sampling = normalize_sampling(
                 inp.sampling,
                 inp.logprobs,
@@ -162,7 +191,7 @@ class FrontDoor:
         timer: RequestTimer,
     ) -> AsyncGenerator[Event, None]:
         wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
-        ids, sampling = prepared or self.prepare(inp)
+        ids, sampling = prepared or await self.prepare(inp)
         resumed = inp.resume_output_ids
         try:
             check_resume(resumed, self.tok.vocab_size, sampling.max_new_tokens)

@@ -20,7 +20,7 @@ from tokenizer_service.events import Complete, Event
 async def prefill_once(core: FrontDoor, inp: GenerateInput) -> tuple[list[int], int]:
     """Validates `inp` as the choices will be, caches its prompt; returns (prompt ids, prompt
     tokens that were already cached before this request)."""
-    ids, _ = core.prepare(inp)
+    ids, _ = await core.prepare(inp)
     pre = GenerateInput(
         input_ids=ids,
         sampling=api_pb2.SamplingParams(max_new_tokens=0, temperature=0),

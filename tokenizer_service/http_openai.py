@@ -104,7 +104,7 @@ class OpenAIApi:
         prefilled once first (its cached tokens before that are returned)."""
         if req.n == 1:
             for inp in req.inputs:
-                self.core.tokenize_in_place(inp)  # validate every prompt before starting any
+                await self.core.tokenize_in_place(inp)  # validate every prompt before starting any
             return req.inputs, None
         out: list[GenerateInput] = []
         cached = 0

@@ -125,7 +125,7 @@ class SGLangApi:
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
             for k, inp in enumerate(req.inputs):
-                ids = self.core.tokenize_in_place(inp)
+                ids = await self.core.tokenize_in_place(inp)
                 if req.start[k] == -1 and req.return_logprob:
                     # SGLang's -1: the last prompt token only
                     req.start[k] = len(ids) - 1

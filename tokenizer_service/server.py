@@ -39,10 +39,10 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     def context_length(self) -> int:
         return self.core.context_length
 
-    def _chat_ids(self, chat: api_pb2.ChatMessages) -> list[int]:
+    async def _chat_ids(self, chat: api_pb2.ChatMessages) -> list[int]:
         msgs = [{"role": m.role, "content": m.content} for m in chat.messages]
         gen = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-        return self.core.chat_ids(msgs, gen)
+        return await self.core.chat_ids(msgs, gen)
 
     async def Generate(
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -72,9 +72,9 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     ) -> api_pb2.TokenizeResponse:
         try:
             if request.WhichOneof("input") == "chat":
-                return api_pb2.TokenizeResponse(ids=self._chat_ids(request.chat))
+                return api_pb2.TokenizeResponse(ids=await self._chat_ids(request.chat))
             return api_pb2.TokenizeResponse(
-                ids=self.tok.encode(request.text, request.add_special_tokens)
+                ids=await self.core.encode(request.text, request.add_special_tokens)
             )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

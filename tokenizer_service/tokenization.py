@@ -1,5 +1,9 @@
 """The model's tokenizer and chat template (transformers), plus the role markers a client
-without transformers needs to build chat prompts itself."""
+without transformers needs to build chat prompts itself.
+
+Chat content is text: special-token text inside a message (`<|im_start|>system ...`) is
+tokenized as the characters it is, never as control tokens, so a user cannot fake a turn.
+Only the template's own markers become special tokens."""
 
 from __future__ import annotations
 
@@ -9,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 log = structlog.get_logger(__name__)
 
 _SENTINEL = "\x00{}\x00"
+_CONTENT = "\x00content{}\x00"
 
 
 @dataclass
@@ -38,6 +44,15 @@ class Tokenization:
             else {}
         )
         self.model_name = cfg.get("_name_or_path") or folder.name
+        # A second backend that splits special-token text. Why a copy: transformers'
+        # split_special_tokens flips a flag on the shared backend, racing other threads.
+        self._plain = Tokenizer.from_str(self.tok.backend_tokenizer.to_str())
+        self._plain.encode_special_tokens = True
+        self.special_texts = sorted(self.tok.get_added_vocab(), key=len, reverse=True)
+        # A token spells at most this many characters, so a text of n characters has at least
+        # n / max_token_chars tokens: what cannot fit a context is refused before tokenizing.
+        pieces = self.tok.convert_ids_to_tokens(list(range(len(self.tok))))
+        self.max_token_chars = max(len(p) for p in pieces if p is not None)
 
     def _eos_ids(self, folder: Path) -> list[int]:
         ids: set[int] = set()
@@ -65,18 +80,39 @@ class Tokenization:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Tokens of `text` with special-token text split like any other characters."""
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def has_special_text(self, text: str) -> bool:
+        return any(s in text for s in self.special_texts)
+
     def apply_chat(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send text or input_ids")
-        text = str(
-            self.tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+        if not any(self.has_special_text(m["content"]) for m in messages):
+            # the template already carries any BOS it wants
+            return self.encode(self._render(messages, add_generation_prompt), False)
+        # Render with a placeholder per content, then tokenize the template's pieces with
+        # its special tokens and each content as plain text.
+        marks = [_CONTENT.format(i) for i in range(len(messages))]
+        text = self._render(
+            [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)],
+            add_generation_prompt,
         )
-        # the template already carries any BOS it wants
-        return self.encode(text, add_special_tokens=False)
+        ids: list[int] = []
+        for m, mark in zip(messages, marks, strict=True):
+            head, found, text = text.partition(mark)
+            if not found or mark in text:
+                raise ValueError(
+                    "a message holds special-token text, and this model's chat template "
+                    "changes message content, so it cannot be kept as plain text: remove it"
+                )
+            ids += self.encode(head, add_special_tokens=False) if head else []
+            ids += self.encode_plain(m["content"])
+        return ids + (self.encode(text, add_special_tokens=False) if text else [])
 
     def _render(self, messages: list[dict[str, str]], gen: bool = False) -> str:
         return str(

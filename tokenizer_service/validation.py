@@ -3,6 +3,7 @@ act on, before anything reaches the scheduler."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from radixmesh_wire.pb import api_pb2
@@ -29,6 +30,9 @@ def normalize_sampling(
     """Validate and fill defaults; returns a copy the scheduler can trust."""
     out = api_pb2.SamplingParams()
     out.CopyFrom(s)
+    for fd, value in s.ListFields():  # every float knob, present and future
+        if fd.type in (fd.TYPE_FLOAT, fd.TYPE_DOUBLE) and not fd.is_repeated:
+            check(math.isfinite(value), f"{fd.name} must be a finite number, got {value}")
     check(prompt_len > 0, "the prompt is empty: send non-empty text, chat messages or input_ids")
     check(
         prompt_len < context_length,
@@ -92,6 +96,15 @@ def _check_penalties(s: api_pb2.SamplingParams, vocab_size: int) -> None:
     for t, b in s.logit_bias.items():
         check(0 <= t < vocab_size, f"logit_bias token id {t} is outside [0, {vocab_size})")
         check(-100 <= b <= 100, f"logit_bias[{t}]={b} must be in [-100, 100]")
+
+
+def check_text_size(chars: int, limit: int, what: str = "the prompt") -> None:
+    """`limit`: the most characters the front door tokenizes for one request."""
+    check(
+        chars <= limit,
+        f"{what} has {chars} characters; this server tokenizes at most {limit} per request "
+        "(--max-input-chars, or what the context window can hold): shorten it",
+    )
 
 
 def check_input_ids(ids: list[int], vocab_size: int) -> None:

@@ -159,9 +159,7 @@ class GrammarServicer(pb_grpc.GrammarServicer):
             # Drop the reference only: a step still running in a thread finishes on its own
             # objects, and the matchers go with the last reference.
             self._sessions.pop(id(state), None)
-            log.info(
-                "masks_session_closed", session=sid, steps=state.steps, matchers=len(state.table)
-            )
+            log.info("masks_session_closed", steps=state.steps, matchers=len(state.table))
 
     async def _step(
         self, state: SessionState, step: pb.MaskStep, context: grpc.aio.ServicerContext

@@ -218,7 +218,7 @@ class MaskEngine:
                 try:
                     jf = self.retokenizer.propose(m, buf[j])
                 except Exception:  # a missed jump costs one decode step; never the stream
-                    log.exception("jump_forward_failed", session=state.session_id, handle=h)
+                    log.exception("jump_forward_failed", handle=h)
                     jf = None
                 if jf is not None:
                     row.jump_forward.text = jf.text

@@ -169,7 +169,6 @@ class SchedulerLink:
             if self.down_since is not None:
                 log.info(
                     "scheduler_connected",
-                    session=session_id,
                     resubmitted=len(resumed),
                     down_s=round(time.monotonic() - self.down_since, 2),
                 )

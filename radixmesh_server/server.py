@@ -266,7 +266,10 @@ async def run_server(
     if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
         key = "grpc.max_receive_message_length"
         options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
-    server = grpc.aio.server(options=options, interceptors=[StrictDecoding(), *listen.interceptors])
+    # StrictDecoding last (innermost): it caches its wrapper per method, so it must only ever
+    # wrap the real handler, never a per-call refusal of the API-key interceptor.
+    interceptors = [*listen.interceptors, StrictDecoding()]
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     hb = Health()
     names = list(register(server, hb))
     health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)

@@ -31,8 +31,24 @@ from radixmesh_server.pki import make_server_cert
 API_KEY = "bench-key"
 
 
+def _model(ns: argparse.Namespace) -> tuple[str, list[str]]:
+    """The model folder and the model service's flags: the embedded default, or random weights
+    of a published shape (`--random-weights llama-3.1-8b --device cuda`) for GPU runs."""
+    if not ns.random_weights:
+        return ns.model, ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
+    from model_service.random_configs import random_config
+
+    _, folder = random_config(ns.random_weights)
+    args = ["--random-weights", ns.random_weights, "--device", ns.device]
+    if ns.kv_tokens:
+        args += ["--kv-tokens", str(ns.kv_tokens)]
+    return str(folder), args
+
+
 @contextlib.contextmanager
-def _stack(secured: bool, model: str, logs: Path) -> Iterator[dict[str, Any]]:
+def _stack(
+    secured: bool, model: str, model_args: list[str], sched_args: list[str], logs: Path
+) -> Iterator[dict[str, Any]]:
     ports = StackPorts.free()
     tok_args: list[str] = []
     client: dict[str, Any] = {"endpoint": f"127.0.0.1:{ports.tokenizer}"}
@@ -40,7 +56,9 @@ def _stack(secured: bool, model: str, logs: Path) -> Iterator[dict[str, Any]]:
         ca, cert, key = make_server_cert(logs / "public-tls", "localhost")
         tok_args = ["--api-keys", API_KEY, "--tls-cert", str(cert), "--tls-key", str(key)]
         client = {"endpoint": f"localhost:{ports.tokenizer}", "api_key": API_KEY, "tls": str(ca)}
-    specs = stack_specs(ports, model, tokenizer_args=tok_args)
+    specs = stack_specs(
+        ports, model, model_args=model_args, scheduler_args=sched_args, tokenizer_args=tok_args
+    )
     if secured:
         next(s for s in specs if s.name == "tokenizer").health_port = free_port()
     launcher = Launcher(
@@ -93,7 +111,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     configure_logging("bench", "warning")
     logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-security-"))
     results: dict[str, list[dict[str, Any]]] = {"plain": [], "secured": []}
-    with _stack(False, ns.model, logs) as plain, _stack(True, ns.model, logs) as secured:
+    model, model_args = _model(ns)
+    sched_args = ["--max-running", str(ns.max_running)] if ns.max_running else []
+    with (
+        _stack(False, model, model_args, sched_args, logs) as plain,
+        _stack(True, model, model_args, sched_args, logs) as secured,
+    ):
         _round(plain, ns.concurrency, ns.concurrency, 4)  # warm both (first-call costs)
         _round(secured, ns.concurrency, ns.concurrency, 4)
         for i in range(ns.rounds):
@@ -108,7 +131,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "concurrency": ns.concurrency,
             "max_new_tokens": ns.max_new_tokens,
             "rounds": ns.rounds,
-            "model": ns.model,
+            "model": ns.random_weights or ns.model,
+            "device": ns.device if ns.random_weights else "cpu",
         },
         "plain": plain_s,
         "secured": sec_s,
@@ -125,6 +149,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--random-weights", default="", help="a random model shape, e.g. llama-3.1-8b")
+    p.add_argument("--device", default="cuda", help="with --random-weights")
+    p.add_argument("--kv-tokens", type=int, default=0, help="KV pool per stack (two share a GPU)")
+    p.add_argument(
+        "--max-running", type=int, default=0, help="scheduler --max-running (0: its default)"
+    )
 
     def main(ns: argparse.Namespace) -> int:
         print(json.dumps(run(ns), indent=2))

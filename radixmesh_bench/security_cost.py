@@ -137,6 +137,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "plain": plain_s,
         "secured": sec_s,
         "throughput_ratio": sec_s["output_tok_s_median"] / plain_s["output_tok_s_median"],
+        # Each round's secured run against the plain run just before it: drift between rounds
+        # (clocks, caches) cancels out.
+        "throughput_ratio_paired_median": statistics.median(
+            (s["out_tokens"] / s["wall_s"]) / (p["out_tokens"] / p["wall_s"])
+            for p, s in zip(results["plain"], results["secured"], strict=True)
+        ),
         "latency_p50_ratio": sec_s["latency_p50_s"] / plain_s["latency_p50_s"],
         "logs": str(logs),
     }

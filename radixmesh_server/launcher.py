@@ -35,8 +35,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh_server.drain import INTERNAL_EXTRA_S
 from radixmesh_server.log_tail import death_report, log_size
-from radixmesh_server.pki import CertFiles, make_local_pki, peer_channel
+from radixmesh_server.pki import CertFiles, make_local_pki
 from radixmesh_server.ports import port_in_use, port_message
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 log = structlog.get_logger(__name__)
 
@@ -139,6 +140,17 @@ def stack_specs(
     ]
 
 
+def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
+    """A channel for health checks: mutual TLS with `tls` (the launcher's own certificate)."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
 async def check_ready(
     address: str,
     service: str = "readiness",
@@ -146,7 +158,7 @@ async def check_ready(
     tls: CertFiles | None = None,
 ) -> bool:
     try:
-        async with peer_channel(address, tls) as chan:
+        async with health_channel(address, tls) as chan:
             stub = health_pb2_grpc.HealthStub(chan)
             resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -29,30 +28,6 @@ class CertFiles:
     ca: Path
     cert: Path
     key: Path
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            self.ca.read_bytes(), self.key.read_bytes(), self.cert.read_bytes()
-        )
-
-
-# Clients check the server certificate against this name, not the address they dial.
-_TARGET_NAME = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
-
-
-def peer_channel(address: str, tls: CertFiles | None) -> grpc.aio.Channel:
-    """An asyncio channel to an internal service presenting `tls` (mutual TLS), or plaintext
-    when the stack has no internal TLS (`tls` None)."""
-    if tls is None:
-        return grpc.aio.insecure_channel(address)
-    return grpc.aio.secure_channel(address, tls.credentials(), options=_TARGET_NAME)
-
-
-def peer_channel_sync(address: str, tls: CertFiles | None) -> grpc.Channel:
-    """`peer_channel` for blocking callers."""
-    if tls is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, tls.credentials(), options=_TARGET_NAME)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -21,7 +21,7 @@ from radixmesh_server.launcher import (
     stack_specs,
 )
 from radixmesh_server.model_store import resolve_model
-from radixmesh_server.pki import peer_channel
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +56,15 @@ class Stack:
     def channel_as(self, name: str, role: str) -> grpc.aio.Channel:
         """An asyncio channel to internal service `name`, presenting the certificate of `role`
         (e.g. "tokenizer" to reach the scheduler, "scheduler" to reach model or grammar)."""
-        return peer_channel(self.address(name), self.launcher.pki.get(role))
+        address = self.address(name)
+        files = self.launcher.pki.get(role)
+        if files is None:  # a stack without internal TLS
+            return grpc.aio.insecure_channel(address)
+        creds = grpc.ssl_channel_credentials(
+            files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+        )
+        options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+        return grpc.aio.secure_channel(address, creds, options=options)
 
     def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from radixmesh_server.launcher import Launcher
-from radixmesh_server.pki import peer_channel_sync
+from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -24,7 +24,15 @@ from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, schedule
 def channel_as(launcher: Launcher, name: str, role: str) -> grpc.Channel:
     """A sync channel to internal service `name` with `role`'s certificate (plaintext on a
     stack without internal TLS)."""
-    return peer_channel_sync(launcher.specs[name].address, launcher.pki.get(role))
+    address = launcher.specs[name].address
+    files = launcher.pki.get(role)
+    if files is None:
+        return grpc.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
+    return grpc.secure_channel(address, creds, options=options)
 
 
 @dataclass

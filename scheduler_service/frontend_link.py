@@ -13,10 +13,11 @@ import grpc
 import structlog
 
 from radixmesh_server.security import require_peer
+from radixmesh_wire.cache_blocks import namespace_offset
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.outbox import Batch, Extra
-from scheduler_service.request import Request, SamplingSpec, namespace_offset
+from scheduler_service.outbox import Batch, Extra, error_batch
+from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.status import GrammarUnavailable, Status
 
@@ -101,9 +102,7 @@ def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:
 
 
 def _error(req: Request, code: Status, message: str) -> Batch:
-    """The whole output of a request refused before it reached the queue. The front door reads
-    `error_code` as a gRPC status code: `Status` numbers are gRPC's."""
-    return Batch([], [], [Extra(req.key, req.rid, error_code=int(code), error_message=message)])
+    return error_batch(req.key, req.rid, int(code), message)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):

@@ -78,3 +78,9 @@ class Outbox:
         batch = Batch(self.keys, self.events, list(self.extras.values()))
         self.keys, self.events, self.extras = [], [], {}
         return batch
+
+
+def error_batch(key: int, rid: str, code: int, message: str) -> Batch:
+    """The whole output of a request refused before it reached the queue. The front door reads
+    `error_code` as a gRPC status code (`Status` numbers are gRPC's)."""
+    return Batch([], [], [Extra(key, rid, error_code=code, error_message=message)])

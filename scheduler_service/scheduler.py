@@ -30,11 +30,12 @@ from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.model_link import ModelLink, ModelUnavailable
-from scheduler_service.outbox import Batch
+from scheduler_service.outbox import Batch, error_batch
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Request
+from scheduler_service.startup_hold import StartupHold
 from scheduler_service.state import SchedState
 from scheduler_service.status import Status
 from scheduler_service.step_masks import StepMasks
@@ -70,12 +71,14 @@ class Scheduler:
         self.down_since: float | None = None  # when the model was lost (None: connected)
         self.hold_expired = False  # held past --model-hold-s: refuse until the model is back
         self.metrics: SchedulerMetrics | None = None  # set by the service when metrics are on
+        self.early = StartupHold(cfg.max_queue, cfg.model_hold_s)  # before the first session
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         st = self.st
         if st is None:
-            raise SubmitError(Status.UNAVAILABLE, "the model service is not connected")
+            self.early.add(req)  # validated and queued when the model first connects
+            return
         if self.hold_expired:
             raise SubmitError(
                 Status.UNAVAILABLE,
@@ -110,8 +113,10 @@ class Scheduler:
     def abort(self, rid: str, session: str | None = None) -> bool:
         """Abort `rid`; with `session`, only if that session submitted it (ids are the
         clients' own and may collide across sessions)."""
+        if self.st is None:
+            return self.early.remove(rid, session)
         req = self.by_rid.get(rid)
-        if req is None or self.st is None or (session is not None and req.session != session):
+        if req is None or (session is not None and req.session != session):
             return False
         req.aborted = True
         self.aborted.add(rid)
@@ -119,6 +124,7 @@ class Scheduler:
         return True
 
     def drop_session(self, session: str) -> None:
+        self.early.drop_session(session)
         for r in list(self.by_rid.values()):
             if r.session == session:
                 r.aborted = True
@@ -202,6 +208,13 @@ class Scheduler:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), seconds)
         if self.st is None:
+            if self.early and self.early.expired():
+                msg = (
+                    f"the model service has not connected in {self.cfg.model_hold_s:g} s since"
+                    " the scheduler started (--model-hold-s); retry later"
+                )
+                for r in self.early.take():
+                    self._refuse(r, SubmitError(Status.UNAVAILABLE, msg))
             return
         self._reap_aborted()
         if self.down_since is not None and not self.hold_expired:
@@ -246,6 +259,17 @@ class Scheduler:
         )
         self.builder = BatchBuilder(self.cfg, st, self.policy, budget)
         self.masks = StepMasks(self.cfg, st, self.grammar, self._fail)
+        for r in self.early.take():
+            try:
+                self.submit(r)
+            except SubmitError as exc:
+                self._refuse(r, exc)
+
+    def _refuse(self, r: Request, exc: SubmitError) -> None:
+        """End a request that never reached the queue: its whole output is the error."""
+        sink = self.sinks.get(r.session)
+        if sink is not None:
+            sink(error_batch(r.key, r.rid, int(exc.code), str(exc)))
 
     async def _idle(self) -> None:
         self.wake.clear()

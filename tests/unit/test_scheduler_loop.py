@@ -13,7 +13,7 @@ from scheduler_service.batch_builder import BatchBuilder
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.outbox import Batch
 from scheduler_service.request import Request, SamplingSpec
-from scheduler_service.scheduler import Scheduler
+from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.status import Status
 from scheduler_service.step_masks import StepMasks
 
@@ -61,11 +61,11 @@ async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def _req(rid: str, key: int) -> Request:
+def _req(rid: str, key: int, prompt: list[int] | None = None) -> Request:
     return Request(
         rid=rid,
         session="s",
-        prompt=[1, 3, 4],
+        prompt=prompt or [1, 3, 4],
         spec=SamplingSpec(temperature=0, max_new_tokens=3),
         eos_ids=frozenset({2}),
         key=key,
@@ -112,3 +112,77 @@ def test_loop_survives_a_crashing_step(monkeypatch: Any) -> None:
     assert tokens == [7, 7, 7]
     assert [ready for ready, _ in health.calls] == [True, False, True]
     assert "crashed" in health.calls[1][1]
+
+
+class GatedLink(FakeLink):
+    """A model service that answers its first session only once `gate` is set (a scheduler
+    restarted while its model is still starting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def connect(self) -> WorkerInfo:
+        await self.gate.wait()
+        return await super().connect()
+
+
+def test_submissions_before_the_first_model_session_are_held() -> None:
+    """A front door resubmits its live requests as soon as a restarted scheduler accepts its
+    session, which can be before that scheduler's model session is open: they wait (bounded),
+    are validated when the model answers, and are served; an invalid one fails alone."""
+
+    async def scenario() -> list[Batch]:
+        sched = Scheduler(SchedulerConfig())
+        link = GatedLink()
+        sched.link = link  # type: ignore[assignment]
+        out: list[Batch] = []
+        sched.sinks["s"] = out.append
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        sched.submit(_req("held", 1))
+        # The model's window is 64 tokens, known only once it connects.
+        sched.submit(_req("too-long", 2, prompt=[1] * 100))
+        sched.submit(_req("gone", 3))
+        assert sched.abort("gone", "s")
+        assert len(sched.early) == 2 and not out
+        link.gate.set()
+        await _until(lambda: any(ex.key == 1 and ex.finish for b in out for ex in b.extras))
+        task.cancel()
+        return out
+
+    out = asyncio.run(scenario())
+    assert [ev for b in out for k, ev in zip(b.keys, b.events, strict=True) if k == 1] == [7, 7, 7]
+    refused = [ex for b in out for ex in b.extras if ex.key == 2]
+    assert refused and refused[0].error_code == Status.INVALID_ARGUMENT
+    assert not [ex for b in out for ex in b.extras if ex.key == 3]
+
+
+def test_startup_hold_is_bounded() -> None:
+    async def scenario() -> list[Batch]:
+        sched = Scheduler(SchedulerConfig(max_queue=1, model_hold_s=0.05))
+        sched.link = GatedLink()  # type: ignore[assignment]
+        out: list[Batch] = []
+        sched.sinks["s"] = out.append
+        sched.submit(_req("a", 1))
+        try:
+            sched.submit(_req("b", 2))
+        except SubmitError as exc:
+            assert exc.code == Status.RESOURCE_EXHAUSTED
+        else:
+            raise AssertionError("a second held request exceeded --max-queue=1")
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        sched.link.connect = _never  # type: ignore[method-assign]
+        await _until(lambda: bool(out))
+        task.cancel()
+        return out
+
+    out = asyncio.run(scenario())
+    (ex,) = out[0].extras
+    assert ex.key == 1 and ex.error_code == Status.UNAVAILABLE
+    assert "--model-hold-s" in ex.error_message
+
+
+async def _never() -> WorkerInfo:
+    from scheduler_service.model_link import ModelUnavailable
+
+    raise ModelUnavailable("model service unreachable")

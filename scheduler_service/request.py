@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import hashlib
 import itertools
 import time
 from collections.abc import Iterable
@@ -166,13 +165,3 @@ class Request:
     @property
     def remaining(self) -> int:
         return max(self.spec.max_new_tokens - len(self.output), 0)
-
-
-def namespace_offset(namespace: str) -> int:
-    """The cache-key offset of a namespace name: 0 for the default namespace, else a multiple
-    of 2^32 drawn from the name's 64-bit hash (names that differ get different offsets, up to
-    a 2^-64 collision chance per pair)."""
-    if not namespace:
-        return 0
-    digest = hashlib.blake2b(namespace.encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") + 1) << 32

@@ -65,14 +65,44 @@ class FrontendMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[FrontendHello, _Mapping]] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequestInternal, _Mapping]] = ...) -> None: ...
 
 class SchedulerHello(_message.Message):
-    __slots__ = ("session_id", "kv_capacity", "context_length")
+    __slots__ = ("session_id", "kv_capacity", "context_length", "cache_block_tokens", "instance_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     kv_capacity: int
     context_length: int
-    def __init__(self, session_id: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+    cache_block_tokens: int
+    instance_id: str
+    def __init__(self, session_id: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., context_length: _Optional[int] = ..., cache_block_tokens: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class CacheEvents(_message.Message):
+    __slots__ = ("reset", "added", "removed")
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    reset: bool
+    added: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, reset: _Optional[bool] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free")
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    KV_FREE_FIELD_NUMBER: _ClassVar[int]
+    waiting_requests: int
+    running_requests: int
+    waiting_tokens: int
+    running_tokens: int
+    kv_capacity: int
+    kv_free: int
+    def __init__(self, waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ...) -> None: ...
 
 class DeltaExtras(_message.Message):
     __slots__ = ("key", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message")
@@ -95,13 +125,17 @@ class DeltaExtras(_message.Message):
     def __init__(self, key: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_api_pb2.FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_api_pb2.TokenLogprob, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("hello", "keys", "events", "extras")
+    __slots__ = ("hello", "keys", "events", "extras", "cache", "load")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     hello: SchedulerHello
     keys: bytes
     events: bytes
     extras: _containers.RepeatedCompositeFieldContainer[DeltaExtras]
-    def __init__(self, hello: _Optional[_Union[SchedulerHello, _Mapping]] = ..., keys: _Optional[bytes] = ..., events: _Optional[bytes] = ..., extras: _Optional[_Iterable[_Union[DeltaExtras, _Mapping]]] = ...) -> None: ...
+    cache: CacheEvents
+    load: LoadReport
+    def __init__(self, hello: _Optional[_Union[SchedulerHello, _Mapping]] = ..., keys: _Optional[bytes] = ..., events: _Optional[bytes] = ..., extras: _Optional[_Iterable[_Union[DeltaExtras, _Mapping]]] = ..., cache: _Optional[_Union[CacheEvents, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...

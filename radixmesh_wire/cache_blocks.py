@@ -1,0 +1,60 @@
+"""The prefix cache's contents as both ends of the scheduler session name them.
+
+A scheduler publishes what its radix cache holds as chained hashes of full blocks of cache
+keys; a front door hashes a request's prompt the same way and routes it to the replica that
+holds the longest run of its leading blocks. Block i's hash covers every key of blocks 0..i
+(each hash folds in its predecessor), so equal hashes mean equal prefixes (up to a 2^-64
+collision per pair), and a replica "holds block i" exactly when its cache holds that whole
+prefix: a radix path of depth >= (i + 1) * BLOCK_TOKENS.
+
+Cache keys are token ids shifted by the request's namespace offset (tenant isolation), so a
+tenant's blocks never match another tenant's prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+BLOCK_TOKENS = 16  # fine enough for few-shot prefixes, ~128 hashes for a 2k-token prompt
+
+
+def namespace_offset(namespace: str) -> int:
+    """The cache-key offset of a namespace name: 0 for the default namespace, else a multiple
+    of 2^32 drawn from the name's 64-bit hash (names that differ get different offsets, up to
+    a 2^-64 collision chance per pair)."""
+    if not namespace:
+        return 0
+    digest = hashlib.blake2b(namespace.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") + 1) << 32
+
+
+def cache_keys(token_ids: Sequence[int], namespace: str) -> list[int]:
+    off = namespace_offset(namespace)
+    return list(token_ids) if not off else [t + off for t in token_ids]
+
+
+def block_hashes(keys: Sequence[int], start_block: int = 0, prev: int = 0) -> list[int]:
+    """Hashes of the full blocks of `keys` from block `start_block` on; `prev` is the hash of
+    block `start_block - 1` (ignored for block 0), so a growing sequence is hashed
+    incrementally. Unsigned 64-bit values (protobuf fixed64).
+
+    A key is a token id (low 32 bits) plus its namespace's offset (the bits above, the same
+    for every key of one sequence): the chain starts from the namespace and hashes the tokens
+    as 32-bit items."""
+    out: list[int] = []
+    n_full = len(keys) // BLOCK_TOKENS
+    if start_block == 0:
+        prev = (keys[0] >> 32) & _U64 if keys else 0
+    for i in range(start_block, n_full):
+        h = hashlib.blake2b(prev.to_bytes(8, "little"), digest_size=8)
+        block = keys[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+        h.update(array("I", [k & _U32 for k in block]).tobytes())
+        prev = int.from_bytes(h.digest(), "little")
+        out.append(prev)
+    return out
+
+
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1

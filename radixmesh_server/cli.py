@@ -70,7 +70,7 @@ def _startup_progress(event: str, pending: list[str], elapsed: float) -> None:
 
 def _serve(ns: argparse.Namespace) -> int:
     from radixmesh_server.drain import INTERNAL_EXTRA_S
-    from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+    from radixmesh_server.launcher import Launcher, Topology, sequential_ports, topology_specs
     from radixmesh_server.logging import configure_logging
     from radixmesh_server.model_store import ModelError, describe_model_source, resolve_model
 
@@ -86,27 +86,34 @@ def _serve(ns: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     # Services get a local folder: a hub id is resolved (downloaded) here only.
     model = ns.model if ns.model in ("", "default") else str(folder)
-    ports = StackPorts(ns.port, ns.port + 1, ns.port + 2, ns.port + 3, ns.http_port)
+    topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)
+    port_of = sequential_ports(ns.port, topo)
     tok_args = ["--served-model-name", ns.served_model_name] if ns.served_model_name else []
     if ns.chat_template:
         tok_args += ["--chat-template", str(Path(ns.chat_template).resolve())]
     sched_args = ["--radix", ns.radix, "--policy", ns.policy]
-    model_args = ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
+    # --kv-tokens is the stack's total: N replicas together hold what one would.
+    per_replica = ns.kv_tokens // topo.replicas
+    model_args = ["--kv-tokens", str(per_replica)] if ns.kv_tokens else []
     m = ns.metrics_port
-    metrics = StackPorts(m, m + 1, m + 2, m + 3) if m else None
+    metrics_of = sequential_ports(m, topo) if m else None
+    names = topo.names()
     launcher = Launcher(
-        stack_specs(
-            ports,
+        topology_specs(
+            topo,
+            port_of,
             model,
+            http_port=ns.http_port,
             model_args=model_args,
             scheduler_args=sched_args,
             tokenizer_args=tok_args,
             shutdown_grace=ns.shutdown_grace,
-            metrics=metrics,
+            metrics_port=metrics_of,
         ),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         internal_tls=True,
     )
+    api_port = port_of(names[0])
 
     async def main() -> None:
         # SIGTERM/SIGINT: stop supervising; the finally below forwards SIGTERM to every
@@ -119,15 +126,14 @@ def _serve(ns: argparse.Namespace) -> int:
         launcher.start_all()
         _say(f"starting services (model {folder}); logs in {launcher.log_dir}")
         await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
-        _say(
-            f"ready. API at localhost:{ports.tokenizer} "
-            f"(scheduler :{ports.scheduler}, model :{ports.model}, grammar :{ports.grammar}); "
-            f"HTTP at http://localhost:{ports.http} (OpenAI /v1, SGLang /generate)"
-        )
-        if metrics is not None:
-            print(f"radixmesh: /metrics on ports {m}-{m + 3} (same order)", flush=True)
+        others = ", ".join(f"{n} :{port_of(n)}" for n in names[1:])
+        http = f"HTTP at http://localhost:{ns.http_port} (OpenAI /v1, SGLang /generate)"
+        _say(f"ready. API at localhost:{api_port} ({others}); {http if ns.http_port else ''}")
+        if metrics_of is not None:
+            last = m + len(names) - 1
+            print(f"radixmesh: /metrics on ports {m}-{last} (same order)", flush=True)
         if not ns.no_smoke:
-            await asyncio.to_thread(_smoke, f"localhost:{ports.tokenizer}")
+            await asyncio.to_thread(_smoke, f"localhost:{api_port}")
         _say("serving; Ctrl-C to stop.")
         await launcher.supervise()
 
@@ -151,6 +157,13 @@ def _smoke(endpoint: str) -> None:
             messages=[{"role": "user", "content": SMOKE_PROMPT}], max_new_tokens=24, temperature=0
         )
     print(f"radixmesh: smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}", flush=True)
+
+
+def positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def schema_arg(value: str) -> str:
@@ -255,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="'default' (SmolLM2-135M), a local HF folder, or a hub id org/name",
     )
-    s.add_argument("--port", type=int, default=50051, help="API port; services use the next 3")
+    s.add_argument(
+        "--port", type=int, default=50051, help="API port; the other services use the next ones"
+    )
     s.add_argument("--http-port", type=int, default=8000, help="HTTP APIs' port (0: off)")
     s.add_argument("--served-model-name", default="", help="model name the HTTP APIs answer to")
     s.add_argument("--chat-template", default="", help="Jinja chat template file to serve with")
@@ -263,13 +278,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
     )
-    s.add_argument("--kv-tokens", type=int, default=0, help="KV pool size (0: memory budget)")
+    s.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=0,
+        help="KV pool size of the whole stack, split evenly over the replicas (0: each model "
+        "service's memory budget)",
+    )
+    s.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="scheduler+model pairs (each its own KV cache)",
+    )
+    s.add_argument(
+        "--front-doors", type=positive_int, default=1, help="front doors (HTTP ports count up)"
+    )
+    s.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
     s.add_argument("--log-dir", default="", help="write each service's log here")
     s.add_argument(
         "--metrics-port",
         type=int,
         default=0,
-        help="serve /metrics: the front door on this port, the others on the next 3 (0: off)",
+        help="serve /metrics: the front door on this port, the others on the next ones, in the"
+        " order of the API ports (0: off)",
     )
     s.add_argument("--log-level", default="info")
     s.add_argument("--startup-timeout", type=float, default=600.0)

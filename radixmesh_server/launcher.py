@@ -58,6 +58,7 @@ class ServiceSpec:
     args: list[str] = field(default_factory=list)
     public: bool = False  # the front door: its port is the public API, never mutual TLS
     health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of this service
 
     @property
     def address(self) -> str:
@@ -96,48 +97,130 @@ def stack_specs(
     shutdown_grace: float | None = None,
     metrics: StackPorts | None = None,
 ) -> list[ServiceSpec]:
-    """`shutdown_grace`: the front door's SIGTERM grace; internal services get a little more
-    (radixmesh_server.drain), so requests that fit it never lose a dependency first.
-    `metrics`: each service's /metrics port (None: metrics off)."""
-    p = ports
+    """One of each service on the given ports (see `topology_specs`)."""
+    return topology_specs(
+        Topology(),
+        lambda name: int(getattr(ports, name)),
+        model,
+        http_port=ports.http,
+        model_args=model_args,
+        scheduler_args=scheduler_args,
+        tokenizer_args=tokenizer_args,
+        grammar_args=grammar_args,
+        shutdown_grace=shutdown_grace,
+        metrics_port=(lambda name: int(getattr(metrics, name))) if metrics else None,
+    )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many of each service a local stack runs. A replica is one scheduler with its own
+    model service (the scheduler owns that model's KV slots). Every front door connects to
+    every replica; every scheduler to every grammar service. `replica_env`: extra environment
+    per replica's model service, cycled (e.g. CUDA_VISIBLE_DEVICES per GPU)."""
+
+    replicas: int = 1
+    front_doors: int = 1
+    grammars: int = 1
+    replica_env: tuple[dict[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if min(self.replicas, self.front_doors, self.grammars) < 1:
+            raise ValueError(f"every count must be at least 1: {self}")
+
+    def names(self) -> list[str]:
+        """Service names in port order. With one of a kind its name is the kind
+        ("scheduler"); with several, "scheduler-0", "scheduler-1", ... The first front door
+        comes first and the other front doors last, so one of each keeps the classic order
+        (front door, scheduler, model, grammar on consecutive ports)."""
+        fd = _named("tokenizer", self.front_doors)
+        out = [fd[0]]
+        for s, m in zip(
+            _named("scheduler", self.replicas), _named("model", self.replicas), strict=True
+        ):
+            out += [s, m]
+        return [*out, *_named("grammar", self.grammars), *fd[1:]]
+
+
+def _named(kind: str, n: int) -> list[str]:
+    return [kind] if n == 1 else [f"{kind}-{i}" for i in range(n)]
+
+
+def sequential_ports(base: int, topo: Topology) -> Callable[[str], int]:
+    """`radixmesh serve`'s ports: the front door on `base`, the rest on the next ones in
+    `Topology.names` order."""
+    table = {name: base + i for i, name in enumerate(topo.names())}
+    return table.__getitem__
+
+
+def topology_specs(
+    topo: Topology,
+    port_of: Callable[[str], int],
+    model: str = "default",
+    http_port: int = 0,
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    tokenizer_args: Sequence[str] = (),
+    grammar_args: Sequence[str] = (),
+    shutdown_grace: float | None = None,
+    metrics_port: Callable[[str], int] | None = None,
+) -> list[ServiceSpec]:
+    """Specs for `topo`. `port_of(name)` gives each service's port (name per
+    `Topology.names`, with the kind as the key when there is one of it: "scheduler");
+    front door i serves HTTP on `http_port + i` (0: off). `shutdown_grace`: the front doors'
+    SIGTERM grace; internal services get a little more (radixmesh_server.drain), so requests
+    that fit it never lose a dependency first. `metrics_port(name)`: each service's /metrics
+    port (None: metrics off). `model_args` go to every model service as given (`--kv-tokens`
+    is per model service here: the CLI splits a total)."""
+    extra: dict[str, list[str]] = {"model": [], "grammar": [], "scheduler": [], "tokenizer": []}
     if shutdown_grace is not None:
         inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
-        model_args, grammar_args = [*model_args, *inner], [*grammar_args, *inner]
-        scheduler_args = [*scheduler_args, *inner]
-        tokenizer_args = [*tokenizer_args, "--shutdown-grace-s", str(shutdown_grace)]
-    if metrics is not None:
-        m = metrics
-        model_args = [*model_args, f"--metrics-port={m.model}"]
-        grammar_args = [*grammar_args, f"--metrics-port={m.grammar}"]
-        scheduler_args = [*scheduler_args, f"--metrics-port={m.scheduler}"]
-        tokenizer_args = [*tokenizer_args, f"--metrics-port={m.tokenizer}"]
-    return [
-        ServiceSpec("model", "model_service", p.model, ["--model", model, *model_args]),
-        ServiceSpec("grammar", "grammar_service", p.grammar, ["--tokenizer", model, *grammar_args]),
-        ServiceSpec(
-            "scheduler",
-            "scheduler_service",
-            p.scheduler,
-            [
-                f"--model-address=127.0.0.1:{p.model}",
-                f"--grammar-address=127.0.0.1:{p.grammar}",
-                *scheduler_args,
-            ],
-        ),
-        ServiceSpec(
-            "tokenizer",
-            "tokenizer_service",
-            p.tokenizer,
-            [
-                f"--scheduler-address=127.0.0.1:{p.scheduler}",
-                f"--http-port={p.http}",
-                "--model",
-                model,
-                *tokenizer_args,
-            ],
-            public=True,
-        ),
-    ]
+        for kind in ("model", "grammar", "scheduler"):
+            extra[kind] += inner
+        extra["tokenizer"] += ["--shutdown-grace-s", str(shutdown_grace)]
+    names = topo.names()
+    kinds = {name: name.split("-", 1)[0] for name in names}
+
+    def args(name: str, own: Sequence[str]) -> list[str]:
+        out = [*own, *extra[kinds[name]]]
+        if metrics_port is not None:
+            out.append(f"--metrics-port={metrics_port(name)}")
+        return out
+
+    def addr(name: str) -> str:
+        return f"127.0.0.1:{port_of(name)}"
+
+    schedulers = _named("scheduler", topo.replicas)
+    models = _named("model", topo.replicas)
+    grammars = _named("grammar", topo.grammars)
+    grammar_list = ",".join(addr(g) for g in grammars)
+    scheduler_list = ",".join(addr(s) for s in schedulers)
+    specs: list[ServiceSpec] = []
+    for i, (sched, mod) in enumerate(zip(schedulers, models, strict=True)):
+        env = topo.replica_env[i % len(topo.replica_env)] if topo.replica_env else {}
+        margs = ["--model", model, *model_args]
+        specs.append(ServiceSpec(mod, "model_service", port_of(mod), args(mod, margs), env=env))
+        sargs = [f"--model-address={addr(mod)}", f"--grammar-address={grammar_list}"]
+        specs.append(
+            ServiceSpec(
+                sched, "scheduler_service", port_of(sched), args(sched, [*sargs, *scheduler_args])
+            )
+        )
+    for g in grammars:
+        gargs = ["--tokenizer", model, *grammar_args]
+        specs.append(ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs)))
+    for i, fd in enumerate(_named("tokenizer", topo.front_doors)):
+        targs = [
+            f"--scheduler-address={scheduler_list}",
+            f"--http-port={http_port + i if http_port else 0}",
+            "--model",
+            model,
+            *tokenizer_args,
+        ]
+        specs.append(
+            ServiceSpec(fd, "tokenizer_service", port_of(fd), args(fd, targs), public=True)
+        )
+    return specs
 
 
 def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
@@ -212,10 +295,11 @@ class Launcher:
 
     def _service_env(self, name: str) -> dict[str, str]:
         files = self.pki.get(name)
+        env = {**self.env, **self.specs[name].env}
         if files is None:
-            return self.env
+            return env
         return {
-            **self.env,
+            **env,
             "RADIXMESH_MTLS_CA": str(files.ca),
             "RADIXMESH_MTLS_CERT": str(files.cert),
             "RADIXMESH_MTLS_KEY": str(files.key),

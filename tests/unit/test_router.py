@@ -1,0 +1,159 @@
+"""The front door's routing policy and its per-replica views (pure, no services)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
+from tokenizer_service.replica_view import Load, ReplicaView
+from tokenizer_service.router import Balance, Candidate, Policy, Router, prompt_key
+
+
+def _hashes(ids: list[int], ns: str = "") -> list[int]:
+    return block_hashes(cache_keys(ids, ns))
+
+
+def _exact(*held: list[int]) -> ReplicaView:
+    v = ReplicaView()
+    v.on_hello("inst", BLOCK_TOKENS, 1 << 20)
+    for ids in held:
+        v.on_cache_events(False, _hashes(ids), [])
+    return v
+
+
+def _loaded(view: ReplicaView, tokens: int) -> ReplicaView:
+    view.on_load(Load(waiting_tokens=tokens))
+    return view
+
+
+SHARED = list(range(100, 164))  # 4 blocks
+PROMPT = [*SHARED, *range(500, 540)]  # 6 full blocks, the first 4 shared
+
+
+def test_longest_match_wins_and_says_cache_hit() -> None:
+    a = _exact(SHARED[:32])  # holds 2 leading blocks
+    b = _exact(SHARED)  # holds 4
+    c = _exact()
+    hs = _hashes(PROMPT)
+    d = Router().choose(
+        [Candidate("a:1", a), Candidate("b:1", b), Candidate("c:1", c)], hs, prompt_key(hs, [])
+    )
+    assert (d.address, d.reason, d.matched_blocks) == ("b:1", "cache_hit", 4)
+
+
+def test_overloaded_holder_loses_to_the_least_loaded() -> None:
+    hs = _hashes(PROMPT)
+    bal = Balance(abs_tokens=100, rel=1.5)
+    holder, idle = _loaded(_exact(SHARED), 1000), _loaded(_exact(), 10)
+    cands = [Candidate("a:1", holder), Candidate("b:1", idle)]
+    d = Router(balance=bal).choose(cands, hs, prompt_key(hs, []))
+    assert (d.address, d.reason) == ("b:1", "balance")
+    # Below either threshold the cache still wins: a small absolute gap ...
+    holder.on_load(Load(waiting_tokens=105))
+    assert Router(balance=bal).choose(cands, hs, 0).reason == "cache_hit"
+    # ... or a large gap on a system that is balanced in proportion.
+    holder.on_load(Load(running_tokens=10_000))
+    idle.on_load(Load(running_tokens=8_000))
+    assert Router(balance=bal).choose(cands, hs, 0).address == "a:1"
+
+
+def test_cold_prefixes_agree_across_routers_and_spread() -> None:
+    """No replica holds anything: the first block decides by rendezvous, the same on two
+    independent routers (two front doors), and different prefixes use every replica."""
+    picks: dict[str, int] = {}
+    for p in range(40):
+        ids = [p * 1000 + i for i in range(40)]
+        hs = _hashes(ids)
+        views = [Candidate(f"10.0.0.{i}:5", _exact()) for i in range(3)]
+        one = Router().choose(views, hs, prompt_key(hs, ids))
+        other = Router().choose(list(reversed(views)), hs, prompt_key(hs, ids))
+        assert one == other and one.reason == "cold"
+        picks[one.address] = picks.get(one.address, 0) + 1
+    assert len(picks) == 3 and min(picks.values()) >= 5
+
+
+def test_cold_skips_an_overloaded_replica() -> None:
+    ids = list(range(40))
+    hs = _hashes(ids)
+    views = {f"r{i}:1": _exact() for i in range(2)}
+    cands = [Candidate(a, v) for a, v in views.items()]
+    first = Router().choose(cands, hs, prompt_key(hs, ids)).address
+    _loaded(views[first], 50_000)
+    d = Router().choose(cands, hs, prompt_key(hs, ids))
+    assert d.address != first and d.reason == "cold"
+
+
+def test_round_robin_cycles_in_address_order() -> None:
+    r = Router(Policy.ROUND_ROBIN)
+    cands = [Candidate(a, ReplicaView()) for a in ("c:1", "a:1", "b:1")]
+    got = [r.choose(cands, [], 0) for _ in range(4)]
+    assert [d.address for d in got] == ["a:1", "b:1", "c:1", "a:1"]
+    assert {d.reason for d in got} == {"round_robin"}
+
+
+def test_least_load_ignores_the_cache() -> None:
+    hs = _hashes(PROMPT)
+    cands = [Candidate("a:1", _loaded(_exact(SHARED), 500)), Candidate("b:1", _exact())]
+    d = Router(Policy.LEAST_LOAD).choose(cands, hs, 0)
+    assert (d.address, d.reason) == ("b:1", "least_load")
+
+
+def test_no_candidate_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        Router().choose([], [], 0)
+
+
+def test_exact_view_follows_events_and_instance_resets() -> None:
+    v = _exact(SHARED)
+    hs = _hashes(PROMPT)
+    assert v.matched_blocks(hs) == 4
+    v.on_cache_events(False, [], [hs[2]])  # evicted block 2: the run stops there
+    assert v.matched_blocks(hs) == 2
+    v.on_cache_events(True, hs[:1], [])  # a reset and a snapshot
+    assert v.matched_blocks(hs) == 1
+    v.on_routed(hs, 100)  # exact mode never guesses from routing
+    assert v.matched_blocks(hs) == 1
+    v.on_hello("inst", BLOCK_TOKENS, 1 << 20)  # same process reconnecting: kept
+    assert v.matched_blocks(hs) == 1
+    v.on_hello("restarted", BLOCK_TOKENS, 1 << 20)  # a new process: an empty cache
+    assert v.matched_blocks(hs) == 0
+
+
+def test_approximate_view_records_routed_prompts_within_its_cap() -> None:
+    v = ReplicaView(block_cap=8)
+    v.on_hello("", 0, 1 << 20)  # publishes nothing
+    v.on_cache_events(False, _hashes(SHARED), [])  # (ignored: not its mode)
+    hs = _hashes(PROMPT)
+    assert v.matched_blocks(hs) == 0
+    v.on_routed(hs, 10)
+    assert v.matched_blocks(hs) == 6
+    other = _hashes([*SHARED, *range(900, 932)])  # shares 4 blocks, 2 new ones
+    v.on_routed(other, 10)  # 8 distinct blocks: at the cap, nothing dropped yet
+    assert v.matched_blocks(hs) == 6 and len(v.blocks) == 8
+    v.on_routed(_hashes(list(range(2000, 2032))), 10)  # 2 more: the oldest leaves go
+    assert v.matched_blocks(other) == 6  # the most recent prompt is whole
+    assert v.matched_blocks(hs) == 4  # the older one lost its own tail, not the prefix
+    small = ReplicaView(block_cap=1000)
+    small.on_hello("", 0, 3 * BLOCK_TOKENS)  # a KV pool of 3 blocks bounds the record
+    small.on_routed(hs, 1)
+    assert len(small.blocks) == 3 and small.matched_blocks(hs) == 3
+
+
+def test_load_is_the_report_plus_what_was_routed_since() -> None:
+    v = ReplicaView()
+    v.on_routed([], 100)
+    v.on_routed([], 50)
+    assert v.load_tokens == 150  # no report yet: own in-flight
+    v.on_finished(100)
+    assert v.load_tokens == 50
+    v.on_load(Load(waiting_tokens=30, running_tokens=70))
+    assert v.load_tokens == 100
+    v.on_routed([], 25)  # a burst before the next report still counts
+    assert v.load_tokens == 125
+
+
+def test_namespaces_never_match_each_other() -> None:
+    a = _exact()
+    a.on_cache_events(False, _hashes(SHARED, "tenant-a"), [])
+    assert a.matched_blocks(_hashes(SHARED, "tenant-b")) == 0
+    assert a.matched_blocks(_hashes(SHARED, "tenant-a")) == 4

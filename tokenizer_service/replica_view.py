@@ -1,0 +1,127 @@
+"""What one front door knows about one replica (scheduler + model): which prefix-cache blocks
+it holds and how loaded it is. Pure bookkeeping, no I/O and no protobuf: the link turns the
+scheduler's hello, CacheEvents and LoadReport into the calls below.
+
+Two ways to know the blocks (radixmesh_wire.cache_blocks: chained hashes of 16-key blocks):
+- exact: the scheduler publishes its radix cache's inserts and evictions (hello says
+  `cache_block_tokens > 0`); `blocks` mirrors them. A reset (a new session's snapshot, or a
+  new `instance_id`: the process restarted with an empty cache) drops everything first.
+- approximate (the scheduler publishes nothing): the blocks of the prompts this front door
+  routed there, as SGLang's router guesses. Bounded by an LRU of `block_cap` blocks (and never
+  more blocks than the replica's KV could hold). A prompt's blocks are touched deepest first,
+  so a prefix is never older than its extensions and eviction drops leaves first.
+
+Load, in tokens (prompt still to prefill + generation budgets + KV held by running requests):
+the last LoadReport plus what this front door routed there since (so a burst does not all land
+on one replica before the next report). Without any report, this front door's own in-flight
+tokens there.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS
+
+
+@dataclass(frozen=True)
+class Load:
+    """One LoadReport, as plain numbers."""
+
+    waiting_requests: int = 0
+    running_requests: int = 0
+    waiting_tokens: int = 0
+    running_tokens: int = 0
+    kv_capacity: int = 0
+    kv_free: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.waiting_tokens + self.running_tokens
+
+
+class ReplicaView:
+    def __init__(self, block_cap: int = 65536) -> None:
+        self.block_cap = block_cap
+        self.exact = False  # blocks come from the replica's own CacheEvents
+        self.instance_id = ""
+        self.kv_capacity = 0
+        # Held blocks; in approximate mode the order is recency (oldest first).
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.reported: Load | None = None
+        self.pending_tokens = 0  # routed here since the last report
+        self.inflight_tokens = 0  # this front door's live requests here
+
+    # --- the replica's own messages
+
+    def on_hello(self, instance_id: str, block_tokens: int, kv_capacity: int) -> None:
+        """A (re)connected session. A new instance is a new process: nothing of the old one's
+        cache or load survives. A scheduler whose blocks are not ours publishes nothing we
+        can use: stay approximate."""
+        exact = block_tokens == BLOCK_TOKENS
+        if instance_id != self.instance_id or exact != self.exact:
+            self.blocks.clear()
+            self.reported = None
+            self.pending_tokens = 0
+        self.instance_id = instance_id
+        self.exact = exact
+        self.kv_capacity = kv_capacity
+
+    def on_cache_events(self, reset: bool, added: Iterable[int], removed: Iterable[int]) -> None:
+        if not self.exact:
+            return
+        if reset:
+            self.blocks.clear()
+        for h in removed:
+            self.blocks.pop(h, None)
+        for h in added:
+            self.blocks[h] = None
+
+    def on_load(self, load: Load) -> None:
+        self.reported = load
+        self.pending_tokens = 0
+
+    # --- this front door's own traffic
+
+    def on_routed(self, hashes: Sequence[int], cost: int) -> None:
+        self.pending_tokens += cost
+        self.inflight_tokens += cost
+        if self.exact or not hashes:
+            return
+        for h in reversed(hashes):  # deepest first: the prefix ends up the most recent
+            if h in self.blocks:
+                self.blocks.move_to_end(h)
+            else:
+                self.blocks[h] = None
+        cap = self.approx_cap
+        while len(self.blocks) > cap:
+            self.blocks.popitem(last=False)
+
+    def on_finished(self, cost: int) -> None:
+        """A request routed here left (finished, aborted, or moved to another replica)."""
+        self.inflight_tokens = max(self.inflight_tokens - cost, 0)
+
+    # --- what the router reads
+
+    @property
+    def approx_cap(self) -> int:
+        if self.kv_capacity:
+            return max(min(self.block_cap, self.kv_capacity // BLOCK_TOKENS), 1)
+        return max(self.block_cap, 1)
+
+    def matched_blocks(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of a prompt this replica holds."""
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    @property
+    def load_tokens(self) -> int:
+        if self.reported is None:
+            return self.inflight_tokens
+        return self.reported.tokens + self.pending_tokens

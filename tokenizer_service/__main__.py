@@ -21,7 +21,7 @@ from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
 from tokenizer_service.http_app import build_app, start_http
 from tokenizer_service.metrics import FrontDoorMetrics
-from tokenizer_service.scheduler_link import SchedulerLink
+from tokenizer_service.replica_set import ReplicaSet
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
 
@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
         health_port=cfg.health_port,
     )
     try:
+        replicas = ReplicaSet.from_config(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"tokenizer: {exc}") from None
+    try:
         folder = resolve_model(cfg.tokenizer or cfg.model)
         tok = Tokenization(folder)
         if cfg.chat_template:
@@ -47,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
     async def serve() -> None:
-        link = SchedulerLink(cfg.scheduler_address, hold_s=cfg.scheduler_hold_s)
         metrics = FrontDoorMetrics()
+        metrics.watch_replicas(replicas)
         serve_metrics(metrics.registry, cfg.host, cfg.metrics_port, "tokenizer")
-        core = FrontDoor(cfg, tok, link, metrics)
+        core = FrontDoor(cfg, tok, replicas, metrics)
 
         def register(server, health):  # type: ignore[no-untyped-def]
             servicer = RadixMeshServicer(core, keys)
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             return [api_pb2.DESCRIPTOR.services_by_name["RadixMesh"].full_name]
 
         def shutting_down() -> None:
-            link.end_all(
+            replicas.end_all(
                 f"the front door is shutting down (--shutdown-grace-s={cfg.shutdown_grace_s:g}"
                 " passed before this request finished); retry"
             )
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                 cfg.host,
                 cfg.port,
                 register,
-                background=link.run,
+                background=replicas.run,
                 listen=listen,
                 grace_s=cfg.shutdown_grace_s,
                 before_cancel=shutting_down,

@@ -14,7 +14,30 @@ class TokenizerConfig(TransportConfig):
 
     host: str = field("127.0.0.1", "address to listen on")
     port: int = field(50051, "port to listen on (the public API)")
-    scheduler_address: str = field("127.0.0.1:50052", "scheduler service address")
+    scheduler_address: str = field(
+        "127.0.0.1:50052",
+        "the scheduler replicas: host:port[,host:port...], dns:///name:port (every address the "
+        "name resolves to) or file:PATH (one host:port a line); names and files are re-read "
+        "every --resolve-interval-s",
+    )
+    resolve_interval_s: float = field(5.0, "re-resolve --scheduler-address this often (seconds)")
+    router: str = field(
+        "cache_aware",
+        "how requests pick a replica: cache_aware (longest cached prefix unless overloaded), "
+        "round_robin, least_load",
+        choices=["cache_aware", "round_robin", "least_load"],
+    )
+    balance_abs_tokens: int = field(
+        1024,
+        "cache_aware: a replica is overloaded when its load (tokens queued + running) exceeds "
+        "the least loaded replica's by more than this AND by more than --balance-rel times",
+    )
+    balance_rel: float = field(1.5, "cache_aware: the relative part of the overload rule")
+    approx_cache_blocks: int = field(
+        65536,
+        "for replicas that publish no cache events: remember at most this many 16-token "
+        "blocks of the prompts routed to each (and no more than its KV pool holds)",
+    )
     model: str = field("default", "model folder (for the tokenizer), or 'default'")
     tokenizer: str = field("", "tokenizer folder if different from --model")
     default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")

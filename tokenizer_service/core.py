@@ -6,8 +6,9 @@ through the template), submits to the scheduler, detokenizes incrementally, appl
 strings and coalescing, and aborts the request when the consumer stops iterating (client
 disconnect, deadline, cancellation). The gRPC servicer and the HTTP handlers only translate.
 
-Lifecycle invariant: every submitted request leaves `SchedulerLink` (done) when its generator
-ends, and is aborted at the scheduler unless it finished there.
+Lifecycle invariant: every submitted request leaves the `ReplicaSet` (done) when its generator
+ends, and is aborted at its scheduler unless it finished there. Which replica runs it is the
+replica set's business (routing, failover): the core holds only its `Ticket`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
-from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
+from tokenizer_service.replica_set import ReplicaSet
+from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLost
 from tokenizer_service.text_stream import TextStream
 from tokenizer_service.tokenization import Tokenization
 from tokenizer_service.validation import (
@@ -79,24 +81,24 @@ class FrontDoor:
         self,
         cfg: TokenizerConfig,
         tok: Tokenization,
-        link: SchedulerLink,
+        replicas: ReplicaSet,
         metrics: FrontDoorMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.tok = tok
-        self.link = link
+        self.replicas = replicas
         self.metrics = metrics or FrontDoorMetrics()
         self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
 
     @property
     def context_length(self) -> int:
-        h = self.link.hello
+        h = self.replicas.hello
         return int(h.context_length) if h and h.context_length else 4096
 
     @property
     def ready(self) -> bool:
-        return self.link.connected.is_set()
+        return self.replicas.ready
 
     def _text_limit(self) -> int:
         """Characters one request may bring: the flag, or fewer when even the longest tokens
@@ -207,7 +209,7 @@ class FrontDoor:
             cache_namespace=cache_namespace(inp.tenant, inp.cache_salt),
         )
         try:
-            queue = self.link.submit(submit)
+            ticket = self.replicas.submit(submit)
         except SchedulerLost as exc:
             raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
         except DuplicateRequest as exc:  # the running one keeps its id (and stays abortable)
@@ -224,7 +226,7 @@ class FrontDoor:
             self.owners[wire_rid] = inp.tenant
         try:
             while True:
-                item = await queue.get()
+                item = await ticket.queue.get()
                 if isinstance(item, Exception):
                     raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(item))
                 ex = item.extras
@@ -238,7 +240,7 @@ class FrontDoor:
                 if done:
                     finished = True
                     if stream.stopped_by_string:
-                        self.link.abort(wire_rid, submit.key)
+                        self.replicas.abort(ticket)
                     complete = stream.complete(inp.logprobs)
                     timer.succeeded(
                         complete.finish_reason, len(complete.prompt_ids), len(complete.output_ids)
@@ -247,8 +249,8 @@ class FrontDoor:
                     return
         finally:
             if not finished:  # the consumer went away, or the stream broke
-                self.link.abort(wire_rid, submit.key)
-            self.link.done(wire_rid, submit.key)
+                self.replicas.abort(ticket)
+            self.replicas.done(ticket)
             if owns:
                 del self.owners[wire_rid]
 
@@ -258,7 +260,7 @@ class FrontDoor:
         wire_rid = _wire_rid(rid, tenant)
         if self.owners.get(wire_rid) != tenant:
             return False
-        return self.link.request_abort(wire_rid)
+        return self.replicas.request_abort(wire_rid)
 
     async def run(self, inp: GenerateInput) -> Complete:
         """The whole result of a non-streaming request."""

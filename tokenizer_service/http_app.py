@@ -12,8 +12,6 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from radixmesh_server.server import channel
-from radixmesh_wire.pb import scheduler_pb2_grpc
 from tokenizer_service.auth import ApiKeys
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
@@ -77,7 +75,6 @@ def build_app(
     app = web.Application(middlewares=middlewares, client_max_size=cfg.http_max_body_bytes)
     app[MAX_BODY] = cfg.http_max_body_bytes
     names = [cfg.served_model_name or core.tok.model_name]
-    sched = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler_address))
     server_args = {
         "model_path": model_path,
         "served_model_name": names[0],
@@ -107,7 +104,7 @@ def build_app(
         ]
     )
     app.add_routes(OpenAIApi(core, names).routes())
-    app.add_routes(SGLangApi(core, sched, model_path, server_args).routes())
+    app.add_routes(SGLangApi(core, model_path, server_args).routes())
     return app
 
 

@@ -14,10 +14,9 @@ import uuid
 from contextlib import aclosing
 from typing import Any
 
-import grpc
 from aiohttp import web
 
-from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from radixmesh_wire.pb import api_pb2
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.fanout import merged, run_all
@@ -29,6 +28,7 @@ from tokenizer_service.http_errors import (
     read_json,
 )
 from tokenizer_service.openai_params import Body, sampling_params
+from tokenizer_service.replica_stats import NoReplicaAnswered, flush_all, gather_stats
 from tokenizer_service.sse import DONE, frame, open_stream
 
 # sampling_params keys SGLang's clients send that change nothing here (documented)
@@ -39,12 +39,10 @@ class SGLangApi:
     def __init__(
         self,
         core: FrontDoor,
-        scheduler: scheduler_pb2_grpc.SchedulerStub,
         model_path: str,
         server_args: dict[str, Any],
     ) -> None:
         self.core = core
-        self.scheduler = scheduler
         self.model_path = model_path
         self.server_args = server_args
 
@@ -73,30 +71,37 @@ class SGLangApi:
 
     async def server_info(self, request: web.Request) -> web.Response:
         try:
-            stats = await self.scheduler.GetStats(api_pb2.GetStatsRequest(), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            return error_response(from_status(exc.code(), f"scheduler: {exc.details()}"))
-        state = {
-            "running_requests": stats.running_requests,
-            "queue_length": stats.queue_length,
-            "token_usage": stats.token_usage,
-            "cache_hit_rate": stats.cache_hit_rate,
-            "max_total_num_tokens": stats.kv_capacity,
-        }
+            stats = await gather_stats(self.core.replicas)
+        except NoReplicaAnswered as exc:
+            return error_response(HttpError(503, f"scheduler: {exc}", "unavailable"))
+        # One internal state per replica that answered, as SGLang lists one per DP rank.
+        states = [
+            {
+                "running_requests": s.running_requests,
+                "queue_length": s.queue_length,
+                "token_usage": s.token_usage,
+                "cache_hit_rate": s.cache_hit_rate,
+                "max_total_num_tokens": s.kv_capacity,
+                "replica": r.address,
+            }
+            for r in stats.replicas
+            if r.HasField("scheduler")
+            for s in (r.scheduler,)
+        ]
         return web.json_response(
             {
                 **self.server_args,
                 "context_length": self.core.context_length,
                 "version": "radixmesh",
-                "internal_states": [state],
+                "internal_states": states,
             }
         )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         try:
-            res = await self.scheduler.FlushCache(scheduler_pb2.FlushCacheRequest(), timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            return error_response(from_status(exc.code(), f"scheduler: {exc.details()}"))
+            res = await flush_all(self.core.replicas)
+        except NoReplicaAnswered as exc:
+            return error_response(HttpError(503, f"scheduler: {exc}", "unavailable"))
         if not res.flushed:
             return web.Response(status=400, text=f"Cache not flushed: {res.message}\n")
         return web.Response(text=f"Cache flushed ({res.evicted_tokens} tokens).\n")

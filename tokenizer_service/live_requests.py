@@ -7,8 +7,9 @@ so far; same key, seed and sampling, so the remaining budget, min_new_tokens and
 sampling positions follow from len(output_ids), and a constrained request's matcher replays the
 output). Stop strings live in the request's own stream state, which does not move.
 
-Invariant: `output` is exactly the token list the request's queue has been given (rollbacks
-applied), so a continuation never duplicates or skips a token the client has seen.
+Invariant: `output` is exactly the token list the client has: the output it resumed with
+(`submit.output_ids`) plus what the request's queue has been given (rollbacks applied), so a
+continuation, on the same replica or another one, never duplicates or skips a token.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ class LiveRequest:
     output: list[int] = field(default_factory=list)
     ended: bool = False  # its final update (finish or error) is in the queue
     got_prompt_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        # A client's resumed request starts with the output it already has: a continuation
+        # must carry those tokens too, not only the ones delivered since.
+        if not self.output:
+            self.output = list(self.submit.output_ids)
 
     def apply(self, u: Update) -> None:
         if u.rollback:

@@ -5,10 +5,22 @@ it observes once per delta the scheduler sends (not once per token) and once at 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from radixmesh_server.metrics import LATENCY_BUCKETS, STEP_BUCKETS, name, new_registry
+from radixmesh_server.metrics import (
+    LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    Reading,
+    StatsCollector,
+    name,
+    new_registry,
+)
+
+if TYPE_CHECKING:
+    from tokenizer_service.replica_set import ReplicaSet
 
 
 class FrontDoorMetrics:
@@ -58,6 +70,42 @@ class FrontDoorMetrics:
 
     def start(self) -> RequestTimer:
         return RequestTimer(self)
+
+    def watch_replicas(self, replicas: ReplicaSet) -> None:
+        """Routing decisions and per-replica state, read from the replica set at scrape time
+        (routing itself does no metric work)."""
+        self.registry.register(StatsCollector(lambda: replica_readings(replicas)))
+
+
+def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
+    for address, counts in list(replicas.counts.items()):
+        for reason, n in list(counts.by_reason.items()):
+            yield Reading(
+                "router_decisions",
+                "counter",
+                "Requests this front door routed, by replica and reason.",
+                n,
+                (("replica", address), ("reason", reason)),
+            )
+        yield Reading(
+            "router_failovers",
+            "counter",
+            "Live requests moved to this replica because theirs went down.",
+            counts.moved_in,
+            (("replica", address),),
+        )
+    for address, link in list(replicas.links.items()):
+        lab = (("replica", address),)
+        v = link.view
+        gauges = (
+            ("connected", "1 while the session to the replica is up.", link.connected.is_set()),
+            ("draining", "1 while the replica drains (gone from discovery).", link.draining),
+            ("load_tokens", "The router's load estimate of the replica (tokens).", v.load_tokens),
+            ("cached_blocks", "Prefix-cache blocks the router knows it holds.", len(v.blocks)),
+            ("inflight", "This front door's live requests on the replica.", len(link.live)),
+        )
+        for short, help_, value in gauges:
+            yield Reading(f"router_replica_{short}", "gauge", help_, float(value), lab)
 
 
 class RequestTimer:

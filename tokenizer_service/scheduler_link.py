@@ -7,6 +7,11 @@ breaks, the link reconnects with backoff (a fresh session id each time) and resu
 unfinished request as a continuation: the client sees a pause, not an error. Meanwhile
 readiness is NOT_SERVING and requests are held with a bound: after `hold_s` without a scheduler
 every held request fails with UNAVAILABLE and new ones are refused until it is back.
+
+One link is one replica of a `ReplicaSet` (tokenizer_service.replica_set), which is told of
+every connect and disconnect (`on_state`) and may move the link's live requests to another
+replica (`take_unfinished` here, `adopt` there). The link also keeps the replica's
+`ReplicaView` (cache blocks and load) from the hello, CacheEvents and LoadReports it reads.
 """
 
 from __future__ import annotations
@@ -14,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import grpc
 import structlog
 
-from radixmesh_server.server import Health, channel
+from radixmesh_server.server import channel
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.deltas import Update, unpack_message
 from tokenizer_service.live_requests import LiveRequest, LiveTable
+from tokenizer_service.replica_view import Load, ReplicaView
 
 log = structlog.get_logger(__name__)
 
@@ -38,9 +45,14 @@ _MAX_KEY = (1 << 31) - 1  # keys travel as int32
 
 
 class SchedulerLink:
-    def __init__(self, address: str, hold_s: float = 60.0) -> None:
+    def __init__(self, address: str, hold_s: float = 60.0, block_cap: int = 65536) -> None:
         self.address = address
         self.hold_s = hold_s
+        self.view = ReplicaView(block_cap)
+        self.draining = False  # gone from discovery: no new requests, live ones finish
+        # Told after every connect and disconnect (the ReplicaSet: readiness, failover).
+        self.on_state: Callable[[SchedulerLink], Awaitable[None]] | None = None
+        self._unary: grpc.aio.Channel | None = None
         self.session_id = ""
         self.live = LiveTable()  # by key
         self.keys: dict[str, int] = {}  # rid -> key of its latest submission
@@ -64,15 +76,42 @@ class SchedulerLink:
             )
         if msg.rid in self.keys:
             raise DuplicateRequest(f"request {msg.rid!r} is running: use another request_id")
-        msg.key = self._next_key()
         q: asyncio.Queue[Update | Exception] = asyncio.Queue()
-        self.live.add(LiveRequest(msg, q))
+        self.adopt(LiveRequest(msg, q))
+        return q
+
+    def adopt(self, live: LiveRequest) -> int:
+        """Take on a request (new, or moved here from another replica with its output so far):
+        give it a key of this session, send it (as a continuation when it has output) or hold
+        it until connected; returns the key."""
+        live.submit.key = self._next_key()
+        self.live.add(live)
         # Never replaced while it runs: Abort(rid) must keep finding the first request even
         # when another session's duplicate is refused by the scheduler.
-        self.keys[msg.rid] = msg.key
+        self.keys[live.submit.rid] = live.submit.key
         if self.connected.is_set():
-            self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=msg))
-        return q
+            self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=live.continuation()))
+        return live.submit.key
+
+    def take_unfinished(self) -> list[LiveRequest]:
+        """Remove and return every request still waiting for output (to move it elsewhere);
+        requests whose final update is queued stay until their stream takes it."""
+        moving = [lv for lv in self.live.by_key.values() if not lv.ended]
+        for lv in moving:
+            self.done(lv.submit.rid, lv.submit.key)
+        return moving
+
+    @property
+    def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        """For unary calls (GetStats, FlushCache): one channel for the link's lifetime."""
+        if self._unary is None:
+            self._unary = channel(self.address)
+        return scheduler_pb2_grpc.SchedulerStub(self._unary)
+
+    async def close(self) -> None:
+        if self._unary is not None:
+            await self._unary.close()
+            self._unary = None
 
     def _next_key(self) -> int:
         # Counting up: a key comes back only after 2**31 submissions on this link, so late
@@ -119,19 +158,26 @@ class SchedulerLink:
         if self.keys.get(rid) == key:
             del self.keys[rid]
 
-    async def run(self, health: Health) -> None:
+    async def run(self) -> None:
         backoff = 0.1
         while True:
             try:
-                await self._session(health)
+                await self._session()
                 backoff = 0.1
             except grpc.aio.AioRpcError as exc:
-                log.warning("scheduler_link_down", code=exc.code().name, details=exc.details())
-            if self.connected.is_set():
+                log.warning(
+                    "scheduler_link_down",
+                    replica=self.address,
+                    code=exc.code().name,
+                    details=exc.details(),
+                )
+            was_connected = self.connected.is_set()
+            if was_connected:
                 self.down_since = time.monotonic()
-                log.warning("scheduler_lost", held=len(self.live))
+                log.warning("scheduler_lost", replica=self.address, live=len(self.live))
             self.connected.clear()
-            await health.set_ready(False, "scheduler unreachable")
+            if was_connected and self.on_state is not None:
+                await self.on_state(self)  # may move the live requests to another replica
             if self.refusing and len(self.live):
                 self.live.fail_all(
                     SchedulerLost(
@@ -142,7 +188,7 @@ class SchedulerLink:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
-    async def _session(self, health: Health) -> None:
+    async def _session(self) -> None:
         async with channel(self.address) as chan:
             stub = scheduler_pb2_grpc.SchedulerStub(chan)
             self.out = asyncio.Queue()
@@ -163,21 +209,42 @@ class SchedulerLink:
                 return
             self.hello = first.hello
             self.session_id = session_id
+            h = first.hello
+            self.view.on_hello(h.instance_id, h.cache_block_tokens, h.kv_capacity)
             resumed = self.live.continuations()
             for msg in resumed:  # before anything new: the queue keeps submission order
                 self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=msg))
             if self.down_since is not None:
                 log.info(
                     "scheduler_connected",
+                    replica=self.address,
+                    instance=h.instance_id,
                     resubmitted=len(resumed),
                     down_s=round(time.monotonic() - self.down_since, 2),
                 )
             self.down_since = None
             self.connected.set()
-            await health.set_ready(True, "scheduler connected")
+            if self.on_state is not None:
+                await self.on_state(self)
             while (msg := await call.read()) is not grpc.aio.EOF:
+                if msg.HasField("cache"):
+                    c = msg.cache
+                    self.view.on_cache_events(c.reset, c.added, c.removed)
+                if msg.HasField("load"):
+                    self.view.on_load(_load(msg.load))
                 for key, update in unpack_message(msg).items():
                     self.live.deliver(key, update)
+
+
+def _load(m: scheduler_pb2.LoadReport) -> Load:
+    return Load(
+        waiting_requests=m.waiting_requests,
+        running_requests=m.running_requests,
+        waiting_tokens=m.waiting_tokens,
+        running_tokens=m.running_tokens,
+        kv_capacity=m.kv_capacity,
+        kv_free=m.kv_free,
+    )
 
 
 def _aborted(key: int) -> Update:

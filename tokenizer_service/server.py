@@ -10,11 +10,11 @@ from contextlib import aclosing
 import grpc
 import structlog
 
-from radixmesh_server.server import channel
-from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2_grpc
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.auth import ApiKeys, Principal
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
+from tokenizer_service.replica_stats import NoReplicaAnswered, gather_stats
 from tokenizer_service.validation import InvalidRequest, check_input_ids
 
 log = structlog.get_logger(__name__)
@@ -31,9 +31,6 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self.core = core
         self.keys = keys or ApiKeys({})
         self.tok = core.tok
-        self.link = core.link
-        self._stats_chan = channel(core.cfg.scheduler_address)
-        self.sched_stub = scheduler_pb2_grpc.SchedulerStub(self._stats_chan)
 
     @property
     def context_length(self) -> int:
@@ -124,12 +121,10 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
         self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Stats:
         try:
-            stats = await self.sched_stub.GetStats(api_pb2.GetStatsRequest(), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"scheduler: {exc.details()}")
+            return await gather_stats(self.core.replicas)
+        except NoReplicaAnswered as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"scheduler: {exc}")
             raise
-        stats.frontend_inflight = len(self.link.live)
-        return stats
 
 
 def _input(req: api_pb2.GenerateRequest) -> GenerateInput:

@@ -274,7 +274,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight", "mask_wait_seconds", "jump_forwards", "jump_forward_tokens")
+    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight", "mask_wait_seconds", "jump_forwards", "jump_forward_tokens", "replicas", "router_policy")
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +296,8 @@ class Stats(_message.Message):
     MASK_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_POLICY_FIELD_NUMBER: _ClassVar[int]
     queue_length: int
     running_requests: int
     kv_capacity: int
@@ -317,4 +319,51 @@ class Stats(_message.Message):
     mask_wait_seconds: float
     jump_forwards: int
     jump_forward_tokens: int
-    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
+    router_policy: str
+    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., router_policy: _Optional[str] = ...) -> None: ...
+
+class ReplicaStats(_message.Message):
+    __slots__ = ("address", "instance_id", "connected", "draining", "routed", "moved_in", "exact_cache", "cached_blocks", "load_tokens", "inflight", "waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_free", "scheduler", "error")
+    class RoutedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_IN_FIELD_NUMBER: _ClassVar[int]
+    EXACT_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_FREE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    instance_id: str
+    connected: bool
+    draining: bool
+    routed: _containers.ScalarMap[str, int]
+    moved_in: int
+    exact_cache: bool
+    cached_blocks: int
+    load_tokens: int
+    inflight: int
+    waiting_requests: int
+    running_requests: int
+    waiting_tokens: int
+    running_tokens: int
+    kv_free: int
+    scheduler: Stats
+    error: str
+    def __init__(self, address: _Optional[str] = ..., instance_id: _Optional[str] = ..., connected: _Optional[bool] = ..., draining: _Optional[bool] = ..., routed: _Optional[_Mapping[str, int]] = ..., moved_in: _Optional[int] = ..., exact_cache: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., load_tokens: _Optional[int] = ..., inflight: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_free: _Optional[int] = ..., scheduler: _Optional[_Union[Stats, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -70,10 +70,11 @@ def test_long_inputs_are_tokenized_off_the_event_loop(tok: Tokenization) -> None
 
     from tokenizer_service.config import TokenizerConfig
     from tokenizer_service.core import INLINE_TOKENIZE_CHARS, FrontDoor
-    from tokenizer_service.scheduler_link import SchedulerLink
+    from tokenizer_service.replica_set import ReplicaSet
 
     async def main() -> None:
-        svc = FrontDoor(TokenizerConfig(max_input_chars=400_000), tok, SchedulerLink("x:1"))
+        cfg = TokenizerConfig(max_input_chars=400_000, scheduler_address="x:1")
+        svc = FrontDoor(cfg, tok, ReplicaSet.from_config(cfg))
         threads: list[str] = []
         encode = tok.encode
 

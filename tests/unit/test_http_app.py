@@ -15,7 +15,7 @@ from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
 from tokenizer_service.http_app import build_app
 from tokenizer_service.http_errors import from_status
-from tokenizer_service.scheduler_link import SchedulerLink
+from tokenizer_service.replica_set import ReplicaSet
 from tokenizer_service.tokenization import Tokenization
 
 
@@ -39,7 +39,7 @@ def test_status_mapping(status: grpc.StatusCode, http: int) -> None:
 
 def test_not_ready_app(model_dir: Path) -> None:
     cfg = TokenizerConfig(scheduler_address="127.0.0.1:1", served_model_name="mesh")
-    core = FrontDoor(cfg, Tokenization(model_dir), SchedulerLink(cfg.scheduler_address))
+    core = FrontDoor(cfg, Tokenization(model_dir), ReplicaSet.from_config(cfg))
 
     async def go() -> None:
         async with TestClient(TestServer(build_app(core, cfg, str(model_dir)))) as c:

@@ -74,8 +74,11 @@ class ReplicaSet:
         block_cap: int = 65536,
         interval_s: float = 5.0,
         resolver: Resolver = resolve_dns,
+        start_links: bool = True,
     ) -> None:
+        """`start_links=False`: links are created but not run (unit tests drive them)."""
         self.spec = spec
+        self.start_links = start_links
         self.router = router or Router()
         self.hold_s = hold_s
         self.block_cap = block_cap
@@ -139,12 +142,12 @@ class ReplicaSet:
                 await self._close_if_drained(link)
         log.info("replicas", addresses=sorted(wanted), links=len(self.links))
 
-    def add(self, address: str, start: bool = True) -> SchedulerLink:
+    def add(self, address: str) -> SchedulerLink:
         link = SchedulerLink(address, self.hold_s, self.block_cap)
         link.on_state = self._on_state
         self.links[address] = link
         self.counts.setdefault(address, RouteCounts())
-        if start:
+        if self.start_links:
             self._tasks[address] = asyncio.create_task(link.run(), name=f"link-{address}")
         log.info("replica_added", replica=address)
         return link

@@ -211,6 +211,7 @@ class SchedulerLink:
             self.session_id = session_id
             h = first.hello
             self.view.on_hello(h.instance_id, h.cache_block_tokens, h.kv_capacity)
+            self._observe(first)  # the snapshot may ride on the hello
             resumed = self.live.continuations()
             for msg in resumed:  # before anything new: the queue keeps submission order
                 self.out.put_nowait(scheduler_pb2.FrontendMessage(submit=msg))
@@ -227,13 +228,17 @@ class SchedulerLink:
             if self.on_state is not None:
                 await self.on_state(self)
             while (msg := await call.read()) is not grpc.aio.EOF:
-                if msg.HasField("cache"):
-                    c = msg.cache
-                    self.view.on_cache_events(c.reset, c.added, c.removed)
-                if msg.HasField("load"):
-                    self.view.on_load(_load(msg.load))
+                self._observe(msg)
                 for key, update in unpack_message(msg).items():
                     self.live.deliver(key, update)
+
+    def _observe(self, msg: scheduler_pb2.SchedulerMessage) -> None:
+        """The replica's cache events and load report, into its view."""
+        if msg.HasField("cache"):
+            c = msg.cache
+            self.view.on_cache_events(c.reset, c.added, c.removed)
+        if msg.HasField("load"):
+            self.view.on_load(_load(msg.load))
 
 
 def _load(m: scheduler_pb2.LoadReport) -> Load:

@@ -65,6 +65,12 @@ class ServiceSpec:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def role(self) -> str:
+        """Its certificate's role (common name): the kind of service, so that "scheduler-1"
+        is a scheduler to the peers that admit callers by role (security.require_peer)."""
+        return self.name.split("-", 1)[0]
+
+    @property
     def probe_address(self) -> str:
         return f"127.0.0.1:{self.health_port or self.port}"
 
@@ -263,8 +269,9 @@ class Launcher:
         liveness_timeout_s: float = 10.0,
     ) -> None:
         """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
-        (each service gets a certificate naming its role; the files live in a 0700 temporary
-        directory removed by `stop_all`)."""
+        (each service gets a certificate naming its role, `ServiceSpec.role`, shared by the
+        replicas of a kind; the files live in a 0700 temporary directory removed by
+        `stop_all`)."""
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -291,10 +298,11 @@ class Launcher:
         self.pki: dict[str, CertFiles] = {}
         if internal_tls:
             self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
-            self.pki = make_local_pki(self.pki_dir, [*self.specs, "launcher", "client"])
+            roles = dict.fromkeys(spec.role for spec in specs)
+            self.pki = make_local_pki(self.pki_dir, [*roles, "launcher", "client"])
 
     def _service_env(self, name: str) -> dict[str, str]:
-        files = self.pki.get(name)
+        files = self.pki.get(self.specs[name].role)
         env = {**self.env, **self.specs[name].env}
         if files is None:
             return env

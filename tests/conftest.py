@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +16,11 @@ from radixmesh_server.launcher import (
     Launcher,
     ServiceSpec,
     StackPorts,
+    Topology,
     check_ready,
     free_port,
     stack_specs,
+    topology_specs,
 )
 from radixmesh_server.model_store import resolve_model
 from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
@@ -35,10 +37,15 @@ class Stack:
     ports: StackPorts
     log_dir: Path
     metrics_ports: StackPorts | None = None  # each service's /metrics port
+    topology: Topology = Topology()
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.ports.tokenizer}"
+
+    def names(self, kind: str) -> list[str]:
+        """The services of one kind ("scheduler" -> ["scheduler-0", "scheduler-1"])."""
+        return [n for n in self.topology.names() if n.split("-", 1)[0] == kind]
 
     @property
     def http_url(self) -> str:
@@ -77,22 +84,52 @@ def start_stack(
     tokenizer_args: list[str] | None = None,
     internal_tls: bool = True,
     tokenizer_health_port: int = 0,
+    topology: Topology | None = None,
+    front_door_args: dict[str, list[str]] | None = None,
+    before_start: Callable[[dict[str, ServiceSpec]], None] | None = None,
 ) -> Generator[Stack, None, None]:
     """A whole stack as `radixmesh serve` runs it: internal links over mutual TLS.
-    `tokenizer_health_port`: probe the front door there (needed when its port speaks TLS)."""
-    ports = StackPorts.free()
-    metrics = StackPorts.free()
-    specs = stack_specs(
-        ports,
-        "default",
-        model_args=model_args or [],
-        scheduler_args=scheduler_args or [],
-        tokenizer_args=tokenizer_args or [],
-        metrics=metrics,
-    )
+    `tokenizer_health_port`: probe the front door there (needed when its port speaks TLS).
+    `topology`: several replicas / front doors / grammar services (launcher.topology_specs;
+    HTTP off, `ports` names the first of each kind); `front_door_args[name]` are appended to
+    that front door's arguments (the last of a repeated flag wins). `before_start(specs by
+    name)` runs before any process starts (e.g. to write a replica file)."""
+    metrics: StackPorts | None = StackPorts.free()
+    if topology is None:
+        topology = Topology()
+        ports = StackPorts.free()
+        specs = stack_specs(
+            ports,
+            "default",
+            model_args=model_args or [],
+            scheduler_args=scheduler_args or [],
+            tokenizer_args=tokenizer_args or [],
+            metrics=metrics,
+        )
+    else:
+        metrics = None
+        table = {name: free_port() for name in topology.names()}
+        first: dict[str, int] = {}  # the first service of each kind
+        for name in topology.names():
+            first.setdefault(name.split("-", 1)[0], table[name])
+        ports = StackPorts(
+            first["tokenizer"], first["scheduler"], first["model"], first["grammar"], http=0
+        )
+        specs = topology_specs(
+            topology,
+            table.__getitem__,
+            "default",
+            model_args=model_args or [],
+            scheduler_args=scheduler_args or [],
+            tokenizer_args=tokenizer_args or [],
+        )
+    for spec in specs:
+        spec.args += (front_door_args or {}).get(spec.name, [])
     for spec in specs:
         if spec.name == "tokenizer":
             spec.health_port = tokenizer_health_port
+    if before_start is not None:
+        before_start({spec.name: spec for spec in specs})
     launcher = Launcher(
         specs,
         log_dir=tmp,
@@ -107,7 +144,7 @@ def start_stack(
     try:
         asyncio.run(launcher.wait_ready(timeout=300))
         supervisor.start()
-        yield Stack(launcher, ports, tmp, metrics)
+        yield Stack(launcher, ports, tmp, metrics, topology)
     finally:
         launcher.stop_all()
         supervisor.join(timeout=5)
@@ -129,6 +166,47 @@ def nan_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iter
         ["--kv-tokens", "16384", "--nan-fill"],
         ["--debug-invariants"],
     )
+
+
+@dataclass
+class ReplicaStack:
+    """Two replicas and two front doors. "tokenizer-0" takes the replica list as flags;
+    "tokenizer-1" reads it from `replica_file` (re-read every 0.2 s), which starts with both
+    replicas: a test may rewrite it (`write_replicas`) and must leave both listed."""
+
+    stack: Stack
+    replica_file: Path
+
+    def front_door(self, i: int) -> str:
+        return self.stack.address(f"tokenizer-{i}")
+
+    def write_replicas(self, names: list[str]) -> None:
+        text = "".join(f"{self.stack.address(n)}\n" for n in names)
+        tmp = self.replica_file.with_suffix(".new")
+        tmp.write_text(text)
+        tmp.replace(self.replica_file)  # atomic: the reader never sees half a file
+
+
+@pytest.fixture(scope="session")
+def replica_stack(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path
+) -> Iterator[ReplicaStack]:
+    """The scale-out stack (issue 16), shared by every test that needs several replicas."""
+    tmp = tmp_path_factory.mktemp("replicas")
+    replica_file = tmp / "replicas.txt"
+
+    def write_file(specs: dict[str, ServiceSpec]) -> None:
+        replica_file.write_text(f"{specs['scheduler-0'].address}\n{specs['scheduler-1'].address}\n")
+
+    file_args = ["--scheduler-address", f"file:{replica_file}", "--resolve-interval-s", "0.2"]
+    for st in start_stack(
+        tmp,
+        ["--kv-tokens", "8192"],
+        topology=Topology(replicas=2, front_doors=2),
+        front_door_args={"tokenizer-1": file_args},
+        before_start=write_file,
+    ):
+        yield ReplicaStack(st, replica_file)
 
 
 @dataclass

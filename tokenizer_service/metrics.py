@@ -99,6 +99,7 @@ def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
         v = link.view
         gauges = (
             ("connected", "1 while the session to the replica is up.", link.connected.is_set()),
+            ("serving", "1 while the replica's scheduler is ready (model up).", link.serving),
             ("draining", "1 while the replica drains (gone from discovery).", link.draining),
             ("load_tokens", "The router's load estimate of the replica (tokens).", v.load_tokens),
             ("cached_blocks", "Prefix-cache blocks the router knows it holds.", len(v.blocks)),

@@ -184,12 +184,17 @@ class ReplicaSet:
         return len(self.tickets)
 
     def _candidates(self, exclude: SchedulerLink | None = None) -> list[SchedulerLink]:
-        """Where a request may go now: connected replicas that are not draining (any connected
-        one if all drain); with none connected, the ones still within their hold bound."""
+        """Where a request may go now, best first: replicas connected and serving (their model
+        is up) that are not draining; then serving ones that drain; then connected ones
+        (they hold work until their model is back); with none connected, the ones still
+        within their hold bound (the request is held on the link)."""
         links = [lk for lk in self.links.values() if lk is not exclude]
+        up = [lk for lk in links if lk.connected.is_set()]
         for pool in (
-            [lk for lk in links if lk.connected.is_set() and not lk.draining],
-            [lk for lk in links if lk.connected.is_set()],
+            [lk for lk in up if lk.serving and not lk.draining],
+            [lk for lk in up if lk.serving],
+            [lk for lk in up if not lk.draining],
+            up,
         ):
             if pool:
                 return pool
@@ -266,17 +271,18 @@ class ReplicaSet:
     # --- failover
 
     async def _on_state(self, link: SchedulerLink) -> None:
-        if link.connected.is_set():  # up: take over requests held on replicas that are down
+        if _usable(link):  # up: take over requests held on replicas that cannot serve
             for other in list(self.links.values()):
-                if other is not link and not other.connected.is_set():
+                if other is not link and not _usable(other):
                     self._move_all(other)
         else:
             self._move_all(link)
         await self._set_ready()
 
     def _move_all(self, source: SchedulerLink) -> None:
-        """Move the unfinished requests of a replica that is down to connected ones."""
-        targets = [lk for lk in self._candidates(exclude=source) if lk.connected.is_set()]
+        """Move the unfinished requests of a replica that is down (or whose model is) to
+        replicas that can serve them now; with none, they stay where they are held."""
+        targets = [lk for lk in self._candidates(exclude=source) if _usable(lk)]
         if not targets or not len(source.live):
             return
         moving = source.take_unfinished()
@@ -304,3 +310,7 @@ class ReplicaSet:
         n = sum(lk.connected.is_set() for lk in self.links.values())
         reason = f"{n} of {len(self.links)} scheduler replicas connected"
         await self._health.set_ready(n > 0, reason)
+
+
+def _usable(link: SchedulerLink) -> bool:
+    return link.connected.is_set() and link.serving

@@ -31,6 +31,7 @@ def replica_stats(replicas: ReplicaSet, link: SchedulerLink) -> api_pb2.ReplicaS
         address=link.address,
         instance_id=v.instance_id,
         connected=link.connected.is_set(),
+        serving=link.serving,
         draining=link.draining,
         moved_in=counts.moved_in if counts else 0,
         exact_cache=v.exact,

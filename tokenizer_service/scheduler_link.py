@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from radixmesh_server.server import channel
+from radixmesh_server.server import READINESS, channel
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tokenizer_service.deltas import Update, unpack_message
 from tokenizer_service.live_requests import LiveRequest, LiveTable
@@ -45,9 +46,20 @@ _MAX_KEY = (1 << 31) - 1  # keys travel as int32
 
 
 class SchedulerLink:
-    def __init__(self, address: str, hold_s: float = 60.0, block_cap: int = 65536) -> None:
+    def __init__(
+        self,
+        address: str,
+        hold_s: float = 60.0,
+        block_cap: int = 65536,
+        probe_s: float = 1.0,
+    ) -> None:
         self.address = address
         self.hold_s = hold_s
+        self.probe_s = probe_s
+        # The scheduler's own readiness (its model is connected), probed every probe_s while
+        # the session is up: a replica whose model is away takes no traffic while another
+        # can (it holds what it gets until --model-hold-s).
+        self.serving = True
         self.view = ReplicaView(block_cap)
         self.draining = False  # gone from discovery: no new requests, live ones finish
         # Told after every connect and disconnect (the ReplicaSet: readiness, failover).
@@ -94,19 +106,24 @@ class SchedulerLink:
         return live.submit.key
 
     def take_unfinished(self) -> list[LiveRequest]:
-        """Remove and return every request still waiting for output (to move it elsewhere);
-        requests whose final update is queued stay until their stream takes it."""
+        """Remove and return every request still waiting for output (to move it elsewhere),
+        aborting it at the scheduler if the session is up; requests whose final update is
+        queued stay until their stream takes it."""
         moving = [lv for lv in self.live.by_key.values() if not lv.ended]
         for lv in moving:
-            self.done(lv.submit.rid, lv.submit.key)
+            self.abort(lv.submit.rid, lv.submit.key)
         return moving
 
     @property
     def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
-        """For unary calls (GetStats, FlushCache): one channel for the link's lifetime."""
+        """For unary calls (GetStats, FlushCache)."""
+        return scheduler_pb2_grpc.SchedulerStub(self._unary_channel())
+
+    def _unary_channel(self) -> grpc.aio.Channel:
+        """One channel for the link's lifetime (unary calls, readiness probes)."""
         if self._unary is None:
             self._unary = channel(self.address)
-        return scheduler_pb2_grpc.SchedulerStub(self._unary)
+        return self._unary
 
     async def close(self) -> None:
         if self._unary is not None:
@@ -224,13 +241,35 @@ class SchedulerLink:
                     down_s=round(time.monotonic() - self.down_since, 2),
                 )
             self.down_since = None
+            self.serving = True  # until the first probe says otherwise
             self.connected.set()
             if self.on_state is not None:
                 await self.on_state(self)
-            while (msg := await call.read()) is not grpc.aio.EOF:
-                self._observe(msg)
-                for key, update in unpack_message(msg).items():
-                    self.live.deliver(key, update)
+            probe = asyncio.create_task(self._probe_readiness())
+            try:
+                while (msg := await call.read()) is not grpc.aio.EOF:
+                    self._observe(msg)
+                    for key, update in unpack_message(msg).items():
+                        self.live.deliver(key, update)
+            finally:
+                probe.cancel()
+
+    async def _probe_readiness(self) -> None:
+        stub = health_pb2_grpc.HealthStub(self._unary_channel())
+        while True:
+            try:
+                resp = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=READINESS), timeout=self.probe_s
+                )
+                serving = resp.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.aio.AioRpcError:
+                serving = self.serving  # the session stream itself tells a dead replica
+            if serving != self.serving:
+                self.serving = serving
+                log.warning("replica_readiness", replica=self.address, serving=serving)
+                if self.on_state is not None:
+                    await self.on_state(self)
+            await asyncio.sleep(self.probe_s)
 
     def _observe(self, msg: scheduler_pb2.SchedulerMessage) -> None:
         """The replica's cache events and load report, into its view."""

@@ -121,6 +121,26 @@ async def test_a_replica_that_goes_down_hands_its_requests_to_another() -> None:
 
 
 @aio
+async def test_a_replica_whose_model_is_away_hands_over_and_gets_nothing_new() -> None:
+    rs = _set("a:1", "b:1")
+    for lk in rs.links.values():
+        _up(lk)
+    t = rs.submit(_submit("r1"))
+    first = t.link
+    _sent(first)
+    _tokens(first, t.key, [11])
+    first.serving = False  # its readiness probe: the scheduler's model is not connected
+    await rs._on_state(first)
+    second = _other(rs, first)
+    assert t.link is second
+    assert [m.abort.rid for m in _sent(first)] == ["r1"]  # dropped there, it still runs
+    assert list(_sent(second)[0].submit.output_ids) == [11]
+    assert all(rs.submit(_submit(f"n{i}")).link is second for i in range(3))
+    first.serving = True
+    assert {rs.submit(_submit(f"m{i}", [i] * 40)).link.address for i in range(8)} == set(rs.links)
+
+
+@aio
 async def test_with_no_replica_connected_requests_are_held_then_moved() -> None:
     rs = _set("a:1", "b:1")
     t = rs.submit(_submit("r1"))  # nothing connected: held on its link

@@ -52,7 +52,8 @@ def _generate(c: Client, ids: list[int]) -> tuple[GenerateResult, str, str]:
 
 
 def _connected(c: Client) -> list[str]:
-    return sorted(r.address for r in c.stats().replicas if r.connected)
+    """The replicas this front door can use now: session up and model connected."""
+    return sorted(r.address for r in c.stats().replicas if r.connected and r.serving)
 
 
 def _all_connected(rs: ReplicaStack, front_door: int = 0) -> None:

@@ -24,6 +24,8 @@ EXPECTED = {
         "radixmesh:time_to_first_token_seconds": "histogram",
         "radixmesh:inter_token_latency_seconds": "histogram",
         "radixmesh:e2e_request_latency_seconds": "histogram",
+        "radixmesh:router_replica_connected": "gauge",
+        "radixmesh:router_replica_load_tokens": "gauge",
     },
     "scheduler": {
         "radixmesh:num_running_reqs": "gauge",
@@ -104,6 +106,13 @@ def test_every_service_serves_metrics_that_move(stack: Stack) -> None:
     assert delta("tokenizer", "radixmesh:e2e_request_latency_seconds_count") == 2
     assert delta("tokenizer", "radixmesh:inter_token_latency_seconds_count") >= 1
     assert _get(after["tokenizer"], "radixmesh:frontdoor_inflight_streams") == 0
+    replica = stack.address("scheduler")
+    assert _get(after["tokenizer"], "radixmesh:router_replica_connected", replica=replica) == 1
+    routed = sum(
+        delta("tokenizer", "radixmesh:router_decisions_total", replica=replica, reason=r)
+        for r in ("cold", "cache_hit", "balance")
+    )
+    assert routed == 2  # one decision per request, each with its reason
     # The scheduler also counts a sampled stop token, which the client's output leaves out.
     sampled = out_tokens + (constrained.finish_reason == "stop")
     assert delta("scheduler", "radixmesh:generation_tokens_total") == sampled

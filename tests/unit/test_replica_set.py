@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2_grpc
 
 from radixmesh_server.discovery import AddressSpec
 from radixmesh_server.launcher import free_port
@@ -242,9 +243,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             yield out
 
 
-async def _serve(fake: FakeScheduler) -> tuple[grpc.aio.Server, str]:
+async def _serve(fake: FakeScheduler, ready: bool = True) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(fake, server)
+    health = Health()  # the scheduler's readiness: its model is connected
+    await health.set_ready(ready)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"127.0.0.1:{free_port()}"
     server.add_insecure_port(address)
     await server.start()
@@ -317,4 +321,27 @@ async def test_a_killed_replica_loses_no_request() -> None:
             rs.done(t)
     finally:
         task.cancel()
+        await s2.stop(0)
+
+
+@aio
+async def test_a_replica_that_is_not_ready_gets_no_traffic() -> None:
+    """The readiness probe: a scheduler whose model is away (NOT_SERVING) is passed over."""
+    (s1, a1), (s2, a2) = (
+        await _serve(FakeScheduler("down", held=[]), ready=False),
+        await _serve(FakeScheduler("up", held=[])),
+    )
+    rs = ReplicaSet(AddressSpec("static", addresses=(a1, a2)))
+    task = await _running(rs, 2)
+    try:
+        await _until(lambda: not rs.links[a1].serving)
+        assert rs.links[a2].serving
+        for i in range(6):
+            t = rs.submit(_submit(f"r{i}", [i] * 40, max_new=2))
+            assert t.link.address == a2
+            assert await _collect(t) == [_token(0), _token(1)]
+            rs.done(t)
+    finally:
+        task.cancel()
+        await s1.stop(0)
         await s2.stop(0)

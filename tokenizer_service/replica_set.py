@@ -5,14 +5,15 @@ file, re-read every `--resolve-interval-s`). A replica that appears gets a link 
 that disappears is drained: it gets no new requests, its live ones finish, then its link
 closes (an address that comes back before that simply stops draining).
 
-Each request is routed once, by the policy (tokenizer_service.router) over the connected
-replicas' views. Its `Ticket` is the front door's handle: the request id's (link, key) on the
-replica it runs on now. When a replica's link goes down and another replica is connected, its
-live requests move at once (routed again, among the connected ones) as continuations: the same
-queue, so the client stream sees a pause and then the tokens that follow; greedy and seeded
-requests give the same tokens as if nothing happened. With no replica connected they are held
-on their link as before (bounded by `--scheduler-hold-s`), and move to the first replica that
-connects.
+Each request is routed once, by the policy (tokenizer_service.router) over the views of the
+replicas that can serve it (session up and the scheduler's readiness SERVING, i.e. its model
+is connected; see `_candidates`). Its `Ticket` is the front door's handle: the request id's
+(link, key) on the replica it runs on now. When a replica's link goes down, or its model does,
+and another replica can serve, its live requests move at once (routed again among those) as
+continuations: the same queue, so the client stream sees a pause and then the tokens that
+follow; greedy and seeded requests give the same tokens as if nothing happened. With no replica
+able to serve they stay held on their link as with one scheduler (bounded by
+`--scheduler-hold-s`), and move to the first replica that can.
 
 Invariants: a request id is live on at most one link (`tickets` maps it to where it runs);
 a ticket's link and key change only in `_move`, together with the link tables.
@@ -256,7 +257,10 @@ class ReplicaSet:
         if self.tickets.get(ticket.rid) is ticket:
             del self.tickets[ticket.rid]
             ticket.link.view.on_finished(ticket.cost)
-        link = ticket.link
+        self._close_soon(ticket.link)
+
+    def _close_soon(self, link: SchedulerLink) -> None:
+        """Close a draining replica's link once its last request has left it."""
         if link.draining and not len(link.live):
             task = asyncio.get_running_loop().create_task(self._close_if_drained(link))
             self._closing.add(task)
@@ -288,6 +292,7 @@ class ReplicaSet:
         moving = source.take_unfinished()
         for live in moving:
             self._move(live, source, targets)
+        self._close_soon(source)
         log.warning("replica_failover", replica=source.address, moved=len(moving), to=len(targets))
 
     def _move(self, live: LiveRequest, source: SchedulerLink, targets: list[SchedulerLink]) -> None:

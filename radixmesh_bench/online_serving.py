@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from radixmesh_bench.stack import pct, progress
+from radixmesh_bench.stack import add_model_flags, model_source, pct, progress
 
 DATA = Path(__file__).resolve().parent / "data" / "sharegpt_2000.json.gz"
 
@@ -301,7 +301,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from radixmesh_bench.stack import local_stack_urls
     from radixmesh_server.model_store import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(ns.model))
+    model, model_args = model_source(ns.model, ns.random_weights, ns.device, ns.kv_tokens)
+    if ns.random_weights and ns.device.startswith("cuda"):
+        model_args += [
+            "--attention",
+            "flashinfer",
+            "--cuda-graph-max-bs",
+            str(ns.cuda_graph_max_bs),
+        ]
+    tok = AutoTokenizer.from_pretrained(model if ns.random_weights else resolve_model(ns.model))
     if ns.dataset == "sharegpt":
         reqs = sharegpt(tok, ns.num_prompts, ns.max_output, ns.max_input)
     else:
@@ -310,14 +318,22 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     backends = ns.backends.split(",")
     report: dict[str, Any] = {
         "bench": "serving",
-        "model": ns.model,
+        "model": ns.random_weights or ns.model,
+        "device": ns.device if ns.random_weights else "cpu",
         "dataset": ns.dataset,
         "num_prompts": len(reqs),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs": [],
     }
     args = ["--radix", "off"] if ns.no_radix else []
-    with local_stack_urls(ns.model, scheduler_args=args, endpoint=ns.endpoint, http=ns.http) as (
+    if ns.max_running:
+        args += ["--max-running", str(ns.max_running)]
+    if ns.chunk_tokens:
+        args += ["--chunk-tokens", str(ns.chunk_tokens)]
+    report["scheduler_args"] = args
+    with local_stack_urls(
+        model, model_args=model_args, scheduler_args=args, endpoint=ns.endpoint, http=ns.http
+    ) as (
         grpc_ep,
         http_url,
     ):
@@ -361,6 +377,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--request-rates", default="inf", help="comma list of req/s; inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=0, help="0 = unbounded")
     p.add_argument("--no-radix", action="store_true", help="serve with the radix cache off")
+    add_model_flags(p)
+    p.add_argument(
+        "--max-running", type=int, default=0, help="scheduler --max-running (0: its default)"
+    )
+    p.add_argument(
+        "--chunk-tokens", type=int, default=0, help="scheduler --chunk-tokens (0: default)"
+    )
+    p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="with --device cuda")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--plot", default="", help="write a latency-vs-rate PNG here")
     p.add_argument("--out", default="", help="also write the JSON here")

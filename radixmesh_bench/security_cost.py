@@ -23,7 +23,7 @@ from typing import Any
 
 from radixmesh.api import Client
 
-from radixmesh_bench.stack import progress, timed_stream
+from radixmesh_bench.stack import add_model_flags, model_source, progress, timed_stream
 from radixmesh_server.launcher import Launcher, StackPorts, free_port, stack_specs
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.pki import make_server_cert
@@ -32,17 +32,7 @@ API_KEY = "bench-key"
 
 
 def _model(ns: argparse.Namespace) -> tuple[str, list[str]]:
-    """The model folder and the model service's flags: the embedded default, or random weights
-    of a published shape (`--random-weights llama-3.1-8b --device cuda`) for GPU runs."""
-    if not ns.random_weights:
-        return ns.model, ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
-    from model_service.random_configs import random_config
-
-    _, folder = random_config(ns.random_weights)
-    args = ["--random-weights", ns.random_weights, "--device", ns.device]
-    if ns.kv_tokens:
-        args += ["--kv-tokens", str(ns.kv_tokens)]
-    return str(folder), args
+    return model_source(ns.model, ns.random_weights, ns.device, ns.kv_tokens)
 
 
 @contextlib.contextmanager
@@ -155,9 +145,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--random-weights", default="", help="a random model shape, e.g. llama-3.1-8b")
-    p.add_argument("--device", default="cuda", help="with --random-weights")
-    p.add_argument("--kv-tokens", type=int, default=0, help="KV pool per stack (two share a GPU)")
+    add_model_flags(p, kv_help="KV pool per stack (two share a GPU)")
     p.add_argument(
         "--max-running", type=int, default=0, help="scheduler --max-running (0: its default)"
     )

@@ -194,7 +194,11 @@ async def run_one(
     sem = asyncio.Semaphore(conc if conc > 0 else len(reqs))
     timeout = aiohttp.ClientTimeout(total=6 * 3600)
     async with (
-        aiohttp.ClientSession(timeout=timeout, read_bufsize=10 << 20) as session,
+        # No connection cap (aiohttp's default is 100): at rate inf every request is in flight
+        # at once, as with the gRPC client and sglang.bench_serving.
+        aiohttp.ClientSession(
+            timeout=timeout, read_bufsize=10 << 20, connector=aiohttp.TCPConnector(limit=0)
+        ) as session,
         AsyncClient(grpc_ep) as client,
     ):
         send: Callable[[Req], Awaitable[Out]]

@@ -21,6 +21,7 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -250,6 +251,7 @@ def metrics(
         "completed": len(ok),
         "failed": len(errors),
         "first_error": errors[0] if errors else None,
+        "errors_by_kind": dict(Counter(e.split(":", 1)[0] for e in errors)),
         "duration_s": round(wall, 3),
         "total_input_tokens": inp,
         "total_output_tokens": gen,

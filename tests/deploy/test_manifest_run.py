@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -260,19 +261,39 @@ def test_containers_pass_their_probes_and_serve_a_request(
     assert isinstance(final, GenerateResult) and final.output_ids == plain.output_ids
     assert "".join(p.text for p in parts if isinstance(p, Chunk)) == plain.text
 
+    # The HTTP API on the Service's http port: the same key, the same greedy tokens.
+    http = f"http://127.0.0.1:{pm(targets[('radixmesh-frontdoor', 8000)])}"
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    assert _post(f"{http}/v1/completions", body, None)[0] == 401
+    status, reply = _post(f"{http}/v1/completions", body, API_KEY)
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == plain.text
+
     # Every container's metrics port (as declared) serves Prometheus text; the front door
-    # counted the two calls.
+    # counted the three calls (two gRPC, one HTTP; refused ones never reached it).
     for loc in locals_:
         port = next(p["containerPort"] for p in loc.c.spec["ports"] if "metrics" in p["name"])
         with urllib.request.urlopen(f"http://127.0.0.1:{pm(port)}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert "# TYPE radixmesh:" in text, loc.c.where
         if loc.c.spec["name"] == "frontdoor":
-            assert re.search(r"^radixmesh:num_requests_total 2\.0$", text, re.M), text[:2000]
+            assert re.search(r"^radixmesh:num_requests_total 3\.0$", text, re.M), text[:2000]
 
     # JSON logs with the service name on every line, and the request id on the call's lines.
     front = next(loc for loc in locals_ if loc.c.spec["name"] == "frontdoor")
     assert '"service": "tokenizer"' in _tail(front)
+
+
+def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
 
 
 def _exits_within_its_grace_period(loc: Local, t0: float) -> None:

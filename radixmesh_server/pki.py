@@ -14,6 +14,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ def new_ca(name: str = "radixmesh-local-ca", days: int = 7) -> CertAuthority:
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
         .sign(key, hashes.SHA256())
     )
     return CertAuthority(cert, key)
@@ -139,6 +141,9 @@ def issue(ca: CertAuthority, role: str, days: int) -> tuple[bytes, bytes]:
         .not_valid_before(start)
         .not_valid_after(min(end, ca.cert.not_valid_after_utc))  # never outlive the CA
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), False
+        )
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -193,7 +198,9 @@ def write_role_folders(
             raise FileExistsError(f"{t} exists: choose a new --out folder or remove it")
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     if ca is None:
-        ca = new_ca("radixmesh-cluster-ca", days)
+        # A CA name of its own: during a rotation two CAs are trusted side by side, and TLS
+        # stacks find a certificate's issuer by name first.
+        ca = new_ca(f"radixmesh-cluster-ca {secrets.token_hex(4)}", days)
         (out / "ca").mkdir(mode=0o700)
         _write(out / "ca" / CA_FILE, ca.cert_pem)
         _write(out / "ca" / CA_KEY_FILE, _key_pem(ca.key))

@@ -3,6 +3,7 @@ checked as a TLS peer would check them (and through a real gRPC mutual-TLS hands
 
 from __future__ import annotations
 
+import itertools
 import stat
 from concurrent import futures
 from pathlib import Path
@@ -120,5 +121,36 @@ def test_the_files_make_a_mutual_tls_link_and_a_foreign_ca_is_refused(tmp_path: 
         assert _check(port, ours / "tokenizer")
         # The client trusts our CA but presents a foreign certificate: the server refuses it.
         assert not _check(port, foreign / "tokenizer", trust=ours / "ca" / "ca.crt")
+    finally:
+        server.stop(None)
+
+
+def test_a_ca_rotation_keeps_old_and_new_pods_talking(tmp_path: Path) -> None:
+    """The README's three rolls: at every step, a pod from the previous step and one from the
+    next complete a mutual-TLS handshake both ways."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert main(["certs", "--out", str(old), "--roles", "tokenizer,scheduler"]) == 0
+    assert main(["certs", "--out", str(new), "--roles", "tokenizer"]) == 0
+    roles = ["--roles", "tokenizer,scheduler"]
+    rolls = [
+        ["--ca-dir", str(old / "ca"), "--trust", str(new / "ca" / "ca.crt")],  # trust both
+        ["--ca-dir", str(new / "ca"), "--trust", str(old / "ca" / "ca.crt")],  # switch certs
+        ["--ca-dir", str(new / "ca")],  # drop the old CA
+    ]
+    folders = [old]
+    for i, args in enumerate(rolls, 1):
+        assert main(["certs", "--out", str(tmp_path / f"r{i}"), *roles, *args]) == 0
+        folders.append(tmp_path / f"r{i}")
+    for before, after in itertools.pairwise(folders):
+        for server_side, client_side in ((before, after), (after, before)):
+            server, port = _health_server(server_side / "scheduler")
+            try:
+                assert _check(port, client_side / "tokenizer"), (server_side, client_side)
+            finally:
+                server.stop(None)
+    # Skipping a roll breaks the link: that is why there are three.
+    server, port = _health_server(old / "scheduler")
+    try:
+        assert not _check(port, folders[3] / "tokenizer")
     finally:
         server.stop(None)

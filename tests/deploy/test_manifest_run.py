@@ -34,7 +34,14 @@ from radixmesh.api import Chunk, Client, GenerateResult, RadixMeshError
 from radixmesh_server.config import ENV_PREFIX
 from radixmesh_server.launcher import PARENT_ENV, free_port
 from radixmesh_server.pki import SERVICE_ROLES
-from tests.deploy.manifests import Container, containers, of_kind, render, secret_mounts
+from tests.deploy.manifests import (
+    Container,
+    containers,
+    of_kind,
+    parsed_config,
+    render,
+    secret_mounts,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -238,7 +245,7 @@ def test_containers_pass_their_probes_and_serve_a_request(
     # probes above passed on the plaintext health ports).
     for loc in locals_:
         if loc.c.spec["name"] != "frontdoor":
-            port = pm(loc.c.spec["ports"][0]["containerPort"])
+            port = pm(parsed_config(loc.c).port)
             assert not probe_once(port, "liveness"), f"{loc.c.where} spoke plaintext"
     for loc in locals_:
         assert _event(loc, "internal_links").get("mtls") is True, loc.c.where

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh_bench.prom_text import Samples, scrape
-from radixmesh_server.launcher import Launcher, Topology, free_port, topology_specs
+from radixmesh_server.launcher import (
+    Launcher,
+    ServiceSpec,
+    Topology,
+    free_port,
+    topology_specs,
+)
 
 ROUTERS = ("cache_aware", "round_robin", "least_load")
 SINGLE = "single"  # the router name of the 1-replica baseline
@@ -75,21 +81,21 @@ class RunningTopology:
         return {name: scrape(url) for name, url in self.scheduler_metrics.items()}
 
 
-@contextlib.contextmanager
-def start_topology(
+def plan(
     cfg: RouterConfig,
     model: str,
     model_args: Sequence[str],
     kv_total: int,
     scheduler_args: Sequence[str],
-    log_dir: Path,
-    timeout_s: float = 600.0,
-) -> Iterator[RunningTopology]:
-    """Start `cfg`'s services, wait until every one is ready, yield, stop them all."""
+    port: Callable[[str], int] | None = None,
+) -> tuple[list[ServiceSpec], RunningTopology]:
+    """`cfg`'s service specs and where to reach them. `port(name)` gives each service's gRPC
+    port and `port(name + ":metrics")` its /metrics port (default: free ports)."""
     topo = Topology(replicas=cfg.replicas, front_doors=cfg.front_doors)
     names = topo.names()
-    ports = {n: free_port() for n in names}
-    metrics = {n: free_port() for n in names}
+    take = port or (lambda _: free_port())
+    ports = {n: take(n) for n in names}
+    metrics = {n: take(f"{n}:metrics") for n in names}
     tok_args = ["--router", cfg.router] if cfg.replicas > 1 else []
     specs = topology_specs(
         topo,
@@ -100,7 +106,6 @@ def start_topology(
         tokenizer_args=tok_args,
         metrics_port=metrics.__getitem__,
     )
-    launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
     kinds = {n: n.split("-", 1)[0] for n in names}
     running = RunningTopology(
         endpoints=[f"127.0.0.1:{ports[n]}" for n in names if kinds[n] == "tokenizer"],
@@ -108,6 +113,23 @@ def start_topology(
             n: f"http://127.0.0.1:{metrics[n]}/metrics" for n in names if kinds[n] == "scheduler"
         },
     )
+    return specs, running
+
+
+@contextlib.contextmanager
+def start_topology(
+    cfg: RouterConfig,
+    model: str,
+    model_args: Sequence[str],
+    kv_total: int,
+    scheduler_args: Sequence[str],
+    log_dir: Path,
+    timeout_s: float = 600.0,
+) -> Iterator[RunningTopology]:
+    """Start `cfg`'s services (internal links over mutual TLS, as `radixmesh serve`), wait
+    until every one is ready, yield, stop them all."""
+    specs, running = plan(cfg, model, model_args, kv_total, scheduler_args)
+    launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
     launcher.start_all()
     try:
         asyncio.run(launcher.wait_ready(timeout=timeout_s))

@@ -76,7 +76,7 @@ SCALES: dict[str, Sizes] = {
 }
 
 
-def sizes_for(scale: str, **overrides: float) -> Sizes:
+def sizes_for(scale: str, **overrides: float | None) -> Sizes:
     """The `scale` preset with the given fields replaced (None values are ignored)."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {', '.join(SCALES)}")

@@ -28,7 +28,13 @@ from typing import Any
 
 from radixmesh_bench.radix_workloads import Workload, optimal_hit_rate, unique_tokens
 from radixmesh_bench.router_report import FINISHED, goals, summarize_run
-from radixmesh_bench.router_stack import ROUTERS, RouterConfig, configurations, start_topology
+from radixmesh_bench.router_stack import (
+    ROUTERS,
+    RouterConfig,
+    configurations,
+    per_replica_kv,
+    start_topology,
+)
 from radixmesh_bench.router_workloads import SCALES, WORKLOADS, Sizes, build, sizes_for
 from radixmesh_bench.stack import emit_report, progress
 
@@ -98,13 +104,16 @@ def run_one(
         before = topo.scrape_schedulers()
         outcomes, wall = drive(topo.endpoints, w, ns.concurrency)
         after = _settled(topo, before, sum(1 for o in outcomes if not o.error))
+    return {**_describe(cfg, kv), **summarize_run(outcomes, wall, before, after)}
+
+
+def _describe(cfg: RouterConfig, kv: int) -> dict[str, Any]:
     return {
         "config": cfg.label,
         "replicas": cfg.replicas,
         "router": cfg.router,
         "front_doors": cfg.front_doors,
-        "kv_tokens_per_replica": kv // cfg.replicas,
-        **summarize_run(outcomes, wall, before, after),
+        "kv_tokens_per_replica": per_replica_kv(kv, cfg.replicas),
     }
 
 
@@ -158,7 +167,14 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         )
         for cfg in configs:
             progress(f"  {w.name}: {cfg.label} ...")
-            r = run_one(cfg, w, ns, model, kv, logs)
+            try:
+                r = run_one(cfg, w, ns, model, kv, logs)
+            except (RuntimeError, TimeoutError, OSError, KeyError) as exc:
+                # A configuration that cannot start (e.g. a front door without multi-replica
+                # support) or be measured is reported and skipped; the others still run.
+                progress(f"    FAILED: {exc}")
+                entry["runs"].append({**_describe(cfg, kv), "error": str(exc)})
+                continue
             progress(
                 f"    hit {r['hit_rate']:.3f}, per replica {r['requests_per_replica']} "
                 f"(max/mean {r['max_over_mean']}), {r['output_tok_s']} tok/s, "
@@ -241,6 +257,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        return emit_report(run(ns), ns.out)
+        report = run(ns)
+        emit_report(report, ns.out)
+        failed = [r for w in report["workloads"].values() for r in w["runs"] if "error" in r]
+        return 1 if failed else 0
 
     p.set_defaults(func=main)

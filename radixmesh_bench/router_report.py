@@ -107,14 +107,20 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
 
+def _measured(w: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A workload's runs that produced numbers (a run that failed carries only "error")."""
+    return [r for r in w.get("runs", []) if "error" not in r]
+
+
 def _single(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return next((r for r in runs if r["replicas"] == 1 and r["front_doors"] == 1), None)
 
 
 def goals(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Issue 16's goals from the per-workload runs (`workloads[name]["runs"]`, each run with
-    replicas, router, front_doors, config, hit_rate, max_over_mean). A goal whose baseline was
-    not run is left out; `pass` is None where the ratio is undefined (a zero baseline)."""
+    replicas, router, front_doors, config, hit_rate, max_over_mean; a failed run has "error"
+    instead and is ignored). A goal whose baseline was not run is left out; `pass` is None
+    where the ratio is undefined (a zero baseline)."""
     out: dict[str, list[dict[str, Any]]] = {
         "cache_aware_vs_single": [],
         "cache_aware_vs_round_robin_gsp": [],
@@ -122,7 +128,7 @@ def goals(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str
         "skewed_max_over_mean": [],
     }
     for name in ("gsp", "chat", "few_shot"):
-        runs = workloads.get(name, {}).get("runs", [])
+        runs = _measured(workloads.get(name, {}))
         single = _single(runs)
         for r in runs:
             if single is None or r["router"] != "cache_aware":
@@ -136,7 +142,7 @@ def goals(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str
                     "pass": None if ratio is None else ratio >= HIT_VS_SINGLE,
                 }
             )
-    gsp_runs = workloads.get("gsp", {}).get("runs", [])
+    gsp_runs = _measured(workloads.get("gsp", {}))
     by_router = {
         r["router"]: r for r in gsp_runs if r["replicas"] == GSP_REPLICAS and r["front_doors"] == 1
     }
@@ -156,7 +162,7 @@ def goals(workloads: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str
         ("uniform", "uniform_max_over_mean", UNIFORM_LIMIT),
         ("skewed", "skewed_max_over_mean", SKEWED_LIMIT),
     ):
-        for r in workloads.get(name, {}).get("runs", []):
+        for r in _measured(workloads.get(name, {})):
             if r["replicas"] > 1:
                 out[key].append(
                     {

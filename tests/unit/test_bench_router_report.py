@@ -163,6 +163,13 @@ def test_goals_on_fixed_runs() -> None:
     }
 
 
+def test_goals_skip_failed_runs() -> None:
+    single, ca2 = RouterConfig(1, "single"), RouterConfig(2, "cache_aware")
+    failed = {"config": ca2.label, "replicas": 2, "router": "cache_aware", "error": "no"}
+    w = {"gsp": {"runs": [_run(single, 0.5), failed]}, "uniform": {"runs": [failed]}}
+    assert all(v == [] for v in goals(w).values())
+
+
 # -- configurations and topologies -------------------------------------------------------------
 def test_configurations() -> None:
     cfgs = configurations([1, 2, 4], ["cache_aware", "round_robin", "least_load"], 2, 4)

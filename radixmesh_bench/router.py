@@ -36,7 +36,7 @@ from radixmesh_bench.router_stack import (
     start_topology,
 )
 from radixmesh_bench.router_workloads import SCALES, WORKLOADS, Sizes, build, sizes_for
-from radixmesh_bench.stack import emit_report, progress
+from radixmesh_bench.stack import add_model_flags, emit_report, model_source, progress
 
 KV_SLACK = 64  # per replica beyond the longest request: room for the scheduler to admit it
 SETTLE_S = 10.0  # how long the schedulers' counters may lag the last response
@@ -47,15 +47,10 @@ def _csv(text: str) -> list[str]:
 
 
 def _model(ns: argparse.Namespace) -> tuple[str, list[str]]:
-    """The model folder and the model services' flags (without --kv-tokens, which is split):
-    the given model, or random weights of a published shape on `--device` for GPU runs."""
-    extra = list(ns.model_arg)
-    if not ns.random_weights:
-        return ns.model, extra
-    from model_service.random_configs import random_config
-
-    _, folder = random_config(ns.random_weights)
-    return str(folder), ["--random-weights", ns.random_weights, "--device", ns.device, *extra]
+    """The model folder and the model services' flags, without --kv-tokens (split per run):
+    the given model, or random weights of a published shape on `--device` (GPU runs)."""
+    folder, args = model_source(ns.model, ns.random_weights, ns.device)
+    return folder, [*args, *ns.model_arg]
 
 
 def kv_total(w: Workload, fraction: float, max_replicas: int, given: int) -> int:
@@ -224,11 +219,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         sizes.add_argument(flag, type=kind, default=None, dest=f.name, help=presets)
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--concurrency", type=int, default=16, help="most requests in flight")
-    p.add_argument(
-        "--kv-tokens",
-        type=int,
-        default=0,
-        help="TOTAL KV pool of every configuration, split evenly over its replicas "
+    add_model_flags(
+        p,
+        kv_help="TOTAL KV pool of every configuration, split evenly over its replicas "
         "(0: --kv-fraction of each workload's unique tokens)",
     )
     p.add_argument(
@@ -238,8 +231,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="with --kv-tokens 0: total KV as a fraction of the workload's unique tokens",
     )
     p.add_argument("--model", default="default", help="model folder or 'default' (SmolLM2-135M)")
-    p.add_argument("--random-weights", default="", help="a random model shape, e.g. llama-3.2-1b")
-    p.add_argument("--device", default="cuda", help="with --random-weights")
     p.add_argument(
         "--model-arg",
         action="append",

@@ -27,6 +27,7 @@ from radixmesh_server.launcher import (
     free_port,
     topology_specs,
 )
+from radixmesh_server.pki import make_local_pki
 
 ROUTERS = ("cache_aware", "round_robin", "least_load")
 SINGLE = "single"  # the router name of the 1-replica baseline
@@ -106,7 +107,7 @@ def plan(
         tokenizer_args=tok_args,
         metrics_port=metrics.__getitem__,
     )
-    kinds = {n: n.split("-", 1)[0] for n in names}
+    kinds = {n: kind(n) for n in names}
     running = RunningTopology(
         endpoints=[f"127.0.0.1:{ports[n]}" for n in names if kinds[n] == "tokenizer"],
         scheduler_metrics={
@@ -114,6 +115,30 @@ def plan(
         },
     )
     return specs, running
+
+
+def kind(name: str) -> str:
+    """A service's role: "scheduler-1" -> "scheduler" (launcher naming)."""
+    return name.split("-", 1)[0]
+
+
+def certificates_by_role(launcher: Launcher) -> None:
+    """Give every service its role's certificate ("scheduler", not "scheduler-1").
+
+    Works around the launcher, which names each certificate after its service: the services
+    authorize a peer by its certificate's role (a model service serves only "scheduler"), so
+    with two of a kind every internal link was refused with PERMISSION_DENIED. Harmless once
+    the launcher issues role certificates itself."""
+    assert launcher.pki_dir is not None, "internal TLS is off"
+    roles = make_local_pki(
+        launcher.pki_dir / "by-role",
+        sorted({kind(n) for n in launcher.specs} | {"launcher", "client"}),
+    )
+    launcher.pki = {
+        **{n: roles[kind(n)] for n in launcher.specs},
+        "launcher": roles["launcher"],
+        "client": roles["client"],
+    }
 
 
 @contextlib.contextmanager
@@ -130,6 +155,7 @@ def start_topology(
     until every one is ready, yield, stop them all."""
     specs, running = plan(cfg, model, model_args, kv_total, scheduler_args)
     launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
+    certificates_by_role(launcher)
     launcher.start_all()
     try:
         asyncio.run(launcher.wait_ready(timeout=timeout_s))

@@ -27,7 +27,13 @@ from radixmesh_bench.router_report import (
     max_over_mean,
     summarize_run,
 )
-from radixmesh_bench.router_stack import RouterConfig, configurations, plan
+from radixmesh_bench.router_stack import (
+    RouterConfig,
+    certificates_by_role,
+    configurations,
+    plan,
+)
+from radixmesh_server.launcher import Launcher
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.prefix_cache import make_prefix_cache
@@ -227,6 +233,26 @@ def test_plan_splits_the_kv_and_wires_every_front_door_to_every_replica() -> Non
     assert "--router" not in one["tokenizer"].args
     margs = one["model"].args
     assert margs[margs.index("--kv-tokens") + 1] == "640"
+
+
+def test_every_service_gets_its_roles_certificate() -> None:
+    """Services authorize peers by role: a second scheduler's certificate must say
+    "scheduler", or the model and grammar services refuse it (PERMISSION_DENIED)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    specs, _ = plan(RouterConfig(2, "cache_aware", 2), "m", [], 1000, [])
+    launcher = Launcher(specs, internal_tls=True)
+    try:
+        certificates_by_role(launcher)
+        for name in ("scheduler-1", "model-0", "tokenizer-1", "grammar", "launcher"):
+            cert = x509.load_pem_x509_certificate(launcher.pki[name].cert.read_bytes())
+            cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+            assert cn == name.split("-")[0]
+        assert launcher.probe_tls("model-1") == launcher.pki["launcher"]
+    finally:
+        launcher.stop_all()
+    assert launcher.pki_dir is not None and not launcher.pki_dir.exists()
 
 
 def test_kv_total_is_shared_and_never_too_small() -> None:

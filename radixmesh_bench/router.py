@@ -21,16 +21,19 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from radixmesh_bench.prom_text import Samples
 from radixmesh_bench.radix_workloads import Workload, optimal_hit_rate, unique_tokens
-from radixmesh_bench.router_report import FINISHED, goals, summarize_run
+from radixmesh_bench.router_report import FINISHED, counter_deltas, goals, summarize_run
 from radixmesh_bench.router_stack import (
     ROUTERS,
     RouterConfig,
+    RunningTopology,
     configurations,
     per_replica_kv,
     start_topology,
@@ -69,15 +72,15 @@ def kv_total(w: Workload, fraction: float, max_replicas: int, given: int) -> int
     return max(math.ceil(unique_tokens(full) * fraction), floor)
 
 
-def _settled(topo: Any, before: dict[str, Any], n: int) -> dict[str, Any]:
-    """Scrape until the schedulers have counted all `n` measured requests as finished (their
-    counters may trail the last response by a step), or SETTLE_S passes."""
+def _settled(topo: RunningTopology, base: Mapping[str, Samples], n: int) -> dict[str, Samples]:
+    """Scrape until the schedulers have counted `n` more requests as finished than in `base`
+    (their counters may trail the last response by a step), or SETTLE_S passes."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        after = topo.scrape_schedulers()
-        done = sum(after[k][(FINISHED, ())] - before[k][(FINISHED, ())] for k in before)
+        now = topo.scrape_schedulers()
+        done = sum(counter_deltas(base, now, FINISHED).values())
         if done >= n or time.monotonic() > deadline:
-            return dict(after)
+            return now
         time.sleep(0.05)
 
 
@@ -95,8 +98,8 @@ def run_one(
     with start_topology(
         cfg, model[0], model[1], kv, ns.sched_arg, logs / w.name / tag, ns.startup_timeout
     ) as topo:
-        warm_up(topo.endpoints, cfg.replicas)
-        before = topo.scrape_schedulers()
+        zero: dict[str, Samples] = {name: {} for name in topo.scheduler_metrics}
+        before = _settled(topo, zero, warm_up(topo.endpoints, cfg.replicas))
         outcomes, wall = drive(topo.endpoints, w, ns.concurrency)
         after = _settled(topo, before, sum(1 for o in outcomes if not o.error))
     return {**_describe(cfg, kv), **summarize_run(outcomes, wall, before, after)}

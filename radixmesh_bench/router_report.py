@@ -53,8 +53,11 @@ def hit_rate(outcomes: Sequence[Outcome]) -> float:
 def counter_deltas(
     before: Mapping[str, Samples], after: Mapping[str, Samples], sample: str
 ) -> dict[str, float]:
-    """Per service (same keys as `before`): how much `sample` (no labels) grew."""
-    return {name: after[name][(sample, ())] - before[name][(sample, ())] for name in before}
+    """Per service (same keys as `before`): how much `sample` (no labels) grew. A page
+    without the sample counts 0 (a scheduler exports its counters only once it has a model
+    session, so one that never got one has counted nothing)."""
+    key = (sample, ())
+    return {name: after[name].get(key, 0.0) - before[name].get(key, 0.0) for name in before}
 
 
 def max_over_mean(counts: Sequence[float]) -> float:

@@ -112,6 +112,8 @@ def test_summarize_run_on_fixed_inputs() -> None:
     before = {"scheduler-1": _page(2, 20, 0), "scheduler-0": _page(2, 20, 0)}
     after = {"scheduler-1": _page(3, 120, 0), "scheduler-0": _page(5, 320, 150)}
     assert counter_deltas(before, after, FINISHED) == {"scheduler-1": 1, "scheduler-0": 3}
+    # A scheduler without a model session exports no counters yet: it counted nothing.
+    assert counter_deltas({"s": {}}, {"s": _page(4, 0, 0)}, FINISHED) == {"s": 4}
     outs = [_o(100, 50, 1.0), _o(100, 50, 2.0), _o(100, 50, 3.0), _o(100, 0, 4.0)]
     r = summarize_run(outs, 2.0, before, after)
     assert r["requests"] == 4 and r["errors"] == 0

@@ -25,9 +25,9 @@ from radixmesh_server.launcher import (
     ServiceSpec,
     Topology,
     free_port,
+    service_role,
     topology_specs,
 )
-from radixmesh_server.pki import make_local_pki
 
 ROUTERS = ("cache_aware", "round_robin", "least_load")
 SINGLE = "single"  # the router name of the 1-replica baseline
@@ -117,28 +117,7 @@ def plan(
     return specs, running
 
 
-def kind(name: str) -> str:
-    """A service's role: "scheduler-1" -> "scheduler" (launcher naming)."""
-    return name.split("-", 1)[0]
-
-
-def certificates_by_role(launcher: Launcher) -> None:
-    """Give every service its role's certificate ("scheduler", not "scheduler-1").
-
-    Works around the launcher, which names each certificate after its service: the services
-    authorize a peer by its certificate's role (a model service serves only "scheduler"), so
-    with two of a kind every internal link was refused with PERMISSION_DENIED. Harmless once
-    the launcher issues role certificates itself."""
-    assert launcher.pki_dir is not None, "internal TLS is off"
-    roles = make_local_pki(
-        launcher.pki_dir / "by-role",
-        sorted({kind(n) for n in launcher.specs} | {"launcher", "client"}),
-    )
-    launcher.pki = {
-        **{n: roles[kind(n)] for n in launcher.specs},
-        "launcher": roles["launcher"],
-        "client": roles["client"],
-    }
+kind = service_role  # "scheduler-1" -> "scheduler"
 
 
 @contextlib.contextmanager
@@ -155,7 +134,6 @@ def start_topology(
     until every one is ready, yield, stop them all."""
     specs, running = plan(cfg, model, model_args, kv_total, scheduler_args)
     launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
-    certificates_by_role(launcher)
     launcher.start_all()
     try:
         asyncio.run(launcher.wait_ready(timeout=timeout_s))

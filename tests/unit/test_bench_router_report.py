@@ -29,7 +29,6 @@ from radixmesh_bench.router_report import (
 )
 from radixmesh_bench.router_stack import (
     RouterConfig,
-    certificates_by_role,
     configurations,
     plan,
 )
@@ -246,9 +245,10 @@ def test_every_service_gets_its_roles_certificate() -> None:
     specs, _ = plan(RouterConfig(2, "cache_aware", 2), "m", [], 1000, [])
     launcher = Launcher(specs, internal_tls=True)
     try:
-        certificates_by_role(launcher)
         for name in ("scheduler-1", "model-0", "tokenizer-1", "grammar", "launcher"):
-            cert = x509.load_pem_x509_certificate(launcher.pki[name].cert.read_bytes())
+            files = launcher._service_env(name) if name != "launcher" else None
+            path = files["RADIXMESH_MTLS_CERT"] if files else str(launcher.pki["launcher"].cert)
+            cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
             cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
             assert cn == name.split("-")[0]
         assert launcher.probe_tls("model-1") == launcher.pki["launcher"]

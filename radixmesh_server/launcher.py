@@ -65,12 +65,6 @@ class ServiceSpec:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def role(self) -> str:
-        """Its certificate's role (common name): the kind of service, so that "scheduler-1"
-        is a scheduler to the peers that admit callers by role (security.require_peer)."""
-        return self.name.split("-", 1)[0]
-
-    @property
     def probe_address(self) -> str:
         return f"127.0.0.1:{self.health_port or self.port}"
 
@@ -148,6 +142,11 @@ class Topology:
         return [*out, *_named("grammar", self.grammars), *fd[1:]]
 
 
+def service_role(name: str) -> str:
+    """The role a service authenticates as: its kind ("scheduler-1" -> "scheduler")."""
+    return name.split("-", 1)[0]
+
+
 def _named(kind: str, n: int) -> list[str]:
     return [kind] if n == 1 else [f"{kind}-{i}" for i in range(n)]
 
@@ -185,7 +184,7 @@ def topology_specs(
             extra[kind] += inner
         extra["tokenizer"] += ["--shutdown-grace-s", str(shutdown_grace)]
     names = topo.names()
-    kinds = {name: name.split("-", 1)[0] for name in names}
+    kinds = {name: service_role(name) for name in names}
 
     def args(name: str, own: Sequence[str]) -> list[str]:
         out = [*own, *extra[kinds[name]]]
@@ -269,9 +268,8 @@ class Launcher:
         liveness_timeout_s: float = 10.0,
     ) -> None:
         """`internal_tls`: make an ephemeral CA and run every internal link over mutual TLS
-        (each service gets a certificate naming its role, `ServiceSpec.role`, shared by the
-        replicas of a kind; the files live in a 0700 temporary directory removed by
-        `stop_all`)."""
+        (each service gets a certificate naming its role; the files live in a 0700 temporary
+        directory removed by `stop_all`)."""
         self.specs = {s.name: s for s in specs}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -298,11 +296,13 @@ class Launcher:
         self.pki: dict[str, CertFiles] = {}
         if internal_tls:
             self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
-            roles = dict.fromkeys(spec.role for spec in specs)
-            self.pki = make_local_pki(self.pki_dir, [*roles, "launcher", "client"])
+            # One certificate per role (peers authorise by role: "scheduler"), shared by the
+            # replicas of a kind ("scheduler-0", "scheduler-1").
+            roles = dict.fromkeys([*map(service_role, self.specs), "launcher", "client"])
+            self.pki = make_local_pki(self.pki_dir, list(roles))
 
     def _service_env(self, name: str) -> dict[str, str]:
-        files = self.pki.get(self.specs[name].role)
+        files = self.pki.get(service_role(name))
         env = {**self.env, **self.specs[name].env}
         if files is None:
             return env

@@ -266,7 +266,9 @@ class SchedulerLink:
                 serving = self.serving  # the session stream itself tells a dead replica
             if serving != self.serving:
                 self.serving = serving
-                log.warning("replica_readiness", replica=self.address, serving=serving)
+                (log.info if serving else log.warning)(
+                    "replica_readiness", replica=self.address, serving=serving
+                )
                 if self.on_state is not None:
                     await self.on_state(self)
             await asyncio.sleep(self.probe_s)

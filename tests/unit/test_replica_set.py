@@ -19,8 +19,10 @@ from radixmesh_server.server import Health
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
 from tokenizer_service.replica_set import ReplicaSet, Ticket
+from tokenizer_service.replica_stats import NoReplicaAnswered, flush_all, gather_stats
 from tokenizer_service.router import Policy, Router
 from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 
@@ -204,6 +206,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     can kill this replica while requests are live)."""
 
     def __init__(self, instance: str, held: list[int], stall_after: int = 10**9) -> None:
+        self.stats = api_pb2.Stats()
+        self.flush = scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=5)
         self.instance = instance
         self.held = held
         self.stall_after = stall_after
@@ -241,6 +245,16 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                     scheduler_pb2.DeltaExtras(key=s.key, finish_reason=api_pb2.FINISH_REASON_LENGTH)
                 )
             yield out
+
+    async def GetStats(
+        self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Stats:
+        return self.stats
+
+    async def FlushCache(
+        self, request: scheduler_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FlushCacheResponse:
+        return self.flush
 
 
 async def _serve(fake: FakeScheduler, ready: bool = True) -> tuple[grpc.aio.Server, str]:
@@ -345,3 +359,70 @@ async def test_a_replica_that_is_not_ready_gets_no_traffic() -> None:
         task.cancel()
         await s1.stop(0)
         await s2.stop(0)
+
+
+@aio
+async def test_stats_sum_the_replicas_and_list_each() -> None:
+    one, two = FakeScheduler("i1", held=[]), FakeScheduler("i2", held=[1, 2, 3])
+    one.stats = api_pb2.Stats(
+        kv_capacity=100, kv_free=50, prompt_tokens=10, cached_prompt_tokens=2, steps=3
+    )
+    two.stats = api_pb2.Stats(
+        kv_capacity=300, kv_free=250, prompt_tokens=30, cached_prompt_tokens=18, steps=4
+    )
+    (s1, a1), (s2, a2) = await _serve(one), await _serve(two)
+    rs = ReplicaSet(AddressSpec("static", addresses=(a1, a2)), Router(Policy.ROUND_ROBIN))
+    task = await _running(rs, 2)
+    try:
+        rs.done(rs.submit(_submit("r", max_new=1)))
+        s = await gather_stats(rs)
+        assert (s.kv_capacity, s.kv_free, s.steps) == (400, 300, 7)
+        assert s.token_usage == pytest.approx(0.25) and s.cache_hit_rate == pytest.approx(0.5)
+        assert s.router_policy == "round_robin"
+        by = {r.address: r for r in s.replicas}
+        assert by[a2].instance_id == "i2" and by[a2].cached_blocks == 3 and by[a2].exact_cache
+        assert by[a1].scheduler.steps == 3 and by[a1].connected and by[a1].serving
+        assert sum(r.routed["round_robin"] for r in s.replicas) == 1
+        await s2.stop(0)  # one replica gone: listed with its error, the rest still summed
+        await _until(lambda: not rs.links[a2].connected.is_set())
+        s = await gather_stats(rs, timeout=1)
+        assert s.kv_capacity == 100 and by[a2].address in {r.address for r in s.replicas}
+        assert [r.error != "" for r in s.replicas if r.address == a2] == [True]
+        await s1.stop(0)
+        await _until(lambda: not rs.links[a1].connected.is_set())
+        with pytest.raises(NoReplicaAnswered):
+            await gather_stats(rs, timeout=1)
+    finally:
+        task.cancel()
+
+
+@aio
+async def test_flush_cache_asks_every_replica() -> None:
+    busy = FakeScheduler("b", held=[])
+    busy.flush = scheduler_pb2.FlushCacheResponse(flushed=False, message="2 requests running")
+    (s1, a1), (s2, a2) = await _serve(FakeScheduler("a", held=[])), await _serve(busy)
+    rs = ReplicaSet(AddressSpec("static", addresses=(a1, a2)))
+    task = await _running(rs, 2)
+    try:
+        res = await flush_all(rs)
+        assert not res.flushed and res.evicted_tokens == 5
+        assert res.message == f"{a2}: 2 requests running"
+        busy.flush = scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=1)
+        res = await flush_all(rs)
+        assert (res.flushed, res.evicted_tokens, res.message) == (True, 6, "")
+    finally:
+        task.cancel()
+        await s1.stop(0)
+        await s2.stop(0)
+
+
+def test_bad_router_flags_are_refused_with_the_flag_named() -> None:
+    for kw, flag in (
+        ({"scheduler_address": "nope"}, "--scheduler-address"),
+        ({"balance_rel": 0.5}, "--balance-rel"),
+        ({"resolve_interval_s": 0.0}, "--resolve-interval-s"),
+    ):
+        with pytest.raises(ValueError, match=flag):
+            ReplicaSet.from_config(TokenizerConfig(**kw))  # type: ignore[arg-type]
+    rs = ReplicaSet.from_config(TokenizerConfig(scheduler_address="dns:///sched:50052"))
+    assert rs.spec.kind == "dns" and rs.router.policy is Policy.CACHE_AWARE

@@ -74,7 +74,9 @@ def test_a_repeated_prefix_lands_on_the_replica_that_holds_it(
             first, where, why = _generate(c, [*prefix, 7, 8, 9])
             assert why == "cold" and first.cached_tokens < PREFIX
             second, again, why = _generate(c, [*prefix, 17, 18, 19])
-            assert (again, why) == (where, "cache_hit")
+            # cache_hit; or, where the replica publishes its cache, its event may trail the
+            # first result: the prefix is then still cold and its rendezvous picks the same.
+            assert again == where and why in ("cache_hit", "cold")
             assert second.cached_tokens >= PREFIX  # the prefix was computed once, there
             used.add(where)
             if len(used) == 2 and p >= 2:

@@ -33,6 +33,11 @@ class TokenizerConfig(TransportConfig):
         "the least loaded replica's by more than this AND by more than --balance-rel times",
     )
     balance_rel: float = field(1.5, "cache_aware: the relative part of the overload rule")
+    cache_threshold: float = field(
+        0.5,
+        "cache_aware: route on the cache only when a replica holds at least this fraction of "
+        "the prompt's 16-token blocks; else to the least loaded",
+    )
     approx_cache_blocks: int = field(
         65536,
         "for replicas that publish no cache events: remember at most this many 16-token "

@@ -99,11 +99,14 @@ class ReplicaSet:
             raise ValueError("--balance-abs-tokens must be >= 0 and --balance-rel >= 1")
         if cfg.resolve_interval_s <= 0 or cfg.approx_cache_blocks < 1:
             raise ValueError("--resolve-interval-s and --approx-cache-blocks must be positive")
+        if not 0.0 <= cfg.cache_threshold <= 1.0:
+            raise ValueError("--cache-threshold must be between 0 and 1")
         try:
             spec = parse_address_spec(cfg.scheduler_address)
         except ValueError as exc:
             raise ValueError(f"--scheduler-address: {exc}") from None
-        router = Router(Policy(cfg.router), Balance(cfg.balance_abs_tokens, cfg.balance_rel))
+        balance = Balance(cfg.balance_abs_tokens, cfg.balance_rel)
+        router = Router(Policy(cfg.router), balance, cfg.cache_threshold)
         return cls(
             spec,
             router,

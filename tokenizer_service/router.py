@@ -4,12 +4,14 @@ Policies (`--router`):
 - cache_aware (default, the paper's A.4 and SGLang's router, on real cache contents where the
   replicas publish them): hash the prompt's cache keys into chained blocks and find each
   replica's longest run of leading blocks it holds.
-  * Some replica holds a prefix: the longest match wins (ties: least loaded, then the
-    rendezvous order below) -> `cache_hit`; unless that replica is overloaded relative to the
-    least-loaded replica, then the least loaded -> `balance`.
-  * No replica holds any block: among the replicas that are not overloaded, the rendezvous
-    winner of the prompt's first block -> `cold`. Rendezvous (highest hash of (block, replica
-    address)) needs no shared state: every front door that sees the same replicas sends the
+  * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5): the
+    longest match wins (ties: least loaded, then the rendezvous order below) -> `cache_hit`;
+    unless that replica is overloaded relative to the least-loaded replica, then the least
+    loaded -> `balance`.
+  * Otherwise (nothing, or only a short shared start such as a common system prompt, is
+    cached anywhere): the least loaded, ties broken by the rendezvous order of the prompt's
+    first block -> `cold`. Rendezvous (highest hash of (block, replica address)) needs no
+    shared state: on an idle system every front door that sees the same replicas sends the
     same cold prefix to the same one, and different prefixes spread evenly.
   "Overloaded": load - min_load > balance_abs_tokens AND load > balance_rel * min_load (both,
   as SGLang's router: small absolute gaps never count, nor large ones on a busy system that is
@@ -62,9 +64,15 @@ class Balance:
 
 
 class Router:
-    def __init__(self, policy: Policy = Policy.CACHE_AWARE, balance: Balance | None = None):
+    def __init__(
+        self,
+        policy: Policy = Policy.CACHE_AWARE,
+        balance: Balance | None = None,
+        cache_threshold: float = 0.5,
+    ) -> None:
         self.policy = policy
         self.balance = balance or Balance()
+        self.cache_threshold = cache_threshold
         self._turn = 0
 
     def choose(self, candidates: Sequence[Candidate], hashes: Sequence[int], key: int) -> Decision:
@@ -85,18 +93,16 @@ class Router:
     def _cache_aware(
         self, candidates: Sequence[Candidate], hashes: Sequence[int], key: int
     ) -> Decision:
-        min_load = min(c.view.load_tokens for c in candidates)
         matched = {c.address: c.view.matched_blocks(hashes) for c in candidates}
         best = max(matched.values())
-        if best > 0:
+        least = _least_loaded(candidates, key)
+        if best > 0 and best >= self.cache_threshold * len(hashes):
             holders = [c for c in candidates if matched[c.address] == best]
             pick = _least_loaded(holders, key)
-            if not self.balance.overloaded(pick.view.load_tokens, min_load):
+            if not self.balance.overloaded(pick.view.load_tokens, least.view.load_tokens):
                 return Decision(pick.address, "cache_hit", best)
-            least = _least_loaded(candidates, key)
             return Decision(least.address, "balance", matched[least.address])
-        fit = [c for c in candidates if not self.balance.overloaded(c.view.load_tokens, min_load)]
-        return Decision(max(fit, key=lambda c: rendezvous(key, c.address)).address, "cold")
+        return Decision(least.address, "cold", matched[least.address])
 
 
 def _least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:

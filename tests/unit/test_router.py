@@ -72,15 +72,33 @@ def test_cold_prefixes_agree_across_routers_and_spread() -> None:
     assert len(picks) == 3 and min(picks.values()) >= 5
 
 
-def test_cold_skips_an_overloaded_replica() -> None:
+def test_cold_goes_to_the_least_loaded() -> None:
     ids = list(range(40))
     hs = _hashes(ids)
     views = {f"r{i}:1": _exact() for i in range(2)}
     cands = [Candidate(a, v) for a, v in views.items()]
     first = Router().choose(cands, hs, prompt_key(hs, ids)).address
-    _loaded(views[first], 50_000)
+    _loaded(views[first], 10)
     d = Router().choose(cands, hs, prompt_key(hs, ids))
     assert d.address != first and d.reason == "cold"
+
+
+def test_a_short_shared_start_is_not_a_cache_hit() -> None:
+    """A system prompt every request shares must not pull every request to one replica: the
+    cache decides only when a replica holds at least cache_threshold of the prompt."""
+    system = list(range(16))  # one block, in every prompt
+    group_a = [*system, *range(1000, 1048)]  # 4 blocks
+    group_b = [*system, *range(2000, 2048)]
+    holder, other = _loaded(_exact(group_a), 10), _exact()
+    cands = [Candidate("a:1", holder), Candidate("b:1", other)]
+    hb = _hashes(group_b)
+    d = Router().choose(cands, hb, prompt_key(hb, []))
+    assert (d.address, d.reason) == ("b:1", "cold")  # 1 of 4 blocks: the least loaded
+    ha = _hashes([*group_a, 5])
+    d = Router().choose(cands, ha, prompt_key(ha, []))
+    assert (d.address, d.reason, d.matched_blocks) == ("a:1", "cache_hit", 4)
+    d = Router(cache_threshold=0.0).choose(cands, hb, 0)
+    assert (d.address, d.reason) == ("a:1", "cache_hit")  # any match counts at 0
 
 
 def test_round_robin_cycles_in_address_order() -> None:

@@ -45,6 +45,7 @@ class FakeGrammarLink:
         self.hold = False
         self.held: list[tuple[asyncio.Future[MaskStepOutcome], MaskStepOutcome]] = []
         self.unreachable = False  # compile answers GrammarLost
+        self.garble = False  # the next step's reply cannot be read (the session stays up)
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -91,7 +92,10 @@ class FakeGrammarLink:
         out = MaskStepOutcome(plan.step_id)
         for h in plan.want:
             out.rows[h] = EncodedRow(MaskEncoding.ALLOWED, pack_i32(self.matchers[h]))
-        if self.hold:
+        if self.garble:
+            self.garble = False
+            fut.set_exception(GrammarUnavailable("unreadable grammar reply"))
+        elif self.hold:
             self.held.append((fut, out))
         else:
             fut.set_result(out)
@@ -247,6 +251,26 @@ async def _test_a_removed_address_gives_its_matchers_back_and_an_added_one_takes
     await _until(lambda: len(pool.connected()) == 2)
     await pool.step(MaskStepPlan(2, binds=[_bind(h) for h in (0, 2)]))
     assert fakes.links["c:3"].matchers.keys() == {0, 2}  # b holds 2: c, with 0, takes both
+    _close(pool)
+
+
+def test_an_unreadable_reply_releases_the_matchers_there_before_they_are_bound_again() -> None:
+    asyncio.run(_unreadable())
+
+
+async def _unreadable() -> None:
+    pool, fakes = await _pool(["a:1", "b:2"])
+    a = fakes.links["a:1"]
+    lost: list[int] = []
+    pool.on_lost = lost.extend
+    await pool.step(MaskStepPlan(1, binds=[_bind(h) for h in range(4)]))
+    a.garble = True
+    got = await pool.step(MaskStepPlan(2, accepts={0: [5], 1: [6]}, want=[0, 1, 2, 3]))
+    assert got.lost == [0, 2] and sorted(got.outcome.rows) == [1, 3]
+    assert sorted(lost) == [0, 2] and a.up.is_set()
+    # The re-binds (with replay) land after a's stale matchers are released: no ALREADY_BOUND.
+    await pool.step(MaskStepPlan(3, binds=[_bind(0, [5]), _bind(2)], want=[0, 2]))
+    assert a.plans[-1].releases == [0, 2]
     _close(pool)
 
 

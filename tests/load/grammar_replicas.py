@@ -1,6 +1,7 @@
 """Grammar replicas under load (issue 16): one scheduler's mask path with 1 vs 2 grammar
 services at batch 64, JSON-schema and regex rows. `python tests/load/grammar_load.py
---replicas [--services 1,2] [--batch 64] [--steps 150] [--rounds 3] [--out FILE]`.
+--replicas [--services 1,2] [--batch 64] [--steps 150] [--rounds 3] [--out FILE]
+[--grammar-arg=--fill-threads=1 ...]`.
 
 What runs: K real grammar services (`python -m grammar_service`, one process each, on free
 ports) and, in this process, the scheduler's own `GrammarPool` over real `GrammarLink`s: the
@@ -54,14 +55,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def grammar_services(n: int, log_dir: Path) -> Any:
+def grammar_services(n: int, log_dir: Path, extra: list[str]) -> Any:
     procs: list[tuple[subprocess.Popen[bytes], int]] = []
     try:
         for i in range(n):
             port = free_port()
             log = (log_dir / f"grammar-{i}.log").open("ab")
             cmd = [sys.executable, "-m", "grammar_service", "--port", str(port)]
-            cmd += ["--log-level", "warning"]
+            cmd += ["--log-level", "warning", *extra]
             proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT)
             procs.append((proc, port))
         deadline = time.monotonic() + 180
@@ -180,6 +181,12 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--grammar-arg",
+        action="append",
+        default=[],
+        help="extra grammar service flag (repeatable), e.g. --grammar-arg=--fill-threads=1",
+    )
     ns = ap.parse_args(argv)
     configure_logging("grammar-replicas", "warning")
     counts = [int(x) for x in ns.services.split(",")]
@@ -190,7 +197,7 @@ def run(argv: list[str]) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
     runs: list[dict[str, Any]] = []
-    with grammar_services(max(counts), log_dir) as procs:
+    with grammar_services(max(counts), log_dir, ns.grammar_arg) as procs:
         for rnd in range(ns.rounds):
             for k in counts:
                 ports = [p for _, p in procs[:k]]
@@ -216,6 +223,7 @@ def run(argv: list[str]) -> int:
         "cpu_count": os.cpu_count(),
         "load_average_before": [round(x, 2) for x in load0],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "grammar_args": ns.grammar_arg,
         "batch": ns.batch,
         "steps": ns.steps,
         "kinds": [k.value for k in KINDS],

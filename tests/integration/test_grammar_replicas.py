@@ -68,17 +68,22 @@ def _run_all(endpoint: str) -> list[GenerateResult]:
     return [s.result for s in streams if s.result is not None]
 
 
-def _mask_steps(stack: Stack, name: str) -> float:
-    """Mask steps served so far by grammar service `name` (its /metrics)."""
+def _metrics(stack: Stack, name: str) -> dict[tuple[str, tuple[str, ...]], float]:
+    """Service `name`'s /metrics samples by (name, label values)."""
     arg = next(a for a in stack.launcher.specs[name].args if a.startswith("--metrics-port="))
     url = f"http://127.0.0.1:{arg.split('=', 1)[1]}/metrics"
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "radixmesh:grammar_mask_seconds_count":
-                return float(s.value)
-    return 0.0
+    return {
+        (s.name, tuple(s.labels.values())): float(s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def _mask_steps(stack: Stack, name: str) -> float:
+    """Mask steps served so far by grammar service `name`."""
+    return _metrics(stack, name).get(("radixmesh:grammar_mask_seconds_count", ()), 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +123,11 @@ def test_two_grammar_services_share_requests_and_match_one_service(
     got = _run_all(gstack2.endpoint)
     after = [_mask_steps(gstack2, g) for g in ("grammar-0", "grammar-1")]
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    sched = _metrics(gstack2, "scheduler")  # the scheduler's view: both connected, both used
+    assert sched[("radixmesh:grammar_services_connected", ())] == 2
+    for g in ("grammar-0", "grammar-1"):
+        rows = sched[("radixmesh:grammar_mask_rows_total", (gstack2.address(g),))]
+        assert rows > 0, g
     for (name, kw), res, ref in zip(_requests(), got, reference, strict=True):
         checker.check(BY_NAME[name], res, kw["max_new_tokens"])
         assert res.output_ids == ref.output_ids, name

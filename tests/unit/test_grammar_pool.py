@@ -18,6 +18,7 @@ from radixmesh_wire.step_ops import StepOutcome
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.grammar_metrics import grammar_readings
 from scheduler_service.grammar_placement import Placement
 from scheduler_service.grammar_pool import GrammarPool
 from scheduler_service.output_processor import apply_result
@@ -212,6 +213,10 @@ async def _test_a_step_goes_to_both_services_at_once_and_rows_come_back_in_order
     }
     assert a.matchers.keys() == {0, 2} and b.matchers.keys() == {1, 3}
     assert pool.rows_sent == {"a:1": 2, "b:2": 2}
+    readings = {(r.short, r.labels): r.value for r in grammar_readings(pool)}
+    assert readings[("grammar_services_connected", ())] == 2
+    assert readings[("grammar_matchers", (("service", "a:1"),))] == 2
+    assert readings[("grammar_mask_rows", (("service", "b:2"),))] == 2
     _close(pool)
 
 

@@ -7,7 +7,9 @@ that answered a row had seen exactly the request's output."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -277,6 +279,30 @@ async def _unreadable() -> None:
     await pool.step(MaskStepPlan(3, binds=[_bind(0, [5]), _bind(2)], want=[0, 2]))
     assert a.plans[-1].releases == [0, 2]
     _close(pool)
+
+
+def test_a_file_spec_is_followed_while_running(tmp_path: Path) -> None:
+    asyncio.run(_file_spec(tmp_path / "grammars"))
+
+
+async def _file_spec(path: Path) -> None:
+    path.write_text("a:1\n")
+    fakes = Fakes()
+    pool = GrammarPool(f"file:{path}", fakes.make, interval_s=0.01)
+    lost: list[int] = []
+    pool.on_lost = lost.extend
+    runner = asyncio.create_task(pool.run())
+    await _until(lambda: pool.connected() == ["a:1"])
+    path.write_text("a:1\nb:2  # added\n")
+    await _until(lambda: sorted(pool.connected()) == ["a:1", "b:2"])
+    await pool.step(MaskStepPlan(1, binds=[_bind(h) for h in range(4)]))
+    path.write_text("b:2\n")
+    await _until(lambda: pool.connected() == ["b:2"])
+    assert sorted(lost) == [0, 2]
+    runner.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await runner
+    assert pool.links == {} and not pool.up.is_set()
 
 
 # -- the scheduler's steps over two services ---------------------------------------------------

@@ -10,6 +10,9 @@ Names:
 - `llama-3.1-70b`: Meta Llama-3.1-70B's architecture (its published config.json: 70.55 B
   parameters, 141 GB in bf16). It fits no single 80 GB GPU: the GPU bench's `startup` part uses
   it to check that the service refuses weights that do not fit before allocating them.
+- `llama-3.2-1b`: Meta Llama-3.2-1B's architecture (its published config.json: 1.24 B
+  parameters, tied embeddings, llama3 RoPE scaling with factor 32). Small enough that several
+  replicas share one GPU (`radixmesh bench router`).
 - `tiny-llama`: the same family in miniature (GQA, llama3 RoPE scaling, the Llama-3.1
   vocabulary) for quick tests on any device.
 Overrides (e.g. `num_hidden_layers=4` for a fast numerics check with 8B shapes) go through
@@ -74,6 +77,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "intermediate_size": 28672,
         "num_hidden_layers": 80,
         "num_attention_heads": 64,
+    },
+    # meta-llama/Llama-3.2-1B(-Instruct)/config.json: same vocabulary, theta and eos ids as 3.1;
+    # its RoPE scaling factor is 32 (3.1: 8) and the output head shares the embedding table.
+    "llama-3.2-1b": {
+        **_LLAMA31_8B,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rope_scaling": {**_LLAMA31_ROPE, "factor": 32.0},
+        "tie_word_embeddings": True,
     },
     "tiny-llama": {
         **_LLAMA31_8B,

@@ -20,6 +20,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
         dsl_ablation,
         online_serving,
         radix_workloads,
+        router,
         security_cost,
     )
 
@@ -29,6 +30,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
     constrained.add_parser(bsub)
     online_serving.add_parser(bsub)
     security_cost.add_parser(bsub)
+    router.add_parser(bsub)
     cli_help.add_parser(bsub)
 
 

@@ -20,33 +20,15 @@ import gzip
 import json
 import math
 import random
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from radixmesh_bench.stack import pct, progress
+from radixmesh_bench.serving_clients import Out, Req, drive
+from radixmesh_bench.stack import add_model_flags, model_source, pct, progress
 
 DATA = Path(__file__).resolve().parent / "data" / "sharegpt_2000.json.gz"
-
-
-@dataclass
-class Req:
-    prompt: str
-    prompt_len: int  # in the served model's tokens
-    output_len: int
-
-
-@dataclass
-class Out:
-    ok: bool = False
-    ttft: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    latency: float = 0.0
-    output_len: int = 0
-    error: str = ""
 
 
 # -- workloads -----------------------------------------------------------------------------------
@@ -86,138 +68,28 @@ def random_lengths(tok: Any, n: int, input_len: int, output_len: int, seed: int)
     return out
 
 
-# -- clients -------------------------------------------------------------------------------------
-async def _sse_lines(resp: Any) -> Any:
-    async for raw in resp.content:
-        line = raw.strip()
-        if not line:
-            continue
-        text = line.decode()
-        if text.startswith("data: "):
-            text = text[6:]
-        if text == "[DONE]":
-            return
-        yield json.loads(text)
-
-
-async def send_sglang(session: Any, url: str, r: Req) -> Out:
-    payload = {
-        "text": r.prompt,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": r.output_len, "ignore_eos": True},
-        "stream": True,
-    }
-    out, t0 = Out(), time.perf_counter()
-    last, last_n = t0, 0
-    async with session.post(url + "/generate", json=payload) as resp:
-        if resp.status != 200:
-            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
-        async for data in _sse_lines(resp):
-            if "error" in data:
-                return Out(error=str(data["error"]))
-            n = data["meta_info"]["completion_tokens"]
-            if n == last_n:
-                continue
-            now = time.perf_counter()
-            if last_n == 0:
-                out.ttft = now - t0
-            else:  # a chunk of k tokens: k equal gaps, as bench_serving counts them
-                out.itl.extend([(now - last) / (n - last_n)] * (n - last_n))
-            last, last_n = now, n
-    out.ok, out.latency, out.output_len = True, time.perf_counter() - t0, last_n
-    return out
-
-
-async def send_openai(session: Any, url: str, r: Req) -> Out:
-    payload = {
-        "model": None,
-        "prompt": r.prompt,
-        "temperature": 0.0,
-        "max_tokens": r.output_len,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    out, t0 = Out(), time.perf_counter()
-    last = t0
-    async with session.post(url + "/v1/completions", json=payload) as resp:
-        if resp.status != 200:
-            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
-        async for data in _sse_lines(resp):
-            if "error" in data:
-                return Out(error=str(data["error"]))
-            if data.get("usage"):
-                out.output_len = data["usage"]["completion_tokens"]
-            if data["choices"] and data["choices"][0]["text"]:
-                now = time.perf_counter()
-                if out.ttft == 0.0:
-                    out.ttft = now - t0
-                else:
-                    out.itl.append(now - last)
-                last = now
-    out.ok, out.latency = True, time.perf_counter() - t0
-    return out
-
-
-async def send_grpc(client: Any, r: Req) -> Out:
-    from radixmesh.api import Chunk, GenerateResult, RadixMeshError
-
-    out, t0 = Out(), time.perf_counter()
-    last, n = t0, 0
-    try:
-        async for item in client.stream(
-            r.prompt, max_new_tokens=r.output_len, temperature=0, ignore_eos=True
-        ):
-            if isinstance(item, Chunk) and item.token_ids:
-                now = time.perf_counter()
-                k = len(item.token_ids)
-                if n == 0:
-                    out.ttft = now - t0
-                else:
-                    out.itl.extend([(now - last) / k] * k)
-                last, n = now, n + k
-            elif isinstance(item, GenerateResult):
-                out.output_len = item.completion_tokens
-    except RadixMeshError as exc:
-        return Out(error=str(exc))
-    out.ok, out.latency = True, time.perf_counter() - t0
-    return out
-
-
-# -- one run -------------------------------------------------------------------------------------
-async def run_one(
-    backend: str, http_url: str, grpc_ep: str, reqs: list[Req], rate: float, conc: int, seed: int
+def run_one(
+    backend: str,
+    http_url: str,
+    grpc_ep: str,
+    reqs: list[Req],
+    rate: float,
+    conc: int,
+    seed: int,
+    procs: int = 1,
 ) -> dict[str, Any]:
-    import aiohttp
-    from radixmesh.api import AsyncClient
+    """One run; with `procs` > 1 the requests are dealt round-robin to that many client
+    processes (each with rate/procs and conc/procs), so the load generator is not the
+    bottleneck."""
+    if procs <= 1:
+        outs, t0, t1 = asyncio.run(drive(backend, http_url, grpc_ep, reqs, rate, conc, seed))
+        return metrics(backend, rate, conc, reqs, outs, t1 - t0)
+    from radixmesh_bench.client_procs import spread
 
-    rng = random.Random(seed)
-    sem = asyncio.Semaphore(conc if conc > 0 else len(reqs))
-    timeout = aiohttp.ClientTimeout(total=6 * 3600)
-    async with (
-        aiohttp.ClientSession(timeout=timeout, read_bufsize=10 << 20) as session,
-        AsyncClient(grpc_ep) as client,
-    ):
-        send: Callable[[Req], Awaitable[Out]]
-        if backend == "sglang":
-            send = lambda r: send_sglang(session, http_url, r)  # noqa: E731
-        elif backend == "openai":
-            send = lambda r: send_openai(session, http_url, r)  # noqa: E731
-        else:
-            send = lambda r: send_grpc(client, r)  # noqa: E731
-
-        async def limited(r: Req) -> Out:
-            async with sem:
-                return await send(r)
-
-        tasks = []
-        t0 = time.perf_counter()
-        for r in reqs:
-            tasks.append(asyncio.ensure_future(limited(r)))
-            if not math.isinf(rate):
-                await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals
-        outs = await asyncio.gather(*tasks)
-        wall = time.perf_counter() - t0
-    return metrics(backend, rate, conc, reqs, list(outs), wall)
+    outs, wall = spread(procs, backend, http_url, grpc_ep, reqs, rate, conc, seed)
+    res = metrics(backend, rate, conc, reqs, outs, wall)
+    res["client_procs"] = procs
+    return res
 
 
 def metrics(
@@ -246,6 +118,7 @@ def metrics(
         "completed": len(ok),
         "failed": len(errors),
         "first_error": errors[0] if errors else None,
+        "errors_by_kind": dict(Counter(e.split(":", 1)[0] for e in errors)),
         "duration_s": round(wall, 3),
         "total_input_tokens": inp,
         "total_output_tokens": gen,
@@ -301,7 +174,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from radixmesh_bench.stack import local_stack_urls
     from radixmesh_server.model_store import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(ns.model))
+    model, model_args = model_source(ns.model, ns.random_weights, ns.device, ns.kv_tokens)
+    if ns.random_weights and ns.device.startswith("cuda"):
+        model_args += [
+            "--attention",
+            "flashinfer",
+            "--cuda-graph-max-bs",
+            str(ns.cuda_graph_max_bs),
+        ]
+    tok = AutoTokenizer.from_pretrained(model if ns.random_weights else resolve_model(ns.model))
     if ns.dataset == "sharegpt":
         reqs = sharegpt(tok, ns.num_prompts, ns.max_output, ns.max_input)
     else:
@@ -310,24 +191,32 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     backends = ns.backends.split(",")
     report: dict[str, Any] = {
         "bench": "serving",
-        "model": ns.model,
+        "model": ns.random_weights or ns.model,
+        "device": ns.device if ns.random_weights else "cpu",
         "dataset": ns.dataset,
         "num_prompts": len(reqs),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs": [],
     }
     args = ["--radix", "off"] if ns.no_radix else []
-    with local_stack_urls(ns.model, scheduler_args=args, endpoint=ns.endpoint, http=ns.http) as (
+    if ns.max_running:
+        args += ["--max-running", str(ns.max_running)]
+    if ns.chunk_tokens:
+        args += ["--chunk-tokens", str(ns.chunk_tokens)]
+    report["scheduler_args"] = args
+    with local_stack_urls(
+        model, model_args=model_args, scheduler_args=args, endpoint=ns.endpoint, http=ns.http
+    ) as (
         grpc_ep,
         http_url,
     ):
-        asyncio.run(run_one("grpc", http_url, grpc_ep, reqs[:2], math.inf, 0, ns.seed))  # warm-up
+        run_one("grpc", http_url, grpc_ep, reqs[:2], math.inf, 0, ns.seed)  # warm-up
         for rate in rates:
             for b in backends:  # each rate: the clients back to back on the same requests
                 progress(f"{b} at rate {rate} ({len(reqs)} requests)")
                 flush(http_url)  # every run starts from an empty radix cache
-                res = asyncio.run(
-                    run_one(b, http_url, grpc_ep, reqs, rate, ns.max_concurrency, ns.seed)
+                res = run_one(
+                    b, http_url, grpc_ep, reqs, rate, ns.max_concurrency, ns.seed, ns.client_procs
                 )
                 report["runs"].append(res)
     by = {(r["backend"], r["request_rate"]): r for r in report["runs"]}
@@ -361,7 +250,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--request-rates", default="inf", help="comma list of req/s; inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=0, help="0 = unbounded")
     p.add_argument("--no-radix", action="store_true", help="serve with the radix cache off")
+    add_model_flags(p)
+    p.add_argument(
+        "--max-running", type=int, default=0, help="scheduler --max-running (0: its default)"
+    )
+    p.add_argument(
+        "--chunk-tokens", type=int, default=0, help="scheduler --chunk-tokens (0: default)"
+    )
+    p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="with --device cuda")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes sharing the requests (so the load generator is no bottleneck)",
+    )
     p.add_argument("--plot", default="", help="write a latency-vs-rate PNG here")
     p.add_argument("--out", default="", help="also write the JSON here")
 

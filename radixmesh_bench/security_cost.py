@@ -17,13 +17,10 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from radixmesh.api import Client
-
-from radixmesh_bench.stack import progress, timed_stream
+from radixmesh_bench.stack import add_model_flags, model_source, progress
 from radixmesh_server.launcher import Launcher, StackPorts, free_port, stack_specs
 from radixmesh_server.logging import configure_logging
 from radixmesh_server.pki import make_server_cert
@@ -32,17 +29,7 @@ API_KEY = "bench-key"
 
 
 def _model(ns: argparse.Namespace) -> tuple[str, list[str]]:
-    """The model folder and the model service's flags: the embedded default, or random weights
-    of a published shape (`--random-weights llama-3.1-8b --device cuda`) for GPU runs."""
-    if not ns.random_weights:
-        return ns.model, ["--kv-tokens", str(ns.kv_tokens)] if ns.kv_tokens else []
-    from model_service.random_configs import random_config
-
-    _, folder = random_config(ns.random_weights)
-    args = ["--random-weights", ns.random_weights, "--device", ns.device]
-    if ns.kv_tokens:
-        args += ["--kv-tokens", str(ns.kv_tokens)]
-    return str(folder), args
+    return model_source(ns.model, ns.random_weights, ns.device, ns.kv_tokens)
 
 
 @contextlib.contextmanager
@@ -73,24 +60,43 @@ def _stack(
 
 
 def _round(client: dict[str, Any], n: int, concurrency: int, tokens: int) -> dict[str, Any]:
-    reqs = [
-        {
-            "prompt": f"Request {i}: write a short story about the number {i}.",
-            "max_new_tokens": tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-        }
-        for i in range(n)
-    ]
-    with Client(timeout=600, **client) as c, ThreadPoolExecutor(concurrency) as pool:
+    """One round: `n` streams, `concurrency` at a time, through one asyncio client (threads
+    would make the client's GIL, not the server, the thing measured)."""
+    return asyncio.run(_round_async(client, n, concurrency, tokens))
+
+
+async def _round_async(
+    client: dict[str, Any], n: int, concurrency: int, tokens: int
+) -> dict[str, Any]:
+    from radixmesh.api import AsyncClient, Chunk, GenerateResult
+
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(c: AsyncClient, i: int) -> tuple[int, float, float]:
+        async with sem:
+            t0 = time.perf_counter()
+            first, done = 0.0, 0
+            async for item in c.stream(
+                f"Request {i}: write a short story about the number {i}.",
+                max_new_tokens=tokens,
+                ignore_eos=True,
+                temperature=0.0,
+            ):
+                if isinstance(item, Chunk) and item.token_ids and not first:
+                    first = time.perf_counter() - t0
+                elif isinstance(item, GenerateResult):
+                    done = item.completion_tokens
+            return done, first, time.perf_counter() - t0
+
+    async with AsyncClient(timeout=600, **client) as c:
         t0 = time.perf_counter()
-        out = list(pool.map(lambda kw: timed_stream(c, **kw), reqs))
+        out = await asyncio.gather(*(one(c, i) for i in range(n)))
         wall = time.perf_counter() - t0
     return {
         "wall_s": wall,
-        "out_tokens": sum(t.result.completion_tokens for t in out),
-        "latency_s": [t.latency_s for t in out],
-        "ttft_s": [t.ttft_s for t in out],
+        "out_tokens": sum(o[0] for o in out),
+        "latency_s": [o[2] for o in out],
+        "ttft_s": [o[1] for o in out],
     }
 
 
@@ -117,10 +123,18 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         _stack(False, model, model_args, sched_args, logs) as plain,
         _stack(True, model, model_args, sched_args, logs) as secured,
     ):
-        _round(plain, ns.concurrency, ns.concurrency, 4)  # warm both (first-call costs)
-        _round(secured, ns.concurrency, ns.concurrency, 4)
-        for i in range(ns.rounds):
+        # Warm both with the full workload (first-call costs, kernel caches, clocks), then
+        # measure in ABBA order: plain-secured, secured-plain, ... so a trend within a pair
+        # favours neither mode.
+        warm: dict[str, list[float]] = {"plain": [], "secured": []}
+        for i in range(ns.warmup_rounds):
             for name, client in (("plain", plain), ("secured", secured)):
+                progress(f"warm-up {i + 1}/{ns.warmup_rounds}: {name}")
+                r = _round(client, ns.requests, ns.concurrency, ns.max_new_tokens)
+                warm[name].append(round(r["out_tokens"] / r["wall_s"], 1))
+        for i in range(ns.rounds):
+            pair = [("plain", plain), ("secured", secured)]
+            for name, client in pair if i % 2 == 0 else pair[::-1]:
                 progress(f"round {i + 1}/{ns.rounds}: {name}")
                 results[name].append(_round(client, ns.requests, ns.concurrency, ns.max_new_tokens))
     plain_s, sec_s = _summary(results["plain"]), _summary(results["secured"])
@@ -131,13 +145,16 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "concurrency": ns.concurrency,
             "max_new_tokens": ns.max_new_tokens,
             "rounds": ns.rounds,
+            "warmup_rounds": ns.warmup_rounds,
+            "order": "ABBA",
             "model": ns.random_weights or ns.model,
             "device": ns.device if ns.random_weights else "cpu",
         },
+        "warmup_output_tok_s": warm,
         "plain": plain_s,
         "secured": sec_s,
         "throughput_ratio": sec_s["output_tok_s_median"] / plain_s["output_tok_s_median"],
-        # Each round's secured run against the plain run just before it: drift between rounds
+        # Each round's secured run against the plain run beside it: drift between rounds
         # (clocks, caches) cancels out.
         "throughput_ratio_paired_median": statistics.median(
             (s["out_tokens"] / s["wall_s"]) / (p["out_tokens"] / p["wall_s"])
@@ -155,9 +172,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--random-weights", default="", help="a random model shape, e.g. llama-3.1-8b")
-    p.add_argument("--device", default="cuda", help="with --random-weights")
-    p.add_argument("--kv-tokens", type=int, default=0, help="KV pool per stack (two share a GPU)")
+    p.add_argument("--warmup-rounds", type=int, default=1, help="unmeasured full rounds each")
+    add_model_flags(p, kv_help="KV pool per stack (two share a GPU)")
     p.add_argument(
         "--max-running", type=int, default=0, help="scheduler --max-running (0: its default)"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -35,6 +36,28 @@ def local_stack(
     """Yields an API endpoint: `endpoint` if given, else a fresh stack on free ports."""
     with local_stack_urls(model, model_args, scheduler_args, endpoint) as (grpc_ep, _):
         yield grpc_ep
+
+
+def model_source(
+    model: str, random_weights: str = "", device: str = "cuda", kv_tokens: int = 0
+) -> tuple[str, list[str]]:
+    """The model folder and the model service's flags: `model` (the embedded default, a
+    folder or a hub id), or random weights of a published shape (`random_weights=
+    "llama-3.1-8b"`, on `device`) for GPU runs."""
+    kv = ["--kv-tokens", str(kv_tokens)] if kv_tokens else []
+    if not random_weights:
+        return model, kv
+    from model_service.random_configs import random_config
+
+    _, folder = random_config(random_weights)
+    return str(folder), ["--random-weights", random_weights, "--device", device, *kv]
+
+
+def add_model_flags(p: argparse.ArgumentParser, kv_help: str = "KV pool size (0: budget)") -> None:
+    """The flags `model_source` reads, shared by the benches that run on the GPU too."""
+    p.add_argument("--random-weights", default="", help="a random model shape, e.g. llama-3.1-8b")
+    p.add_argument("--device", default="cuda", help="with --random-weights")
+    p.add_argument("--kv-tokens", type=int, default=0, help=kv_help)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The `radixmesh` command: serve, generate, bench.
+"""The `radixmesh` command: serve, generate, certs, bench.
 
 Client commands stay light: this module imports only the standard library at the top, `generate`
 imports the gRPC client alone (no torch, no xgrammar), and `bench` is a plug-in run as
@@ -157,6 +157,38 @@ def _smoke(endpoint: str) -> None:
             messages=[{"role": "user", "content": SMOKE_PROMPT}], max_new_tokens=24, temperature=0
         )
     print(f"radixmesh: smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}", flush=True)
+
+
+def _certs(ns: argparse.Namespace) -> int:
+    """Files for the cluster's internal mTLS Secrets: one folder per role (see
+    radixmesh_server.pki.write_role_folders), then the kubectl lines that load them."""
+    from radixmesh_server.pki import CA_KEY_FILE, load_ca, write_role_folders
+
+    out = Path(ns.out)
+    roles = [r.strip() for r in ns.roles.split(",") if r.strip()]
+    try:
+        ca = None
+        if ns.ca_dir:
+            ca_dir = Path(ns.ca_dir)
+            ca = load_ca(ca_dir / "ca.crt", ca_dir / CA_KEY_FILE)
+        extra = b"".join(Path(t).read_bytes() for t in ns.trust)
+        write_role_folders(out, roles, days=ns.days, ca=ca, extra_trust=extra)
+    except (OSError, ValueError) as exc:
+        print(f"radixmesh certs: {exc}", file=sys.stderr)
+        return 2
+    where = (
+        f"CA from {ns.ca_dir}"
+        if ns.ca_dir
+        else f"new CA in {out / 'ca'} (keep ca.key out of the cluster)"
+    )
+    _say(f"wrote {', '.join(roles)} certificates ({ns.days} days; {where})")
+    print("load them (a new Secret, or --dry-run=client -o yaml | kubectl apply -f - to replace):")
+    for role in roles:
+        print(
+            f"  kubectl -n {ns.namespace} create secret generic radixmesh-mtls-{role} "
+            f"--type=kubernetes.io/tls --from-file={out / role}"
+        )
+    return 0
 
 
 def positive_int(value: str) -> int:
@@ -340,6 +372,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--timeout", type=float, default=None)
     g.set_defaults(func=_generate)
+
+    c = sub.add_parser(
+        "certs", help="make the internal mTLS certificates of a cluster (one folder per role)"
+    )
+    c.add_argument("--out", required=True, help="folder to write (its files must not exist yet)")
+    c.add_argument(
+        "--roles",
+        default="tokenizer,scheduler,model,grammar",
+        help="comma-separated roles, one certificate each (common name = role)",
+    )
+    c.add_argument("--days", type=positive_int, default=365, help="validity of each certificate")
+    c.add_argument(
+        "--ca-dir",
+        default="",
+        help="sign with this existing CA (a folder holding ca.crt and ca.key, e.g. OUT/ca of an "
+        "earlier run) instead of making a new one: renewals keep every peer's trust",
+    )
+    c.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        help="also trust this CA certificate (PEM; repeatable): a CA rotation's overlap",
+    )
+    c.add_argument("--namespace", default="radixmesh", help="namespace in the printed commands")
+    c.set_defaults(func=_certs)
 
     # Listed for --help only: main() forwards `bench ...` before parsing.
     sub.add_parser("bench", help="benchmarks with JSON output (`radixmesh bench --help`)")

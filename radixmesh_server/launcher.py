@@ -142,6 +142,11 @@ class Topology:
         return [*out, *_named("grammar", self.grammars), *fd[1:]]
 
 
+def service_role(name: str) -> str:
+    """The role a service authenticates as: its kind ("scheduler-1" -> "scheduler")."""
+    return name.split("-", 1)[0]
+
+
 def _named(kind: str, n: int) -> list[str]:
     return [kind] if n == 1 else [f"{kind}-{i}" for i in range(n)]
 
@@ -179,7 +184,7 @@ def topology_specs(
             extra[kind] += inner
         extra["tokenizer"] += ["--shutdown-grace-s", str(shutdown_grace)]
     names = topo.names()
-    kinds = {name: name.split("-", 1)[0] for name in names}
+    kinds = {name: service_role(name) for name in names}
 
     def args(name: str, own: Sequence[str]) -> list[str]:
         out = [*own, *extra[kinds[name]]]
@@ -291,10 +296,13 @@ class Launcher:
         self.pki: dict[str, CertFiles] = {}
         if internal_tls:
             self.pki_dir = Path(tempfile.mkdtemp(prefix="radixmesh-pki-"))
-            self.pki = make_local_pki(self.pki_dir, [*self.specs, "launcher", "client"])
+            # One certificate per role (peers authorise by role: "scheduler"), shared by the
+            # replicas of a kind ("scheduler-0", "scheduler-1").
+            roles = dict.fromkeys([*map(service_role, self.specs), "launcher", "client"])
+            self.pki = make_local_pki(self.pki_dir, list(roles))
 
     def _service_env(self, name: str) -> dict[str, str]:
-        files = self.pki.get(name)
+        files = self.pki.get(service_role(name))
         env = {**self.env, **self.specs[name].env}
         if files is None:
             return env

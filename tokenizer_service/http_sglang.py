@@ -9,6 +9,7 @@ and logprob lists of [logprob, token_id, text-or-None].
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import aclosing
@@ -154,7 +155,7 @@ class SGLangApi:
                     if isinstance(ev, Chunk):
                         shape.add(i, ev)
                         if ev.text or ev.token_ids:
-                            await resp.write(frame(shape.partial(i)))
+                            await resp.write(shape.partial_frame(i))
                     else:
                         await resp.write(frame(shape.result(i, ev)))
         except GenerateError as exc:
@@ -246,11 +247,42 @@ class _Meta:
         self.text = [""] * len(req.inputs)
         self.ids: list[list[int]] = [[] for _ in req.inputs]
         self.lps: list[list[TokenLogprob]] = [[] for _ in req.inputs]
+        # The cumulative text and ids already JSON-encoded (without quotes / brackets), grown
+        # by each chunk: a streamed event then copies them instead of re-encoding the whole
+        # output per token (quadratic in the output length; it cost HTTP ~10% of throughput
+        # against gRPC at 2,000 ShareGPT streams). JSON escaping is per character, so the
+        # escaped pieces concatenate to the escaped whole.
+        self.text_json = [""] * len(req.inputs)
+        self.ids_json = [""] * len(req.inputs)
 
     def add(self, i: int, ev: Chunk) -> None:
         self.text[i] += ev.text
+        if ev.rollback:  # a jump-forward retokenized ids sent before (text is unchanged)
+            del self.ids[i][max(len(self.ids[i]) - ev.rollback, 0) :]
+            self.ids_json[i] = ",".join(map(str, self.ids[i]))
         self.ids[i].extend(ev.token_ids)
         self.lps[i].extend(ev.logprobs)
+        if ev.text:
+            self.text_json[i] += json.dumps(ev.text, ensure_ascii=False)[1:-1]
+        if ev.token_ids:
+            more = ",".join(map(str, ev.token_ids))
+            self.ids_json[i] = f"{self.ids_json[i]},{more}" if self.ids_json[i] else more
+
+    def partial_frame(self, i: int) -> bytes:
+        """The SSE frame of `partial(i)`, from the pre-encoded text and ids."""
+        if self.req.return_logprob:
+            return frame(self.partial(i))
+        meta = {
+            "id": self.rids[i],
+            "finish_reason": None,
+            "completion_tokens": len(self.ids[i]),
+            "e2e_latency": time.perf_counter() - self.t0,
+        }
+        body = (
+            f'{{"text": "{self.text_json[i]}", "output_ids": [{self.ids_json[i]}], '
+            f'"meta_info": {json.dumps(meta)}}}'
+        )
+        return b"data: " + body.encode() + b"\n\n"
 
     def _lp(self, tid: int, lp: float | None) -> list[Any]:
         text = self.core.tok.decode([tid]) if self.req.text_in_logprobs else None

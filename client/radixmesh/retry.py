@@ -25,8 +25,10 @@ from radixmesh_wire.pb import api_pb2
 @dataclass(frozen=True)
 class RetryPolicy:
     """Backoff doubles from `initial_backoff_s` up to `max_backoff_s`; retrying stops after
-    `max_attempts` attempts or when `total_s` seconds have passed since the first one (or the
-    call's own timeout, whichever comes first)."""
+    `max_attempts` attempts or once `total_s` seconds have passed since the first one (or the
+    call's own timeout, whichever comes first). `total_s` bounds the retrying only: a stream
+    that keeps delivering is never cut by it (a long generation under load can take minutes);
+    the call's own timeout is its deadline."""
 
     max_attempts: int = 20
     initial_backoff_s: float = 0.2
@@ -65,10 +67,10 @@ class Resumable:
         self.received: list[int] = []
         self.attempts = 0
         self.start = time.monotonic()
-        limit = policy.total_s if policy.max_attempts > 1 else None
-        if timeout is not None:
-            limit = timeout if limit is None else min(limit, timeout)
-        self.deadline = None if limit is None else self.start + limit
+        self.deadline = None if timeout is None else self.start + timeout  # the call's own
+        self.retry_until = self.start + policy.total_s
+        if self.deadline is not None:
+            self.retry_until = min(self.retry_until, self.deadline)
         self._backoff = policy.initial_backoff_s
 
     def next_request(self) -> tuple[api_pb2.GenerateRequest, float | None]:
@@ -95,6 +97,6 @@ class Resumable:
             return None
         delay = self._backoff
         self._backoff = min(self._backoff * 2, self.policy.max_backoff_s)
-        if self.deadline is not None and time.monotonic() + delay >= self.deadline:
+        if time.monotonic() + delay >= self.retry_until:
             return None
         return delay

@@ -131,3 +131,32 @@ def parsed_config(c: Container) -> Any:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
         return parse_config(CONFIGS[c.module], c.flags)
+
+
+PLACEHOLDER = K8S / "secrets-placeholder.yaml"
+
+
+def placeholder_secrets() -> dict[str, dict[str, Any]]:
+    """The committed placeholder Secrets by name (deploy/k8s/secrets-placeholder.yaml)."""
+    docs = [d for d in yaml.safe_load_all(PLACEHOLDER.read_text()) if d]
+    return {d["metadata"]["name"]: d for d in docs}
+
+
+def secret_mounts(c: Container) -> dict[str, str]:
+    """mountPath -> Secret name, for each Secret volume the container mounts."""
+    volumes = {
+        v["name"]: v["secret"]["secretName"] for v in c.pod.get("volumes", []) if "secret" in v
+    }
+    return {
+        m["mountPath"]: volumes[m["name"]]
+        for m in c.spec.get("volumeMounts", [])
+        if m["name"] in volumes
+    }
+
+
+def secret_file(c: Container, path: str) -> tuple[str, str] | None:
+    """(Secret name, key) of a file path inside one of the container's Secret mounts."""
+    for mount, secret in secret_mounts(c).items():
+        if path.startswith(mount.rstrip("/") + "/"):
+            return secret, path[len(mount.rstrip("/")) + 1 :]
+    return None

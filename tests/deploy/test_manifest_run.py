@@ -1,19 +1,25 @@
 """Run the cpu overlay's manifests, not a copy of them: every container of every rendered
 Deployment starts as a local process with its own command, args and env; Service names map to
-127.0.0.1 and every declared port to a free local port (consistently, so two pods declaring
-one port cannot collide here). Each container is then probed exactly as its gRPC probes say
-(grpc.health.v1 with the declared service name, within the probe's own period x threshold),
-its metrics port is scraped, and a real generate request goes through the front door's
-Service port. One stack start for the whole module."""
+127.0.0.1 (a `dns:///name:port` spec keeps its scheme: the loopback address resolves like a
+headless Service with one pod), every declared port to a free local port (consistently, so two
+pods declaring one port cannot collide here), and every Secret mount to a local folder holding
+what the real Secret would: certificates made by `radixmesh certs` (internal mutual TLS on) and
+an API keys file. Each container is then probed exactly as its gRPC probes say (grpc.health.v1
+with the declared service name, within the probe's own period x threshold), its metrics port is
+scraped, and real generate requests go through the front door's Service port with an API key.
+One stack start for the whole module."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets as secrets_mod
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,11 +29,19 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from radixmesh.api import Chunk, Client, GenerateResult
+from radixmesh.api import Chunk, Client, GenerateResult, RadixMeshError
 
 from radixmesh_server.config import ENV_PREFIX
 from radixmesh_server.launcher import PARENT_ENV, free_port
-from tests.deploy.manifests import Container, containers, of_kind, render
+from radixmesh_server.pki import SERVICE_ROLES
+from tests.deploy.manifests import (
+    Container,
+    containers,
+    of_kind,
+    parsed_config,
+    render,
+    secret_mounts,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +90,13 @@ def _service_targets(objs: tuple[dict[str, Any], ...]) -> dict[tuple[str, int], 
     return out
 
 
-def localize(objs: tuple[dict[str, Any], ...], pm: PortMap) -> list[Local]:
+def localize(
+    objs: tuple[dict[str, Any], ...], pm: PortMap, secrets: dict[str, Path]
+) -> list[Local]:
     """Each long-running container's argv and env with addresses made local: a Service name
     resolves to 127.0.0.1 and its target port, loopback stays loopback, 0.0.0.0 binds
-    127.0.0.1, and every *_PORT value and host:port goes through the same port map."""
+    127.0.0.1, every *_PORT value and host:port goes through the same port map, and a path
+    inside a Secret mount points into that Secret's local folder (`secrets`: name -> folder)."""
     targets = _service_targets(objs)
     services = {name for name, _ in targets}
 
@@ -91,11 +108,15 @@ def localize(objs: tuple[dict[str, Any], ...], pm: PortMap) -> list[Local]:
         assert host in ("127.0.0.1", "localhost"), f"unknown host {host!r}"
         return f"{scheme}127.0.0.1:{pm(port)}"
 
-    def value(name: str, v: str) -> str:
+    def value(name: str, v: str, mounts: dict[str, str]) -> str:
         if v == "0.0.0.0":
             return "127.0.0.1"
         if name.endswith("_PORT") and v.isdigit():
             return str(pm(int(v)))
+        for mount, secret in mounts.items():
+            if v.startswith(mount.rstrip("/") + "/"):
+                assert secret in secrets, f"no local material for Secret {secret}"
+                return str(secrets[secret] / v[len(mount.rstrip("/")) + 1 :])
         return re.sub(r"^(dns:///)?([a-z0-9.-]+):(\d+)$", addr, v)
 
     # The test's own RADIXMESH_* settings must not leak into the services.
@@ -107,8 +128,10 @@ def localize(objs: tuple[dict[str, Any], ...], pm: PortMap) -> list[Local]:
             continue
         cmd = list(c.spec["command"])
         assert cmd[0] == "python", c.where
-        argv = [sys.executable, *cmd[1:], *(value("", a) for a in c.spec.get("args", []))]
-        env = {**base, **{k: value(k, v) for k, v in c.env().items()}}
+        mounts = secret_mounts(c)
+        args = [value("", a, mounts) for a in c.spec.get("args", [])]
+        argv = [sys.executable, *cmd[1:], *args]
+        env = {**base, **{k: value(k, v, mounts) for k, v in c.env().items()}}
         out.append(Local(c, argv, env))
     return out
 
@@ -143,8 +166,40 @@ def wait_probe(loc: Local, kind: str, pm: PortMap) -> None:
         time.sleep(period)
 
 
+def _event(loc: Local, event: str) -> dict[str, Any]:
+    """The first JSON log line of `event` in the container's log ({} if none)."""
+    assert loc.log is not None
+    for line in loc.log.read_text().splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("event") == event:
+                return dict(rec)
+    return {}
+
+
 def _tail(loc: Local) -> str:
     return loc.log.read_text()[-3000:] if loc.log and loc.log.exists() else ""
+
+
+API_KEY = "deploy-test-" + secrets_mod.token_hex(16)
+
+
+def make_secrets(root: Path) -> dict[str, Path]:
+    """What an operator puts into the Secrets (deploy/README.md, "Secrets"): the certificates
+    from the real `radixmesh certs` command, one folder per role, and an API keys file."""
+    certs = root / "certs"
+    subprocess.run(
+        [sys.executable, "-m", "radixmesh_server.cli", "certs", "--out", str(certs), "--days", "1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    out = {f"radixmesh-mtls-{role}": certs / role for role in SERVICE_ROLES}
+    keys = root / "api-keys"
+    keys.mkdir(mode=0o700)
+    (keys / "api-keys").write_text(f"# tenant of the test\n{API_KEY} tenant=deploy-test\n")
+    out["radixmesh-api-keys"] = keys
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +208,7 @@ def manifest_stack(
 ) -> Iterator[tuple[list[Local], PortMap, dict]]:
     objs = render("cpu")
     pm = PortMap()
-    locals_ = localize(objs, pm)
+    locals_ = localize(objs, pm, make_secrets(tmp_path_factory.mktemp("secrets")))
     logs = tmp_path_factory.mktemp("manifest-run")
     try:
         for loc in locals_:
@@ -177,15 +232,31 @@ def manifest_stack(
                 loc.proc.wait()
 
 
-def test_containers_pass_their_probes_and_serve_a_request(manifest_stack: Any) -> None:
+def test_containers_pass_their_probes_and_serve_a_request(
+    manifest_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     locals_, pm, targets = manifest_stack
     assert {loc.c.spec["name"] for loc in locals_} == {"frontdoor", "scheduler", "model", "grammar"}
     for kind in PROBES:
         for loc in locals_:
             wait_probe(loc, kind, pm)
 
+    # Internal mutual TLS is on: a service port refuses a peer without a certificate (the
+    # probes above passed on the plaintext health ports).
+    for loc in locals_:
+        if loc.c.spec["name"] != "frontdoor":
+            port = pm(parsed_config(loc.c).port)
+            assert not probe_once(port, "liveness"), f"{loc.c.where} spoke plaintext"
+    for loc in locals_:
+        assert _event(loc, "internal_links").get("mtls") is True, loc.c.where
+
     endpoint = f"127.0.0.1:{pm(targets[('radixmesh-frontdoor', 50051)])}"
-    with Client(endpoint) as c:
+    monkeypatch.delenv("RADIXMESH_API_KEY", raising=False)
+    with Client(endpoint) as anonymous, pytest.raises(RadixMeshError) as refused:
+        anonymous.generate("The capital of France is", max_new_tokens=1)
+    assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "missing or unknown API key" in str(refused.value)
+    with Client(endpoint, api_key=API_KEY) as c:
         plain = c.generate(
             "The capital of France is", max_new_tokens=4, temperature=0, ignore_eos=True
         )
@@ -197,27 +268,67 @@ def test_containers_pass_their_probes_and_serve_a_request(manifest_stack: Any) -
     assert isinstance(final, GenerateResult) and final.output_ids == plain.output_ids
     assert "".join(p.text for p in parts if isinstance(p, Chunk)) == plain.text
 
+    # The HTTP API on the Service's http port: the same key, the same greedy tokens.
+    http = f"http://127.0.0.1:{pm(targets[('radixmesh-frontdoor', 8000)])}"
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    assert _post(f"{http}/v1/completions", body, None)[0] == 401
+    status, reply = _post(f"{http}/v1/completions", body, API_KEY)
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == plain.text
+
     # Every container's metrics port (as declared) serves Prometheus text; the front door
-    # counted the two calls.
+    # counted the three calls (two gRPC, one HTTP; refused ones never reached it).
     for loc in locals_:
         port = next(p["containerPort"] for p in loc.c.spec["ports"] if "metrics" in p["name"])
         with urllib.request.urlopen(f"http://127.0.0.1:{pm(port)}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert "# TYPE radixmesh:" in text, loc.c.where
         if loc.c.spec["name"] == "frontdoor":
-            assert re.search(r"^radixmesh:num_requests_total 2\.0$", text, re.M), text[:2000]
+            assert re.search(r"^radixmesh:num_requests_total 3\.0$", text, re.M), text[:2000]
 
     # JSON logs with the service name on every line, and the request id on the call's lines.
     front = next(loc for loc in locals_ if loc.c.spec["name"] == "frontdoor")
     assert '"service": "tokenizer"' in _tail(front)
 
 
+def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _exits_within_its_grace_period(loc: Local, t0: float) -> None:
+    assert loc.proc is not None
+    period = loc.c.pod["terminationGracePeriodSeconds"]
+    code = loc.proc.wait(max(period - (time.monotonic() - t0), 0.1))
+    assert code == 0, f"{loc.c.where} exited with {code}: {_tail(loc)}"
+
+
 def test_sigterm_drains_and_exits(manifest_stack: Any) -> None:
-    """What a rolling update does to a pod: SIGTERM, and the process is gone well within
-    terminationGracePeriodSeconds."""
-    locals_, _, _ = manifest_stack
-    grammar = next(loc for loc in locals_ if loc.c.spec["name"] == "grammar")
-    assert grammar.proc is not None and grammar.proc.poll() is None
-    grammar.proc.send_signal(signal.SIGTERM)
-    code = grammar.proc.wait(grammar.c.pod["terminationGracePeriodSeconds"])
-    assert code == 0, _tail(grammar)
+    """What Kubernetes does to the pods: a front door's rolling update SIGTERMs it alone (it
+    exits within terminationGracePeriodSeconds while the replica stays ready), then deleting
+    the stack SIGTERMs every pod at once and the drain cascades (each internal session ends
+    when its caller leaves), so every process exits 0 within its own period."""
+    locals_, pm, _ = manifest_stack
+    for loc in locals_:
+        assert loc.proc is not None and loc.proc.poll() is None, loc.c.where
+    front = next(loc for loc in locals_ if loc.c.spec["name"] == "frontdoor")
+    assert front.proc is not None
+    front.proc.send_signal(signal.SIGTERM)
+    _exits_within_its_grace_period(front, time.monotonic())
+    scheduler = next(loc for loc in locals_ if loc.c.spec["name"] == "scheduler")
+    wait_probe(scheduler, "readinessProbe", pm)  # still serving: it lost a caller, not a peer
+
+    rest = [loc for loc in locals_ if loc is not front]
+    t0 = time.monotonic()
+    for loc in rest:
+        assert loc.proc is not None
+        loc.proc.send_signal(signal.SIGTERM)
+    for loc in rest:
+        _exits_within_its_grace_period(loc, t0)

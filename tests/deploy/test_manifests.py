@@ -12,6 +12,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from radixmesh_server.discovery import parse_address_spec
+from radixmesh_server.drain import INTERNAL_EXTRA_S
+from radixmesh_server.pki import CA_FILE, CERT_FILE, KEY_FILE
 from radixmesh_server.server import LIVENESS, READINESS
 from tests.deploy.manifests import (
     OVERLAYS,
@@ -21,7 +24,10 @@ from tests.deploy.manifests import (
     containers,
     of_kind,
     parsed_config,
+    placeholder_secrets,
     render,
+    secret_file,
+    secret_mounts,
 )
 
 K8S_VERSION = "1.32"  # the schemas every object must validate against (strict: no unknown keys)
@@ -29,7 +35,6 @@ K8S_VERSION = "1.32"  # the schemas every object must validate against (strict: 
 EXPECTED_KINDS = {
     "Namespace": {"radixmesh"},
     "ServiceAccount": {"radixmesh"},
-    "Secret": {"radixmesh-credentials"},
     "ConfigMap": {"radixmesh-grafana-dashboard"},
     "Deployment": {"radixmesh-frontdoor", "radixmesh-replica", "radixmesh-grammar"},
     "Service": {"radixmesh-frontdoor", "radixmesh-replica", "radixmesh-grammar"},
@@ -172,6 +177,9 @@ def test_only_the_front_door_is_reachable_from_outside(overlay: str) -> None:
     }
     for svc in of_kind(objs, "Service"):
         assert svc["spec"].get("type", "ClusterIP") == "ClusterIP", svc["metadata"]["name"]
+    (front,) = [c for c in containers(objs) if c.module == "tokenizer_service" and not c.init]
+    cfg = parsed_config(front)
+    public = {cfg.port, cfg.http_port}  # gRPC and HTTP APIs, both behind the API keys
     pols = of_kind(objs, "NetworkPolicy")
     deny = [p for p in pols if p["spec"]["podSelector"] == {}]
     assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
@@ -184,7 +192,8 @@ def test_only_the_front_door_is_reachable_from_outside(overlay: str) -> None:
             outside = sources is None or any("ipBlock" in s for s in sources)
             if outside:
                 open_to |= {n for n, labels in pods.items() if sel and _selects(sel, labels)}
-                assert [p["port"] for p in rule["ports"]] == [50051], pol["metadata"]["name"]
+                ports = {p["port"] for p in rule["ports"]}
+                assert ports <= public, (pol["metadata"]["name"], ports)
     assert open_to == {"radixmesh-frontdoor"}
 
 
@@ -223,10 +232,9 @@ def test_every_deployment_has_a_service_hpa_and_pdb(overlay: str) -> None:
         pdb = next(p for p in of_kind(objs, "PodDisruptionBudget") if p["metadata"]["name"] == name)
         assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
         assert dep["spec"]["template"]["spec"]["topologySpreadConstraints"], name
-    replica = next(
-        s for s in of_kind(objs, "Service") if s["metadata"]["name"] == "radixmesh-replica"
-    )
-    assert replica["spec"]["clusterIP"] == "None"  # headless: front doors see every replica
+    for name in ("radixmesh-replica", "radixmesh-grammar"):
+        svc = next(s for s in of_kind(objs, "Service") if s["metadata"]["name"] == name)
+        assert svc["spec"]["clusterIP"] == "None", name  # headless: callers see every pod
 
 
 def _code_metric_names() -> set[str]:
@@ -275,3 +283,137 @@ def test_pod_monitor_scrapes_every_metrics_port() -> None:
         metrics = [p for p in c.spec["ports"] if "metrics" in p["name"]]
         assert len(metrics) == 1 and metrics[0]["name"] in scraped, c.where
         assert metrics[0]["containerPort"] == parsed_config(c).metrics_port, c.where
+
+
+def _services(overlay: str) -> list[Container]:
+    """The long-running service containers (no init containers, no Jobs)."""
+    return [
+        c for c in containers(render(overlay)) if not c.init and c.workload["kind"] == "Deployment"
+    ]
+
+
+# The certificate role each service presents: the roles security.require_peer admits on its
+# callee (scheduler admits `tokenizer`, model and grammar admit `scheduler`).
+ROLE_OF = {
+    "tokenizer_service": "tokenizer",
+    "scheduler_service": "scheduler",
+    "model_service": "model",
+    "grammar_service": "grammar",
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_internal_links_use_each_roles_certificate_from_a_read_only_secret(overlay: str) -> None:
+    for c in _services(overlay):
+        cfg = parsed_config(c)
+        role = ROLE_OF[c.module]
+        files = {
+            "ca": (cfg.mtls_ca, CA_FILE),
+            "cert": (cfg.mtls_cert, CERT_FILE),
+            "key": (cfg.mtls_key, KEY_FILE),
+        }
+        for what, (path, key) in files.items():
+            assert secret_file(c, path) == (f"radixmesh-mtls-{role}", key), (c.where, what)
+        for m in c.spec["volumeMounts"]:
+            if m["mountPath"] in secret_mounts(c):
+                assert m.get("readOnly") is True, (c.where, m)
+        for v in c.pod["volumes"]:
+            if "secret" in v:  # group-readable for the pod's fsGroup, nobody else
+                assert v["secret"]["defaultMode"] & 0o007 == 0, (c.where, v)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_front_door_reads_its_api_keys_from_a_secret(overlay: str) -> None:
+    (front,) = [c for c in _services(overlay) if c.module == "tokenizer_service"]
+    cfg = parsed_config(front)
+    assert secret_file(front, cfg.api_keys_file) == ("radixmesh-api-keys", "api-keys")
+    assert not cfg.api_keys and not cfg.admin_api_keys  # never a key in the manifest itself
+
+
+def _referenced_secrets() -> dict[str, set[str]]:
+    """Secret name -> the keys the rendered workloads of every overlay read from it."""
+    out: dict[str, set[str]] = {}
+    for overlay in OVERLAYS:
+        for c in containers(render(overlay)):
+            for value in c.env().values():
+                where = secret_file(c, value)
+                if where:
+                    out.setdefault(where[0], set()).add(where[1])
+            for e in c.spec.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    out.setdefault(ref["name"], set()).add(ref["key"])
+            for secret in secret_mounts(c).values():
+                out.setdefault(secret, set())
+    return out
+
+
+def test_placeholder_secrets_are_empty_and_match_what_pods_read() -> None:
+    placeholders = placeholder_secrets()
+    referenced = _referenced_secrets()
+    assert set(placeholders) == set(referenced)
+    for name, secret in placeholders.items():
+        kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
+        assert secret["metadata"]["namespace"] == "radixmesh", name
+        assert "data" not in secret, name  # nothing encoded hides here
+        values = secret["stringData"]
+        assert referenced[name] <= set(values), (name, referenced[name])
+        assert all(v == "" for v in values.values()), f"{name} holds a value: never commit one"
+    # No overlay applies a Secret: `kubectl apply -k` must never overwrite the real ones.
+    for overlay in OVERLAYS:
+        assert not of_kind(render(overlay), "Secret"), overlay
+
+
+# A container's grace plus its exit must fit before the kubelet's SIGKILL.
+DRAIN_MARGIN_S = 10.0
+# Who calls whom: a callee drains longer than its callers, so a request that fits the
+# caller's grace never loses a dependency first (radixmesh_server/drain.py).
+CALLEES = {
+    "tokenizer_service": ("scheduler_service",),
+    "scheduler_service": ("model_service", "grammar_service"),
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_shutdown_grace_fits_the_pod_and_callees_outlast_callers(overlay: str) -> None:
+    grace: dict[str, float] = {}
+    longest: dict[str, float] = {}
+    for c in _services(overlay):
+        assert "RADIXMESH_SHUTDOWN_GRACE_S" in c.env(), c.where  # set, not a code default
+        g = float(parsed_config(c).shutdown_grace_s)
+        period = c.pod["terminationGracePeriodSeconds"]
+        assert g + DRAIN_MARGIN_S <= period, (c.where, g, period)
+        grace[c.module] = g
+        name = c.workload["metadata"]["name"]
+        longest[name] = max(longest.get(name, 0.0), g)
+    for dep in of_kind(render(overlay), "Deployment"):
+        # The pod's period is its longest grace plus the margin, not an unrelated number.
+        period = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert longest[dep["metadata"]["name"]] + DRAIN_MARGIN_S == period, dep["metadata"]
+    for caller, callees in CALLEES.items():
+        for callee in callees:
+            assert grace[callee] >= grace[caller] + INTERNAL_EXTRA_S, (caller, callee, grace)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_peers_are_found_through_headless_services_by_dns(overlay: str) -> None:
+    """Front doors reach every replica, schedulers every grammar service, as
+    `dns:///<headless Service>:<port>` (re-resolved: pods that come and go are picked up)."""
+    objs = render(overlay)
+    services = {s["metadata"]["name"]: s for s in of_kind(objs, "Service")}
+    by_module = {c.module: c for c in _services(overlay)}
+    links = {
+        ("tokenizer_service", "scheduler_address"): "scheduler_service",
+        ("scheduler_service", "grammar_address"): "grammar_service",
+    }
+    for (caller, field), callee in links.items():
+        spec = parse_address_spec(getattr(parsed_config(by_module[caller]), field))
+        assert spec.kind == "dns", (caller, field)
+        svc = services[spec.host]
+        assert svc["spec"]["clusterIP"] == "None", spec.host
+        (sp,) = [p for p in svc["spec"]["ports"] if p["port"] == spec.port]
+        target = by_module[callee]
+        labels = target.workload["spec"]["template"]["metadata"]["labels"]
+        assert _selects(svc["spec"]["selector"], labels), spec.host
+        (cp,) = [p for p in target.spec["ports"] if p["name"] == sp["targetPort"]]
+        assert cp["containerPort"] == parsed_config(target).port, (caller, field)

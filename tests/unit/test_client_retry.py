@@ -41,3 +41,13 @@ def test_opt_out_and_deadline_stop_retrying() -> None:
     _, timeout = short.next_request()
     assert timeout is not None and timeout <= 1.0
     assert short.retry_after(grpc.StatusCode.UNAVAILABLE) is None  # would pass the deadline
+
+
+def test_retry_budget_is_no_deadline() -> None:
+    """`total_s` bounds retrying, not a healthy stream: without a call timeout no attempt gets
+    a gRPC deadline (a long generation under load once failed at 120 s with
+    DEADLINE_EXCEEDED), and past the budget a broken stream is no longer retried."""
+    call = Resumable(build_request("hi"), RetryPolicy(total_s=0.0), timeout=None)
+    _, timeout = call.next_request()
+    assert timeout is None
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) is None

@@ -193,7 +193,9 @@ sys.exit(main({argv!r}))
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["serve", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["generate", "--help"], ["serve", "--help"], ["certs", "--help"]]
+)
 def test_cli_help_loads_no_heavy_module(argv: list[str]) -> None:
     code = _CLI_PROBE.format(argv=argv)
     out = subprocess.run(

@@ -201,3 +201,27 @@ def test_local_paths_are_not_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not model_store.is_hub_id("/abs/path/x")
     assert not model_store.is_hub_id("default")
     assert model_store.is_hub_id("org/name")
+
+
+def test_replicas_share_their_roles_certificate() -> None:
+    """Peers authorise by role, so "scheduler-1" must present the scheduler's certificate
+    (a certificate per service name made every second replica's links PERMISSION_DENIED)."""
+    from radixmesh_server.launcher import Launcher, Topology, sequential_ports, topology_specs
+
+    topo = Topology(replicas=2, grammars=2)
+    launcher = Launcher(topology_specs(topo, sequential_ports(40000, topo)), internal_tls=True)
+    try:
+        assert set(launcher.pki) == {
+            "tokenizer",
+            "scheduler",
+            "model",
+            "grammar",
+            "launcher",
+            "client",
+        }
+        envs = [
+            launcher._service_env(n)["RADIXMESH_MTLS_CERT"] for n in ("scheduler-0", "scheduler-1")
+        ]
+        assert envs[0] == envs[1] == str(launcher.pki["scheduler"].cert)
+    finally:
+        launcher.stop_all()

@@ -1,0 +1,181 @@
+"""The clients of `radixmesh bench serving`: one request over SGLang's /generate, OpenAI's
+/v1/completions (SSE) or the project's gRPC API, timed the way sglang.bench_serving times it,
+and `drive`, which sends a run's requests from one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Req:
+    prompt: str
+    prompt_len: int  # in the served model's tokens
+    output_len: int
+
+
+@dataclass
+class Out:
+    ok: bool = False
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    output_len: int = 0
+    error: str = ""
+
+
+# -- clients -------------------------------------------------------------------------------------
+async def _sse_lines(resp: Any) -> Any:
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line:
+            continue
+        text = line.decode()
+        if text.startswith("data: "):
+            text = text[6:]
+        if text == "[DONE]":
+            return
+        yield json.loads(text)
+
+
+async def send_sglang(session: Any, url: str, r: Req) -> Out:
+    payload = {
+        "text": r.prompt,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": r.output_len, "ignore_eos": True},
+        "stream": True,
+    }
+    out, t0 = Out(), time.perf_counter()
+    last, last_n = t0, 0
+    async with session.post(url + "/generate", json=payload) as resp:
+        if resp.status != 200:
+            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
+        async for data in _sse_lines(resp):
+            if "error" in data:
+                return Out(error=str(data["error"]))
+            n = data["meta_info"]["completion_tokens"]
+            if n == last_n:
+                continue
+            now = time.perf_counter()
+            if last_n == 0:
+                out.ttft = now - t0
+            else:  # a chunk of k tokens: k equal gaps, as bench_serving counts them
+                out.itl.extend([(now - last) / (n - last_n)] * (n - last_n))
+            last, last_n = now, n
+    out.ok, out.latency, out.output_len = True, time.perf_counter() - t0, last_n
+    return out
+
+
+async def send_openai(session: Any, url: str, r: Req) -> Out:
+    payload = {
+        "model": None,
+        "prompt": r.prompt,
+        "temperature": 0.0,
+        "max_tokens": r.output_len,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    out, t0 = Out(), time.perf_counter()
+    last = t0
+    async with session.post(url + "/v1/completions", json=payload) as resp:
+        if resp.status != 200:
+            return Out(error=f"HTTP {resp.status}: {await resp.text()}")
+        async for data in _sse_lines(resp):
+            if "error" in data:
+                return Out(error=str(data["error"]))
+            if data.get("usage"):
+                out.output_len = data["usage"]["completion_tokens"]
+            if data["choices"] and data["choices"][0]["text"]:
+                now = time.perf_counter()
+                if out.ttft == 0.0:
+                    out.ttft = now - t0
+                else:
+                    out.itl.append(now - last)
+                last = now
+    out.ok, out.latency = True, time.perf_counter() - t0
+    return out
+
+
+async def send_grpc(client: Any, r: Req) -> Out:
+    from radixmesh.api import Chunk, GenerateResult, RadixMeshError
+
+    out, t0 = Out(), time.perf_counter()
+    last, n = t0, 0
+    try:
+        async for item in client.stream(
+            r.prompt, max_new_tokens=r.output_len, temperature=0, ignore_eos=True
+        ):
+            if isinstance(item, Chunk) and item.token_ids:
+                now = time.perf_counter()
+                k = len(item.token_ids)
+                if n == 0:
+                    out.ttft = now - t0
+                else:
+                    out.itl.extend([(now - last) / k] * k)
+                last, n = now, n + k
+            elif isinstance(item, GenerateResult):
+                out.output_len = item.completion_tokens
+    except RadixMeshError as exc:
+        return Out(error=str(exc))
+    out.ok, out.latency = True, time.perf_counter() - t0
+    return out
+
+
+# -- one run -------------------------------------------------------------------------------------
+async def drive(
+    backend: str,
+    http_url: str,
+    grpc_ep: str,
+    reqs: list[Req],
+    rate: float,
+    conc: int,
+    seed: int,
+    barrier: Any = None,
+) -> tuple[list[Out], float, float]:
+    """Send `reqs` (Poisson arrivals at `rate`, at most `conc` in flight; 0: no cap) and
+    return their outcomes with the start and end times (time.perf_counter, which is
+    system-wide on Linux, so client processes' times compare). `barrier`: a
+    multiprocessing.Barrier that every client process passes before its first request."""
+    import aiohttp
+    from radixmesh.api import AsyncClient
+
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(conc if conc > 0 else max(len(reqs), 1))
+    timeout = aiohttp.ClientTimeout(total=6 * 3600)
+    async with (
+        # No connection cap (aiohttp's default is 100): at rate inf every request is in flight
+        # at once, as with the gRPC client and sglang.bench_serving.
+        aiohttp.ClientSession(
+            timeout=timeout, read_bufsize=10 << 20, connector=aiohttp.TCPConnector(limit=0)
+        ) as session,
+        AsyncClient(grpc_ep) as client,
+    ):
+        send: Callable[[Req], Awaitable[Out]]
+        if backend == "sglang":
+            send = lambda r: send_sglang(session, http_url, r)  # noqa: E731
+        elif backend == "openai":
+            send = lambda r: send_openai(session, http_url, r)  # noqa: E731
+        else:
+            send = lambda r: send_grpc(client, r)  # noqa: E731
+
+        async def limited(r: Req) -> Out:
+            async with sem:
+                return await send(r)
+
+        if barrier is not None:
+            await asyncio.to_thread(barrier.wait)
+        tasks = []
+        t0 = time.perf_counter()
+        for r in reqs:
+            tasks.append(asyncio.ensure_future(limited(r)))
+            if not math.isinf(rate):
+                await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals
+        outs = await asyncio.gather(*tasks)
+        return list(outs), t0, time.perf_counter()

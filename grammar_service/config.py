@@ -51,6 +51,11 @@ class GrammarConfig(TransportConfig):
     jump_forward_max_steps: int = field(
         64, "mask fills one jump-forward search may do (it proposes what it found by then)"
     )
+    watchdog_s: float = field(
+        60.0,
+        "liveness turns NOT_SERVING when a mask step has run this long (a stuck fill): the "
+        "supervisor restarts the service and schedulers replay their requests elsewhere",
+    )
     log_level: str = field("info", "log level")
     metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
     log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
@@ -72,6 +77,8 @@ class GrammarConfig(TransportConfig):
             raise ValueError("--max-rollback-tokens must cover --jump-forward-window")
         if self.jump_forward_max_bytes < 1 or self.jump_forward_max_steps < 1:
             raise ValueError("--jump-forward-max-bytes and --jump-forward-max-steps must be > 0")
+        if self.watchdog_s <= 0:
+            raise ValueError("--watchdog-s must be > 0")
         self.parsed_stop_token_ids()
 
     def parsed_stop_token_ids(self) -> list[int] | None:

@@ -38,6 +38,7 @@ from grammar_service.steps import (
 from grammar_service.tokenizer_source import load_tokenizer
 from radixmesh_server.metrics import serve_metrics
 from radixmesh_server.security import require_peer
+from radixmesh_server.watchdog import Progress, Watchdog
 from radixmesh_wire.pb import grammar_pb2 as pb
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
 
@@ -52,6 +53,9 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         config.validate()
         self.config = config
         self.metrics: GrammarMetrics | None = None  # set by `serve` when metrics are on
+        # Mask-step heartbeat for the liveness watchdog (`serve` sets it): a step that never
+        # ends turns liveness NOT_SERVING.
+        self.progress: Progress | None = None
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
             tokenizer,
             vocab_size=config.vocab_size or None,
@@ -185,12 +189,21 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         StepFormatError for a malformed step."""
         t0 = time.perf_counter()
         ops = parse_step(step)
-        compiled = await self._compile_binds(ops)
-        if not ops.binds and ops.weight() <= self.config.inline_step_weight:
-            result = self.engine.run(state, ops, compiled)
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._pool, self.engine.run, state, ops, compiled)
+        compiled = await self._compile_binds(ops)  # bounded by --compile-timeout-s
+        progress = self.progress
+        if progress is not None:
+            progress.begin()
+        try:
+            if not ops.binds and ops.weight() <= self.config.inline_step_weight:
+                result = self.engine.run(state, ops, compiled)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(
+                    self._pool, self.engine.run, state, ops, compiled
+                )
+        finally:
+            if progress is not None:
+                progress.end()
         state.steps += 1
         seconds = time.perf_counter() - t0
         result.service_ms = seconds * 1e3
@@ -236,6 +249,8 @@ async def serve(config: GrammarConfig) -> None:
     from radixmesh_server.server import Listen, run_server
 
     servicer = build_servicer(config.tokenizer, config)
+    dog = Watchdog()
+    servicer.progress = dog.progress("mask step", config.watchdog_s)
     if config.metrics_port:
         servicer.metrics = GrammarMetrics(servicer.cache.stats)
         servicer.cache.on_compiled = servicer.metrics.compile_time.observe
@@ -253,5 +268,6 @@ async def serve(config: GrammarConfig) -> None:
         register=lambda server, _health: register(server, servicer),
         on_stop=servicer.close,
         listen=Listen(health_port=config.health_port),
+        watchdog=dog,
         grace_s=config.shutdown_grace_s,
     )

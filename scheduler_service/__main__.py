@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from radixmesh_server.config import parse_config
 from radixmesh_server.logging import configure_logging
-from radixmesh_server.metrics import serve_metrics
+from radixmesh_server.metrics import StatsCollector, serve_metrics
 from radixmesh_server.security import configure_internal
 from radixmesh_server.server import Listen, run, run_server
 from radixmesh_server.watchdog import Watchdog
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import SchedulerServicer
+from scheduler_service.grammar_metrics import grammar_readings
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import Scheduler
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         sched = Scheduler(cfg, dog.progress("scheduler loop", cfg.watchdog_s))
         if cfg.metrics_port:
             sched.metrics = SchedulerMetrics(lambda: sched.st, cfg.max_running)
+            sched.metrics.registry.register(StatsCollector(lambda: grammar_readings(sched.grammar)))
             serve_metrics(sched.metrics.registry, cfg.host, cfg.metrics_port, "scheduler")
 
         def register(server, health):  # type: ignore[no-untyped-def]

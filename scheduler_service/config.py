@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixmesh_server.config import field
+from radixmesh_server.discovery import parse_address_spec
 from radixmesh_server.transport_config import TransportConfig
 
 
@@ -15,7 +16,14 @@ class SchedulerConfig(TransportConfig):
     host: str = field("127.0.0.1", "address to listen on")
     port: int = field(50052, "port to listen on")
     model_address: str = field("127.0.0.1:50053", "model service address")
-    grammar_address: str = field("127.0.0.1:50054", "grammar service address")
+    grammar_address: str = field(
+        "127.0.0.1:50054",
+        "grammar services: host:port[,host:port...], dns:///name:port or file:PATH (re-read "
+        "while running); constrained requests are spread over them",
+    )
+    grammar_discovery_s: float = field(
+        5.0, "re-resolve a dns:/// or file: --grammar-address this often (seconds)"
+    )
     radix: str = field(
         "tree",
         "prefix cache: tree, table (flat exact-prefix) or off",
@@ -105,5 +113,8 @@ class SchedulerConfig(TransportConfig):
             raise ValueError("--model-probe-s must be > 0 and --model-hold-s >= 0")
         if self.max_top_logprobs < 0:
             raise ValueError("--max-top-logprobs must be >= 0")
+        if self.grammar_discovery_s <= 0:
+            raise ValueError("--grammar-discovery-s must be > 0")
+        parse_address_spec(self.grammar_address)  # ValueError names what is wrong
         if self.max_running < 1 or self.max_queue < 1:
             raise ValueError("--max-running and --max-queue must be >= 1")

@@ -1,9 +1,10 @@
-"""The scheduler's end of the grammar service: Compile at submission, and one Masks stream.
+"""The scheduler's end of one grammar service: Compile at submission, and one Masks stream.
 
-The scheduler's log of accepted tokens is the truth: after the stream breaks and reconnects,
-`on_reconnect` re-binds every constrained running request with its output so far (replay), so
-a restarted grammar service rebuilds its matchers. While the link is down constrained requests
-simply wait; unconstrained ones never notice.
+A scheduler holds one link per grammar service (`grammar_pool.GrammarPool` owns them). The
+scheduler's log of accepted tokens is the truth: when the stream breaks, `on_down` lets the pool
+re-bind the matchers this service held on another one (or on this one once it is back) with
+their output so far (replay). While no link is up constrained requests simply wait;
+unconstrained ones never notice.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from radixmesh_wire.mask_step import (
     grammar_spec,
 )
 from radixmesh_wire.pb import grammar_pb2, grammar_pb2_grpc
-from scheduler_service.status import GrammarUnavailable
+from scheduler_service.status import GrammarLost, GrammarUnavailable
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["GrammarLink", "GrammarUnavailable"]
+__all__ = ["GrammarLink", "GrammarLost", "GrammarUnavailable"]
 
 
 class GrammarLink:
@@ -43,30 +44,29 @@ class GrammarLink:
         self._out: asyncio.Queue[grammar_pb2.MaskRequest | None] = asyncio.Queue()
         # Sent steps' futures, and whether each asked for jump-forwards.
         self._pending: deque[tuple[asyncio.Future[MaskStepOutcome], bool]] = deque()
-        self.on_reconnect: Callable[[], None] = lambda: None
+        # Called (on the event loop) when a session opens, before `up` is set, and when an
+        # open session ends, after `up` is cleared.
+        self.on_up: Callable[[], None] = lambda: None
+        self.on_down: Callable[[], None] = lambda: None
 
-    async def compile(self, kind: str, text: str, wait_s: float = 30.0) -> tuple[bool, str]:
-        """(ok, xgrammar's message). If the service is down (restarting), wait up to `wait_s`
-        for the mask session to come back and retry once; then GrammarUnavailable."""
+    async def compile(self, kind: str, text: str) -> tuple[bool, str]:
+        """(ok, xgrammar's message). One attempt: GrammarLost when the service cannot be
+        reached (the pool tries another or waits), GrammarUnavailable for any other failure."""
         req = grammar_pb2.CompileRequest(grammar=grammar_spec(kind, text))
-        for attempt in range(2):
-            try:
-                reply = await self._stub.Compile(req, timeout=60)
-                return reply.ok, reply.error
-            except grpc.aio.AioRpcError as exc:
-                if attempt or exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise GrammarUnavailable(
-                        f"grammar service: {exc.code().name}: {exc.details()}"
-                    ) from exc
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.up.wait(), wait_s)
-        raise AssertionError("unreachable")
+        try:
+            reply = await self._stub.Compile(req, timeout=60)
+        except grpc.aio.AioRpcError as exc:
+            what = f"grammar service {self.address}: {exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise GrammarLost(what) from exc
+            raise GrammarUnavailable(what) from exc
+        return reply.ok, reply.error
 
     def step(self, plan: MaskStepPlan) -> asyncio.Future[MaskStepOutcome]:
         """Send one mask step; the future gets its decoded result (results come in order)."""
         fut: asyncio.Future[MaskStepOutcome] = asyncio.get_running_loop().create_future()
         if not self.up.is_set():
-            fut.set_exception(GrammarUnavailable("grammar service is not connected"))
+            fut.set_exception(GrammarLost(f"grammar service {self.address} is not connected"))
             return fut
         self._pending.append((fut, bool(plan.jump)))
         self._out.put_nowait(grammar_pb2.MaskRequest(step=encode_mask_step(plan)))
@@ -80,14 +80,27 @@ class GrammarLink:
                 await self._session()
                 backoff = 0.1
             except grpc.aio.AioRpcError as exc:
-                log.warning("grammar_link_down", code=exc.code().name)
+                log.warning("grammar_link_down", address=self.address, code=exc.code().name)
+            was_up = self.up.is_set()
             self.up.clear()
             while self._pending:
                 fut, _ = self._pending.popleft()
                 if not fut.done():
-                    fut.set_exception(GrammarUnavailable("grammar service lost"))
+                    fut.set_exception(GrammarLost(f"grammar service {self.address} lost"))
+            if was_up:
+                self.on_down()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
+
+    async def close(self) -> None:
+        """Forget this service (removed from the address spec); its run task is cancelled by
+        the owner."""
+        self.up.clear()
+        while self._pending:
+            fut, _ = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(GrammarLost(f"grammar service {self.address} removed"))
+        await self._chan.close()
 
     async def _session(self) -> None:
         self._out = asyncio.Queue()
@@ -104,9 +117,9 @@ class GrammarLink:
             if first is grpc.aio.EOF:
                 return
             self.vocab_size = first.opened.info.vocab_size
-            self.on_reconnect()  # queue re-binds before anything else is sent
+            self.on_up()
             self.up.set()
-            log.info("grammar_session", vocab=self.vocab_size)
+            log.info("grammar_session", address=self.address, vocab=self.vocab_size)
             while (reply := await call.read()) is not grpc.aio.EOF:
                 if self._pending:
                     fut, jumps = self._pending.popleft()

@@ -28,6 +28,7 @@ from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar_link import GrammarLink
+from scheduler_service.grammar_pool import GrammarPool
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.model_link import ModelLink, ModelUnavailable
 from scheduler_service.outbox import Batch, error_batch
@@ -55,8 +56,11 @@ class Scheduler:
         # The loop's heartbeat for the liveness watchdog: busy from a wake-up to the next idle.
         self.progress = progress or Progress("scheduler loop", cfg.watchdog_s)
         self.link = ModelLink(cfg.model_address, probe_s=cfg.model_probe_s)
-        self.grammar = GrammarLink(cfg.grammar_address)
-        self.grammar.on_reconnect = self._rebind_grammars
+        self.grammar = GrammarPool(
+            cfg.grammar_address, GrammarLink, interval_s=cfg.grammar_discovery_s
+        )
+        self.grammar.on_lost = self._rebind_grammars
+        self.grammar.on_change = lambda: self.wake.set()
         self.policy = SchedulePolicy(
             cfg.policy,
             lpm_fallback_queue_len=cfg.lpm_fallback_queue_len,
@@ -146,16 +150,21 @@ class Scheduler:
         finally:
             grammar.cancel()
 
-    def _rebind_grammars(self) -> None:
-        """A (re)opened grammar session knows no matchers: bind every constrained running
-        request again, replaying its output so far, before any other grammar operation."""
+    def _rebind_grammars(self, handles: list[int]) -> None:
+        """These handles' matchers are gone (their grammar service was lost): bind each
+        constrained running request among them again, replaying its output so far, in place of
+        its pending operations. The next mask step places it on a connected service."""
         st = self.st
         if st is None:
             return
-        st.grammar_ops.clear()
-        for r in st.running.values():
-            if r.grammar is not None:
-                st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
+        ops = st.grammar_ops
+        for h in handles:
+            r = st.running.get(h)
+            if r is None or r.grammar is None:
+                continue  # released meanwhile (its release goes nowhere), or reused
+            ops.accepts.pop(h, None)
+            ops.rollbacks.pop(h, None)
+            ops.bind(h, r.grammar[0], r.grammar[1], r.output)
         self.wake.set()
 
     async def _run_model(self, health: Health) -> None:

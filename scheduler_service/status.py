@@ -17,3 +17,7 @@ class Status(IntEnum):
 
 class GrammarUnavailable(Exception):
     """The grammar service cannot be reached (raised by the grammar link)."""
+
+
+class GrammarLost(GrammarUnavailable):
+    """One grammar service is unreachable or its session ended (another may still answer)."""

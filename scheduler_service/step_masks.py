@@ -1,4 +1,5 @@
-"""Grammar masks for a step's constrained rows, fetched from the grammar service.
+"""Grammar masks for a step's constrained rows, fetched from the grammar services (one or
+more: `grammar_pool` splits the request by owner and gathers the rows).
 
 Two moments (docs/architecture.md, Step protocol):
 
@@ -8,7 +9,7 @@ Two moments (docs/architecture.md, Step protocol):
 - `after_send`: decode rows. With overlap the step is built before the previous step's tokens
   are back, so their masks are computed once that result is applied, while the worker already
   runs the step's forward pass (`StepOps.masks_follow`, then a `LateMasks`). Rows that must not
-  sample after all (jump-forward, a failed grammar, a request that stopped, the grammar
+  sample after all (jump-forward, a failed grammar, a request that stopped, its grammar
   service gone) are skipped: the worker drops the decode's KV slot and so do we.
 
 A constrained row is never sampled without its mask.
@@ -33,9 +34,10 @@ from scheduler_service.constrained_rows import (
     strip_constrained,
     undo_decode,
 )
+from scheduler_service.grammar_pool import Gathered
 from scheduler_service.request import Phase, Request
 from scheduler_service.state import SchedState
-from scheduler_service.status import GrammarUnavailable, Status
+from scheduler_service.status import Status
 
 log = structlog.get_logger(__name__)
 
@@ -43,10 +45,12 @@ Fail = Callable[[Request, Status, str], None]
 
 
 class MaskService(Protocol):
-    """The grammar service as this module needs it (`GrammarLink`): one mask step at a time,
-    results in order; a lost service fails the awaitable with `GrammarUnavailable`."""
+    """The grammar services as this module needs them (`GrammarPool`): one mask step at a
+    time; rows whose service was lost come back in `Gathered.lost`."""
 
-    def step(self, plan: MaskStepPlan) -> Awaitable[MaskStepOutcome]: ...
+    def connected(self) -> list[str]: ...
+
+    def step(self, plan: MaskStepPlan) -> Awaitable[Gathered]: ...
 
 
 class StepMasks:
@@ -58,18 +62,17 @@ class StepMasks:
         self.grammar = grammar
         self.fail = fail
 
-    async def _fetch(
-        self, step_id: int, want: list[int], jump: list[int]
-    ) -> MaskStepOutcome | None:
+    async def _fetch(self, step_id: int, want: list[int], jump: list[int]) -> Gathered:
+        """The step's mask rows; the wait counts as mask stall (the slowest service's)."""
         st = self.st
         t0 = time.perf_counter()
         try:
-            return await self.grammar.step(st.grammar_ops.build(step_id, want, jump))
-        except GrammarUnavailable:
-            st.grammar_up = False
-            return None
+            got = await self.grammar.step(st.grammar_ops.build(step_id, want, jump))
         finally:
             st.stats.mask_wait_seconds += time.perf_counter() - t0
+        if got.lost:
+            st.grammar_up = bool(self.grammar.connected())
+        return got
 
     def _failed_rows(self, res: MaskStepOutcome) -> dict[int, tuple[Status, str]]:
         failed: dict[int, tuple[Status, str]] = {}
@@ -92,10 +95,10 @@ class StepMasks:
         if not st.grammar_up:
             strip_constrained(st, plan)
             return
-        res = await self._fetch(plan.ops.step_id, want, [])
-        if res is None:
-            strip_constrained(st, plan)
-            return
+        got = await self._fetch(plan.ops.step_id, want, [])
+        res = got.outcome
+        # Rows whose service was lost go back to the queue (re-bound with replay there).
+        drop_rows(st, plan, set(got.lost))
         for h, (code, message) in self._failed_rows(res).items():
             r = st.running[h]
             drop_rows(st, plan, {h})
@@ -120,17 +123,14 @@ class StepMasks:
             else:
                 skip.add(h)  # stopped or released meanwhile: its slots are already freed
         rows: dict[int, EncodedRow] = {}
-        res = None
+        lost = live
         if live and st.grammar_up:
             jump = []
             if self.cfg.jump_forward == "on":
                 jump = [h for h in live if st.running[h].no_jump_at != len(st.running[h].output)]
-            res = await self._fetch(plan.ops.step_id, live, jump)
-        if res is None:
-            for h in live:  # no grammar service: these wait for its return (and the replay)
-                undo_decode(st, st.running[h])
-            skip.update(live)
-        else:
+            got = await self._fetch(plan.ops.step_id, live, jump)
+            lost = got.lost
+            res = got.outcome
             failed = self._failed_rows(res)
             for h, (code, message) in failed.items():
                 self.fail(st.running[h], code, message)
@@ -146,4 +146,8 @@ class StepMasks:
                     skip.add(h)
                 else:
                     rows[h] = row
+        for h in lost:  # no grammar service for these: they wait for one (and the replay)
+            if (waiting := st.running.get(h)) is not None:
+                undo_decode(st, waiting)
+        skip.update(lost)
         return LateMasks(plan.ops.step_id, rows, sorted(skip))

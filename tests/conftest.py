@@ -150,6 +150,52 @@ def start_stack(
         supervisor.join(timeout=5)
 
 
+def start_topology_stack(
+    tmp: Path,
+    topo: Topology,
+    model_args: list[str] | None = None,
+    scheduler_args: list[str] | None = None,
+    grammar_args: list[str] | None = None,
+) -> Generator[Stack, None, None]:
+    """A stack of several schedulers / grammar services / front doors (`Topology`), as
+    `radixmesh serve --replicas/--grammar-replicas/--front-doors` runs it, on free ports with
+    internal mutual TLS and /metrics on. Services are named as in `Topology.names`
+    ("grammar-0", "grammar-1", ...); `Stack.ports` names the first of each kind."""
+    table = {name: free_port() for name in topo.names()}
+    metrics = {name: free_port() for name in topo.names()}
+    http = free_port()
+    specs = topology_specs(
+        topo,
+        table.__getitem__,
+        "default",
+        http_port=http,
+        model_args=model_args or [],
+        scheduler_args=scheduler_args or [],
+        grammar_args=grammar_args or [],
+        metrics_port=metrics.__getitem__,
+    )
+
+    def first(kind: str) -> int:
+        return next(port for name, port in table.items() if name.split("-", 1)[0] == kind)
+
+    ports = StackPorts(
+        first("tokenizer"), first("scheduler"), first("model"), first("grammar"), http
+    )
+    launcher = Launcher(specs, log_dir=tmp, max_backoff=0.5, internal_tls=True)
+    launcher.start_all()
+    loop = asyncio.new_event_loop()
+    supervisor = threading.Thread(
+        target=loop.run_until_complete, args=(launcher.supervise(),), daemon=True
+    )
+    try:
+        asyncio.run(launcher.wait_ready(timeout=300))
+        supervisor.start()
+        yield Stack(launcher, ports, tmp)
+    finally:
+        launcher.stop_all()
+        supervisor.join(timeout=5)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """The default CPU stack, with the KV invariant checked after every step."""

@@ -65,7 +65,7 @@ class _SyncAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
         return continuation(self._details(d), request)
 
 
-class _AsyncAuth(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _AsyncAuthBase:
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.metadata = metadata
 
@@ -73,11 +73,17 @@ class _AsyncAuth(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClien
         md = grpc.aio.Metadata(*(d.metadata or ()), *self.metadata)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
 
+
+# Two classes, not one with both bases: grpc.aio files each interceptor under the first call
+# kind it implements only (an if/elif), so a combined one never sees streaming calls.
+class _AsyncAuthUnary(_AsyncAuthBase, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(
         self, continuation: Callable[..., Any], d: Any, request: Any
     ) -> Any:
         return await continuation(self._details(d), request)
 
+
+class _AsyncAuthStream(_AsyncAuthBase, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(
         self, continuation: Callable[..., Any], d: Any, request: Any
     ) -> Any:
@@ -102,7 +108,7 @@ def open_aio_channel(
 ) -> grpc.aio.Channel:
     creds = _credentials(tls)
     md = _auth_metadata(api_key)
-    interceptors = [_AsyncAuth(md)] if md else None
+    interceptors: list[Any] | None = [_AsyncAuthUnary(md), _AsyncAuthStream(md)] if md else None
     if creds:
         return grpc.aio.secure_channel(endpoint, creds, options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)

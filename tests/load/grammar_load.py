@@ -4,6 +4,7 @@ one process, plus the same step engine in-process (no transport) and cold compil
 
     python tests/load/grammar_load.py --json [--batches 1,16,64] [--steps 200]
     python tests/load/grammar_load.py --breakdown [...]  # per stage: grammar_breakdown.py
+    python tests/load/grammar_load.py --replicas [...]   # 1 vs 2 services: grammar_replicas.py
 
 Workload: every row replays a pre-generated random walk over a suite grammar (continuous
 batching: a finished row is released and its handle re-bound to the next grammar in the same
@@ -245,6 +246,10 @@ def main() -> int:
         from tests.load.grammar_breakdown import main as breakdown
 
         return breakdown([a for a in sys.argv[1:] if a != "--breakdown"])
+    if "--replicas" in sys.argv:  # one scheduler's GrammarPool over 1 vs 2 grammar services
+        from tests.load.grammar_replicas import run
+
+        return run([a for a in sys.argv[1:] if a != "--replicas"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--batches", default="1,16,64")

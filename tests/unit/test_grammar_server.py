@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -174,3 +176,41 @@ def test_protocol_errors_end_the_stream(servicer: GrammarServicer) -> None:
         await wait_for(lambda: not servicer._sessions)
 
     run(servicer, body)
+
+
+def test_a_stuck_mask_step_shows_in_liveness(
+    servicer: GrammarServicer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mask step that never ends (a stuck fill) is what the watchdog reports, so liveness
+    turns NOT_SERVING and the supervisor restarts the service; an idle one is never stuck."""
+    from radixmesh_server.watchdog import Progress, Watchdog
+
+    release = threading.Event()
+    real_run = servicer.engine.run
+
+    def stuck(*args: Any) -> Any:
+        release.wait(10)
+        return real_run(*args)
+
+    monkeypatch.setattr(servicer.engine, "run", stuck)
+    dog = Watchdog()
+    monkeypatch.setattr(servicer, "progress", dog.progress("mask step", 0.05))
+    assert isinstance(servicer.progress, Progress)
+
+    async def body() -> str | None:
+        assert dog.problem(time.monotonic() + 1.0) is None  # idle: not stuck
+        b = MaskStepBuilder()
+        b.bind(5, "regex", "[ab]+")
+        b.want(5)
+        task = asyncio.create_task(servicer.run_step(servicer.new_session("s"), b.build(1)))
+        deadline = time.monotonic() + 10
+        while (problem := dog.problem(time.monotonic())) is None:
+            assert time.monotonic() < deadline, "the stuck step was never reported"
+            await asyncio.sleep(0.01)
+        release.set()
+        await task
+        return problem
+
+    problem = asyncio.run(body())
+    assert problem is not None and "mask step made no progress" in problem
+    assert servicer.progress.active == 0

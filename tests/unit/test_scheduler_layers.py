@@ -16,6 +16,8 @@ PLANNER = (
     "output_processor",
     "step_masks",
     "grammar_ops",
+    "grammar_pool",
+    "grammar_placement",
     "constrained_rows",
     "retraction",
     "state",

@@ -240,6 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 message=f"{busy} requests are waiting or running; flush when idle"
             )
         freed = st.cache.evict(st.cache.evictable_size)
+        self.sched.wake.set()  # an idle loop flushes once: front doors hear of the evictions
         log.info("cache_flushed", evicted_tokens=freed)
         return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
 

@@ -57,7 +57,8 @@ async def _serve(
 ) -> tuple[Scheduler, list[Batch], list[Batch]]:
     """Submit one request from session "s" while session "other" only listens."""
     sched = Scheduler(cfg)
-    sched.feed.load_interval_s = 0.0  # the fake model answers at once: see every step's load
+    # The fake model answers at once: see every step's load.
+    sched.feed.load_interval_s = sched.feed.load_cost_factor = 0.0
     link = FakeLink()
     sched.link = link  # type: ignore[assignment]
     mine: list[Batch] = []
@@ -121,7 +122,7 @@ def _state(publisher: CachePublisher | None) -> SchedState:
 
 def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
     now = [0.0]
-    feed = ReplicaFeed(None, load_interval_s=0.005, clock=lambda: now[0])
+    feed = ReplicaFeed(None, load_interval_s=0.005, load_cost_factor=0.0, clock=lambda: now[0])
     st = _state(None)
     first = feed.collect(st)
     assert first == Feed(None, Load(0, 0, 0, 0, 64, 64))
@@ -138,6 +139,18 @@ def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
     now[0] += 0.001
     idle = feed.collect(st, force_load=True)  # before idling the limit does not apply
     assert idle is not None and idle.load == Load(0, 0, 0, 0, 64, 64)
+
+
+def test_a_costly_load_walk_is_spaced_by_its_cost() -> None:
+    now = [0.0]
+    feed = ReplicaFeed(None, load_interval_s=0.0, load_cost_factor=1e6, clock=lambda: now[0])
+    st = _state(None)
+    assert feed.collect(st) is not None  # took >= ~1 us: the next walk waits >= ~1 s
+    st.waiting.append(_req("w", 1))
+    now[0] += 0.01
+    assert feed.collect(st) is None
+    forced = feed.collect(st, force_load=True)
+    assert forced is not None and forced.load is not None and forced.load.waiting_requests == 1
 
 
 def test_opening_is_the_snapshot_and_the_current_load() -> None:

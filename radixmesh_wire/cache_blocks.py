@@ -48,10 +48,13 @@ def block_hashes(keys: Sequence[int], start_block: int = 0, prev: int = 0) -> li
         prev = (keys[0] >> 32) & _U64 if keys else 0
     if start_block >= n_full:
         return []
-    # The low 32 bits of every key at once (a C-level map, not a comprehension per block): the
-    # per-block work is then one slice and one blake2b, about half of the cost per block.
+    # The low 32 bits of every key at once, then one slice and one blake2b per block. Keys of
+    # the default namespace are the token ids and convert in C; namespaced ones need a mask.
     part = keys[start_block * BLOCK_TOKENS : n_full * BLOCK_TOKENS]
-    data = array("I", map(_U32.__and__, part)).tobytes()
+    try:
+        data = array("I", part).tobytes()
+    except OverflowError:
+        data = array("I", map(_U32.__and__, part)).tobytes()
     out: list[int] = []
     blake2b, from_bytes = hashlib.blake2b, int.from_bytes
     for off in range(0, len(data), _BLOCK_BYTES):

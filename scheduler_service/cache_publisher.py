@@ -35,6 +35,17 @@ from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes
 _B = BLOCK_TOKENS
 
 
+def _net(gained: set[int], undone: set[int], hashes: list[int]) -> None:
+    """Record ``hashes`` in ``gained`` (pending adds, or removes), except those that undo a
+    pending change of the other kind since the last drain: they drop out of ``undone``."""
+    back = undone.intersection(hashes) if undone else None
+    if back:
+        undone.difference_update(back)
+        gained.update(h for h in hashes if h not in back)
+    else:
+        gained.update(hashes)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheDelta:
     """One ``CacheEvents`` message: with ``reset``, ``added`` is the whole held set."""
@@ -75,12 +86,7 @@ class CachePublisher:
                 else block_hashes(keys)[first:stop]
             )
         self._blocks[leaf] = (start, hashes)
-        removed, added = self._removed, self._added
-        for h in hashes:
-            if h in removed:
-                removed.discard(h)  # back to how the last drain left it
-            else:
-                added.add(h)
+        _net(self._added, self._removed, hashes)
 
     def _last_hash_above(self, node: Any) -> int | None:
         blocks = self._blocks
@@ -107,14 +113,8 @@ class CachePublisher:
 
     def evicted(self, node: Any) -> None:
         entry = self._blocks.pop(node, None)
-        if entry is None:
-            return
-        removed, added = self._removed, self._added
-        for h in entry[1]:
-            if h in added:
-                added.discard(h)
-            else:
-                removed.add(h)
+        if entry is not None:
+            _net(self._removed, self._added, entry[1])
 
     def reset(self) -> None:
         self._blocks.clear()

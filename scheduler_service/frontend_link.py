@@ -171,7 +171,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 instance_id=self.sched.instance_id,
             )
         )
-        log.info("frontend_session", session=label)
+        log.info("frontend_session", session=label, cache_blocks=len(opening.cache.added))
 
         async def read() -> None:
             try:

@@ -91,6 +91,10 @@ class ReplicaFeed:
         """The hello's `cache_block_tokens`: 0 when publishing nothing."""
         return BLOCK_TOKENS if self.publisher is not None else 0
 
+    def published_blocks(self) -> int:
+        """Blocks this replica holds and publishes (the metrics gauge; 0 when publishing none)."""
+        return 0 if self.publisher is None else self.publisher.block_count
+
     def collect(self, st: SchedState, *, force_load: bool = False) -> Feed | None:
         cache = self.publisher.drain() if self.publisher is not None else None
         load = None

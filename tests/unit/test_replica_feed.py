@@ -14,6 +14,7 @@ from scheduler_service.allocator import SlotAllocator
 from scheduler_service.cache_publisher import CacheDelta, CachePublisher
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.frontend_link import batch_to_proto
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.outbox import Batch
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.replica_feed import Feed, Load, ReplicaFeed
@@ -180,3 +181,17 @@ def test_feed_to_proto() -> None:
     assert (ld.running_tokens, ld.kv_capacity, ld.kv_free) == (4, 5, 6)
     plain = batch_to_proto(Batch([1], [7], []))
     assert not plain.HasField("cache") and not plain.HasField("load")
+
+
+def test_metrics_gauge_counts_the_published_blocks() -> None:
+    pub = CachePublisher()
+    feed = ReplicaFeed(pub)
+    st = _state(pub)
+    metrics = SchedulerMetrics(lambda: st, 8, cache_blocks=feed.published_blocks)
+    slots = st.cache.alloc(40)
+    assert slots is not None
+    st.cache.insert(PROMPT, slots)
+    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 2
+    st.cache.evict(40)
+    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 0
+    assert ReplicaFeed(None).published_blocks() == 0

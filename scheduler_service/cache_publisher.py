@@ -9,7 +9,7 @@ is attributed to the node whose edge holds its last key, so:
 - a new leaf covering depths ``(start, end]`` adds blocks ``start // B .. end // B - 1``,
   hashed incrementally from the last block of the nearest ancestor that has one (the walk up
   passes fewer than ``B`` tokens: every node it skips holds no block end);
-- a split at depth ``d`` hands the blocks ending at or above ``d`` to the new upper node;
+- a split at depth ``d`` hands the blocks ending at depth ``<= d`` to the new upper node;
 - an evicted leaf removes exactly its own blocks (its ancestors still hold theirs);
 - a reset drops everything.
 
@@ -73,7 +73,6 @@ class CachePublisher:
         first, stop = start // _B, len(keys) // _B
         if stop <= first:
             return  # no block ends on this edge
-        hashes: list[int] | None = None
         if first == 0:
             hashes = block_hashes(keys, 0)
         else:

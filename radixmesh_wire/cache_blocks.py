@@ -43,18 +43,27 @@ def block_hashes(keys: Sequence[int], start_block: int = 0, prev: int = 0) -> li
     A key is a token id (low 32 bits) plus its namespace's offset (the bits above, the same
     for every key of one sequence): the chain starts from the namespace and hashes the tokens
     as 32-bit items."""
-    out: list[int] = []
     n_full = len(keys) // BLOCK_TOKENS
     if start_block == 0:
         prev = (keys[0] >> 32) & _U64 if keys else 0
-    for i in range(start_block, n_full):
-        h = hashlib.blake2b(prev.to_bytes(8, "little"), digest_size=8)
-        block = keys[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
-        h.update(array("I", [k & _U32 for k in block]).tobytes())
-        prev = int.from_bytes(h.digest(), "little")
+    if start_block >= n_full:
+        return []
+    # The low 32 bits of every key at once, then one slice and one blake2b per block. Keys of
+    # the default namespace are the token ids and convert in C; namespaced ones need a mask.
+    part = keys[start_block * BLOCK_TOKENS : n_full * BLOCK_TOKENS]
+    try:
+        data = array("I", part).tobytes()
+    except OverflowError:
+        data = array("I", map(_U32.__and__, part)).tobytes()
+    out: list[int] = []
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+    for off in range(0, len(data), _BLOCK_BYTES):
+        h = blake2b(prev.to_bytes(8, "little") + data[off : off + _BLOCK_BYTES], digest_size=8)
+        prev = from_bytes(h.digest(), "little")
         out.append(prev)
     return out
 
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
+_BLOCK_BYTES = BLOCK_TOKENS * 4

@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> None:
         dog = Watchdog()
         sched = Scheduler(cfg, dog.progress("scheduler loop", cfg.watchdog_s))
         if cfg.metrics_port:
-            sched.metrics = SchedulerMetrics(lambda: sched.st, cfg.max_running)
+            sched.metrics = SchedulerMetrics(
+                lambda: sched.st, cfg.max_running, cache_blocks=sched.feed.published_blocks
+            )
             sched.metrics.registry.register(StatsCollector(lambda: grammar_readings(sched.grammar)))
             serve_metrics(sched.metrics.registry, cfg.host, cfg.metrics_port, "scheduler")
 

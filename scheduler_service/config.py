@@ -39,6 +39,13 @@ class SchedulerConfig(TransportConfig):
         "keep freshly inserted cache (a finished request's context) out of admission's reach "
         "for this long while other work runs, so a follow-up call finds it; 0 disables",
     )
+    cache_events: str = field(
+        "on",
+        "publish the prefix cache's blocks (inserts, evictions) to every front-door session, "
+        "for cache-aware routing over replicas (only --radix tree has blocks to publish); "
+        "load reports go out either way",
+        choices=["on", "off"],
+    )
     policy: str = field(
         "lpm", "waiting-queue order", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
     )

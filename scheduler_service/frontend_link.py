@@ -17,6 +17,7 @@ from radixmesh_wire.cache_blocks import namespace_offset
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.outbox import Batch, Extra, error_batch
+from scheduler_service.replica_feed import Feed
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.status import GrammarUnavailable, Status
@@ -67,11 +68,30 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
 
 def batch_to_proto(b: Batch) -> scheduler_pb2.SchedulerMessage:
     # Two bytes fields for the common case; a message object only per request with extras.
-    return scheduler_pb2.SchedulerMessage(
+    msg = scheduler_pb2.SchedulerMessage(
         keys=pack_i32(b.keys),
         events=pack_i32(b.events),
         extras=[_extra_to_proto(ex) for ex in b.extras],
     )
+    if b.feed is not None:
+        _add_feed(msg, b.feed)
+    return msg
+
+
+def _add_feed(msg: scheduler_pb2.SchedulerMessage, feed: Feed) -> None:
+    if feed.cache is not None:
+        c = feed.cache
+        msg.cache.reset = c.reset
+        msg.cache.added.extend(c.added)
+        msg.cache.removed.extend(c.removed)
+    if feed.load is not None:
+        ld = feed.load
+        msg.load.waiting_requests = ld.waiting_requests
+        msg.load.running_requests = ld.running_requests
+        msg.load.waiting_tokens = ld.waiting_tokens
+        msg.load.running_tokens = ld.running_tokens
+        msg.load.kv_capacity = ld.kv_capacity
+        msg.load.kv_free = ld.kv_free
 
 
 def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:
@@ -135,15 +155,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             out.put_nowait(batch_to_proto(batch))
 
         self.sched.sinks[session] = sink
+        # Taken with the sink registered and no await in between: every later change reaches
+        # this session through the sink, after this snapshot.
+        opening = scheduler_pb2.SchedulerMessage()
+        _add_feed(opening, self.sched.feed.opening(self.sched.st))
+        if opening.HasField("cache") or opening.HasField("load"):
+            out.put_nowait(opening)
         info = self.sched.info
         yield scheduler_pb2.SchedulerMessage(
             hello=scheduler_pb2.SchedulerHello(
                 session_id=session,
                 kv_capacity=info.kv_capacity if info else 0,
                 context_length=info.context_length if info else 0,
+                cache_block_tokens=self.sched.feed.block_tokens,
+                instance_id=self.sched.instance_id,
             )
         )
-        log.info("frontend_session", session=label)
+        log.info("frontend_session", session=label, cache_blocks=len(opening.cache.added))
 
         async def read() -> None:
             try:
@@ -212,6 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 message=f"{busy} requests are waiting or running; flush when idle"
             )
         freed = st.cache.evict(st.cache.evictable_size)
+        self.sched.wake.set()  # an idle loop flushes once: front doors hear of the evictions
         log.info("cache_flushed", evicted_tokens=freed)
         return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
 

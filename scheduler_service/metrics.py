@@ -26,10 +26,12 @@ class SchedulerMetrics:
         state: Callable[[], SchedState | None],
         max_running: int,
         registry: CollectorRegistry | None = None,
+        cache_blocks: Callable[[], int] | None = None,
     ) -> None:
         self.registry = registry or new_registry()
         self._state = state
         self._max_running = max_running
+        self._cache_blocks = cache_blocks  # blocks published to the front doors
         self.queue_time = Histogram(
             name("queue_time_seconds"),
             "Time a request waited in the queue before its first admission.",
@@ -102,3 +104,10 @@ class SchedulerMetrics:
         yield Reading(
             "evicted_tokens", "counter", "Prefix-cache tokens evicted.", cache.stats.evicted_tokens
         )
+        if self._cache_blocks is not None:
+            yield Reading(
+                "cache_blocks",
+                "gauge",
+                "Prefix-cache blocks published to the front doors (0: publishing none).",
+                self._cache_blocks(),
+            )

@@ -13,6 +13,10 @@ front door assigns them), so `extras` can be keyed by it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler_service.replica_feed import Feed
 
 
 @dataclass(slots=True)
@@ -41,6 +45,7 @@ class Batch:
     keys: list[int]
     events: list[int]
     extras: list[Extra]
+    feed: Feed | None = None  # cache changes and load, the same for every session of a flush
 
 
 class Outbox:

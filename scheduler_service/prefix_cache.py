@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from scheduler_service.allocator import SlotAllocator
@@ -68,6 +68,29 @@ class CacheStats:
     match_calls: int = 0
     # Wall time spent inside match/insert/evict/lock/unlock/alloc (time.perf_counter).
     bookkeeping_seconds: float = 0.0
+
+
+class CacheObserver(Protocol):
+    """Told about every change of a radix tree's *contents* (not of its locks or LRU times),
+    synchronously from inside the tree's operations (``cache_publisher.CachePublisher``
+    mirrors them as block hashes). Nodes are the tree's handles; each one's path is fixed
+    while it lives (splits add nodes above, never change where a node's path ends)."""
+
+    def added(self, leaf: Any, keys: list[int], start: int) -> None:
+        """A new leaf now holds ``keys[start:]`` (``keys``: its whole root path)."""
+        ...
+
+    def split(self, lower: Any, upper: Any, k: int) -> None:
+        """``upper`` (new) took the first ``k`` keys of ``lower``'s edge."""
+        ...
+
+    def evicted(self, node: Any) -> None:
+        """A leaf left the tree (its keys are no longer cached)."""
+        ...
+
+    def reset(self) -> None:
+        """The tree was emptied."""
+        ...
 
 
 def match_limit(n_tokens: int, prefix_limit: int | None) -> int:
@@ -173,12 +196,18 @@ class PrefixCache(Protocol):
 
 
 def make_prefix_cache(
-    mode: str, allocator: SlotAllocator, *, eviction: str = "lru", protect_s: float = 0.0
+    mode: str,
+    allocator: SlotAllocator,
+    *,
+    eviction: str = "lru",
+    protect_s: float = 0.0,
+    observer: CacheObserver | None = None,
 ) -> PrefixCache:
     """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``).
 
     ``eviction`` (``--eviction``) and ``protect_s`` (``--protect-ms``) configure the tree's
-    eviction order and insert protection; ``table`` and ``off`` ignore them.
+    eviction order and insert protection, ``observer`` (``--cache-events``) watches its
+    contents; ``table`` and ``off`` ignore all three (they publish no cache events).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
@@ -186,7 +215,7 @@ def make_prefix_cache(
     if mode == "tree":
         from scheduler_service.radix_cache import RadixCache
 
-        return RadixCache(allocator, eviction=eviction, protect_s=protect_s)
+        return RadixCache(allocator, eviction=eviction, protect_s=protect_s, observer=observer)
     if mode == "table":
         from scheduler_service.table_cache import TableCache
 

@@ -31,6 +31,10 @@ Invariants (``check_integrity`` verifies all of them):
   protected nodes form a subtree containing the root, and ``evictable - protected_size`` tokens
   can be evicted leaf-first without touching a protected node.
 
+Observer (``observer``, ``--cache-events``): told of every new leaf, split, evicted leaf and
+reset (``prefix_cache.CacheObserver``), one call per structural change; with none set the hot
+paths pay one ``is None`` test per change and nothing else.
+
 A handle returned by ``match_prefix``/``insert`` keeps meaning "the path ending at this token
 position": splitting always creates the *upper* half as a new node, so existing handles (and
 their locks) stay on the lower half, whose path end is unchanged.
@@ -48,6 +52,7 @@ from scheduler_service.allocator import SlotAllocator
 from scheduler_service.prefix_cache import (
     EVICTION_POLICIES,
     CachedPrefix,
+    CacheObserver,
     CacheStats,
     MatchResult,
 )
@@ -161,6 +166,7 @@ class RadixCache:
         eviction: str = "lru",
         protect_s: float = 0.0,
         clock: Callable[[], float] = monotonic,
+        observer: CacheObserver | None = None,
     ) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
@@ -182,6 +188,7 @@ class RadixCache:
         self._evictable = 0
         self._locked = 0
         self._nodes = 0  # non-root nodes in the tree
+        self.observer = observer
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -281,6 +288,8 @@ class RadixCache:
         upper.children[child.key[0]] = child
         parent.children[upper.key[0]] = upper
         self._nodes += 1
+        if self.observer is not None:
+            self.observer.split(child, upper, k)
         return upper
 
     # -- lock ---------------------------------------------------------------------------------
@@ -395,6 +404,8 @@ class RadixCache:
         added = len(toks) - pos
         self._evictable += added
         self.stats.inserted_tokens += added
+        if self.observer is not None:
+            self.observer.added(leaf, toks, pos)
         return leaf
 
     def _protect(self, path: list[_Node]) -> None:
@@ -509,6 +520,7 @@ class RadixCache:
         root = self._root
         free = self.allocator.free
         key = self._key
+        obs = self.observer
         node: _Node | None = None
         while freed < n:
             if node is None:
@@ -526,6 +538,8 @@ class RadixCache:
             assert parent is not None
             del parent.children[node.key[0]]
             node.dead = True
+            if obs is not None:
+                obs.evicted(node)
             node.parent = None
             self._nodes -= 1
             node = None
@@ -584,6 +598,8 @@ class RadixCache:
         self._locked = 0
         self._nodes = 0
         self.allocator.reset()
+        if self.observer is not None:
+            self.observer.reset()
 
     def _iter_nodes(self) -> Iterator[_Node]:
         """All non-root nodes, depth first."""
@@ -592,6 +608,16 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    def debug_paths(self) -> Iterator[tuple[object, int, list[int]]]:
+        """Every non-root node with its depth above its edge and its whole root path's keys
+        (tests and integrity checks only; O(tokens x depth))."""
+        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in self._root.children.values()]
+        while stack:
+            node, above = stack.pop()
+            path = above + node.key
+            yield node, len(above), path
+            stack.extend((c, path) for c in node.children.values())
 
     def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
         """Every cached prefix -> KV slot of its last token (tests only; O(tokens x depth))."""

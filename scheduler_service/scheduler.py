@@ -7,6 +7,9 @@ flushes the prefix cache (the KV pool is gone) and reconnects with backoff. Mean
 is NOT_SERVING and requests are held, visibly and with bounds: the queue's --max-queue, and
 --model-hold-s after which the held requests fail with UNAVAILABLE and new ones are refused
 until the model is back.
+
+Every flush also carries this replica's cache changes and load to every front-door session
+(replica_feed, `--cache-events`); the cache is reset on model loss, which publishes a reset.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 
@@ -24,6 +28,7 @@ from radixmesh_server.watchdog import Progress
 from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
 from scheduler_service.allocator import SlotAllocator
 from scheduler_service.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.cache_publisher import CachePublisher
 from scheduler_service.chunk_budget import ChunkBudget
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
@@ -35,6 +40,7 @@ from scheduler_service.outbox import Batch, error_batch
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
+from scheduler_service.replica_feed import ReplicaFeed
 from scheduler_service.request import Request
 from scheduler_service.startup_hold import StartupHold
 from scheduler_service.state import SchedState
@@ -76,6 +82,10 @@ class Scheduler:
         self.hold_expired = False  # held past --model-hold-s: refuse until the model is back
         self.metrics: SchedulerMetrics | None = None  # set by the service when metrics are on
         self.early = StartupHold(cfg.max_queue, cfg.model_hold_s)  # before the first session
+        # Names this process to front doors: a restarted scheduler's cache starts empty.
+        self.instance_id = uuid.uuid4().hex
+        publish = cfg.cache_events == "on" and cfg.radix == "tree"
+        self.feed = ReplicaFeed(CachePublisher() if publish else None)
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -208,7 +218,7 @@ class Scheduler:
         self.down_since = time.monotonic()
         requeued = requeue_running(st)
         log.warning("model_lost", reason=reason, requeued=len(requeued), held=len(st.waiting))
-        self._flush()  # output applied before the loss still reaches the front door
+        self._flush(idle=True)  # output applied before the loss still reaches the front door
 
     async def _wait_down(self, seconds: float) -> None:
         """While the model is away: reap aborts (a client may leave meanwhile) and enforce the
@@ -236,7 +246,7 @@ class Scheduler:
                 )
                 log.warning("model_hold_expired", held=len(self.st.waiting), down_s=round(down))
                 self._fail_all(Status.UNAVAILABLE, msg)
-        self._flush()
+        self._flush(idle=True)
 
     def _on_connected(self, info: WorkerInfo) -> None:
         self.info = info
@@ -250,6 +260,7 @@ class Scheduler:
                     alloc,
                     eviction=self.cfg.eviction,
                     protect_s=self.cfg.protect_ms / 1e3,
+                    observer=self.feed.publisher,
                 ),
                 context_length=info.context_length,
             )
@@ -258,6 +269,8 @@ class Scheduler:
                 st.grammar_ops = old.grammar_ops
             if self.metrics is not None:
                 st.on_admit = self.metrics.queue_time.observe
+            if self.feed.publisher is not None:
+                self.feed.publisher.reset()  # the old tree is gone with its blocks
         else:
             assert st is not None
             st.cache.reset()  # new session: the worker's KV pool content is gone
@@ -330,7 +343,7 @@ class Scheduler:
                     if plan.ops.masks_follow and len(inflight) == 1:
                         self.link.send_masks(await self.masks.after_send(plan))
             if not inflight:
-                self._flush()
+                self._flush(idle=True)
                 prog.end()  # idle is not stuck
                 try:
                     await self._idle()
@@ -413,11 +426,15 @@ class Scheduler:
         st.pending_release.clear()
         self._flush()
 
-    def _flush(self) -> None:
-        """Send every session its output since the last flush; forget ended requests."""
+    def _flush(self, idle: bool = False) -> None:
+        """Send every session its output since the last flush, with this flush's cache changes
+        and load (the same `Feed` for every session); forget ended requests. `idle`: the loop
+        is about to wait, so a load change is not held back by the rate limit."""
         st = self.st
         if st is None:
             return
+        feed = self.feed.collect(st, force_load=idle)
+        fed: set[str] = set()
         for session, box in list(st.outboxes.items()):
             if not box:
                 continue
@@ -429,4 +446,10 @@ class Scheduler:
                 del st.outboxes[session]
             sink = self.sinks.get(session)
             if sink is not None:
+                batch.feed = feed
+                fed.add(session)
                 sink(batch)
+        if feed is not None:
+            for session, sink in list(self.sinks.items()):
+                if session not in fed:
+                    sink(Batch([], [], [], feed))

@@ -32,6 +32,7 @@ EXPECTED = {
         "radixmesh:num_queue_reqs": "gauge",
         "radixmesh:token_usage": "gauge",
         "radixmesh:cache_hit_rate": "gauge",
+        "radixmesh:cache_blocks": "gauge",
         "radixmesh:prompt_tokens": "counter",
         "radixmesh:generation_tokens": "counter",
         "radixmesh:queue_time_seconds": "histogram",

@@ -22,6 +22,11 @@ Every op is also timed from outside (``external``): that includes cache work the
 timer does not see (e.g. ``protected_size``) and this wrapper's call overhead, so it is an upper
 bound; ``bookkeeping`` is what GetStats reports.
 
+``--cache-events on`` attaches the scale-out cache publisher (scheduler_service.cache_publisher)
+as the tree's observer, as ``--cache-events on`` does in the scheduler: its hashing runs inside
+the cache's ops (so ``bookkeeping`` includes it), and the per-step drain (the scheduler's flush)
+is timed apart (``cache_events.drain_s``). Compare on vs off for the cost of publishing.
+
 Correctness: ``check_integrity`` (shallow) every ``--check-every`` steps, deep (slot sets, heap)
 every 10th check and at the end, and ``--verify`` (default) checks that every slot a match
 hands out holds the KV of exactly that token prefix (a hash chain written at prefill time), so
@@ -29,6 +34,7 @@ a wrong optimisation fails loudly instead of measuring fast.
 
     python -m tests.load.radix_replay                       # JSON on stdout
     python -m tests.load.radix_replay --repeat 3 --max-running 512
+    python -m tests.load.radix_replay --cache-events on --pool 20000   # with eviction
 """
 
 from __future__ import annotations
@@ -48,13 +54,14 @@ if TYPE_CHECKING:
     from scheduler_service.prefix_cache import PrefixCache
 
 from scheduler_service.allocator import SlotAllocator
+from scheduler_service.cache_publisher import CachePublisher
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefill_adder import NewTokenRatio, admit_prefills, decode_reservation
 from scheduler_service.prefix_cache import MatchResult
 from scheduler_service.radix_cache import RadixCache
 from scheduler_service.retraction import plan_retraction
 
-SAMPLE = Path(__file__).resolve().parents[2] / "bench" / "data" / "sharegpt_2000.json.gz"
+SAMPLE = Path(__file__).resolve().parents[2] / "radixmesh_bench" / "data" / "sharegpt_2000.json.gz"
 VOCAB = 128_256
 
 
@@ -189,12 +196,16 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     prompts, outs = _load(args.sample, args.requests)
     rng = random.Random(seed)
     sim = [0.0]
+    pub = CachePublisher() if args.cache_events == "on" else None
     cache = RadixCache(
         SlotAllocator(args.pool),
         eviction="lru",
         protect_s=args.protect_ms / 1000,
         clock=lambda: sim[0],
+        observer=pub,
     )
+    drain_s = 0.0
+    published = [0, 0]  # blocks added, removed (net per drain)
     # Duck-typed stand-in for the PrefixCache the policy and adder take (times each call).
     timed = _Timed(cache)
     c = cast("PrefixCache", timed)
@@ -219,6 +230,8 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     def check(deep: bool) -> None:
         owned = [s for r in running for s in r.kv_slots[r.cached_len :]]
         cache.check_integrity(len(owned), owned if deep else None, deep=deep)
+        if deep and pub is not None:
+            pub.check_integrity(cache.debug_paths())
 
     t_start = perf_counter()
     while waiting or running:
@@ -307,6 +320,13 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             release(r)
             running.remove(r)
             finished += 1
+        if pub is not None:  # the scheduler's flush after the step
+            t0 = perf_counter()
+            delta = pub.drain()
+            drain_s += perf_counter() - t0
+            if delta is not None:
+                published[0] += len(delta.added)
+                published[1] += len(delta.removed)
         if args.check_every and steps % args.check_every == 0:
             check(deep=steps % (10 * args.check_every) == 0)
     wall = perf_counter() - t_start
@@ -339,6 +359,15 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "inserted_tokens": st.inserted_tokens,
         "evicted_tokens": st.evicted_tokens,
         "ops": ops,
+        "cache_events": None
+        if pub is None
+        else {
+            "drain_s": round(drain_s, 6),
+            "drain_us_per_step": round(drain_s / steps * 1e6, 3),
+            "blocks_added": published[0],
+            "blocks_removed": published[1],
+            "blocks_held_at_end": pub.block_count,
+        },
     }
 
 
@@ -356,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-verify", dest="verify", action="store_false")
     ap.add_argument("--repeat", type=int, default=1, help="runs; the fastest is reported")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache-events", choices=["on", "off"], default="off")
     args = ap.parse_args(argv)
     runs = [replay(args, args.seed) for _ in range(max(args.repeat, 1))]
     best = min(runs, key=lambda r: r["bookkeeping_s"])

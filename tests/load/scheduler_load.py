@@ -19,6 +19,8 @@ overwrote them) and tokens are a function of that hash, so the front door knows 
 exact output in advance. A tiny KV pool, small chunks and many concurrent requests with shared
 prefixes force eviction, chunked prefill and retraction; any wrong reuse of a slot shows up as
 a wrong token or a broken chain, and a stall (no progress for 20 s) is reported as a deadlock.
+At the end a second session opens: its cache-events snapshot must equal the set the first
+session built from every flush's net changes (``cache_events_agree``).
 
     python tests/load/scheduler_load.py                      # load, prints JSON
     python tests/load/scheduler_load.py --profile
@@ -286,9 +288,13 @@ class Tracked:
 
 
 class FrontDoor:
-    """One Scheduler.Session stream: submit requests, collect their deltas."""
+    """One Scheduler.Session stream: submit requests, collect their deltas; cache events
+    are applied to `held` (the scheduler's published blocks) as a routing front door would."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, session_id: str = "load") -> None:
+        self.session_id = session_id
+        self.held: set[int] = set()
+        self.cache_messages = 0
         self.chan = grpc.aio.insecure_channel(
             address, options=[("grpc.max_receive_message_length", 64 << 20)]
         )
@@ -303,7 +309,7 @@ class FrontDoor:
     async def open(self) -> None:
         async def outgoing() -> AsyncIterator[scheduler_pb2.FrontendMessage]:
             yield scheduler_pb2.FrontendMessage(
-                hello=scheduler_pb2.FrontendHello(session_id="load")
+                hello=scheduler_pb2.FrontendHello(session_id=self.session_id)
             )
             while (m := await self.out.get()) is not None:
                 yield m
@@ -311,11 +317,18 @@ class FrontDoor:
         self.call = self.stub.Session(outgoing())
         hello = await self.call.read()
         assert hello.HasField("hello"), hello
+        self.hello = hello.hello
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         while (msg := await self.call.read()) is not grpc.aio.EOF:
             self.messages += 1
+            if msg.HasField("cache"):
+                self.cache_messages += 1
+                if msg.cache.reset:
+                    self.held.clear()
+                self.held.update(msg.cache.added)
+                self.held.difference_update(msg.cache.removed)
             for key, u in unpack_message(msg).items():
                 r = self.by_key.get(key)
                 if r is None:
@@ -364,6 +377,24 @@ class FrontDoor:
                 await self._reader
         self.call.cancel()
         await self.chan.close()
+
+
+async def cache_events_agree(fd: FrontDoor, address: str, wait_s: float = 10.0) -> tuple[bool, int]:
+    """After the run: a second session's opening snapshot must equal what `fd` built from the
+    whole run's cache events (net changes over every flush, through eviction and aborts)."""
+    late = FrontDoor(address, session_id="check-snapshot")
+    await late.open()
+    try:
+        if late.hello.cache_block_tokens == 0:
+            return not fd.held and not late.held, 0  # this scheduler publishes no blocks
+        deadline = time.monotonic() + wait_s
+        while late.cache_messages == 0 or late.held != fd.held:
+            if time.monotonic() > deadline:
+                return False, len(late.held)
+            await asyncio.sleep(0.05)
+        return True, len(late.held)
+    finally:
+        await late.close()
 
 
 # -- the scheduler process -----------------------------------------------------------------------
@@ -683,8 +714,11 @@ async def run_check(ns: argparse.Namespace) -> dict:
                             }
                         )
                 s = await fd.stats()
+                agree, blocks = await cache_events_agree(fd, f"127.0.0.1:{port}")
                 report.update(
                     {
+                        "cache_events_agree": agree,
+                        "cache_blocks_held": blocks,
                         "finished": sum(t.done.is_set() for t in fd.reqs.values()),
                         "wrong": len(wrong),
                         "wrong_examples": wrong[:5],
@@ -709,6 +743,7 @@ async def run_check(ns: argparse.Namespace) -> dict:
                 )
                 report["ok"] = (
                     not wrong
+                    and agree
                     and not model.violations
                     and "error" not in report
                     and report["finished"] == ns.requests

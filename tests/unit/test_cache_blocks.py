@@ -23,3 +23,38 @@ def test_namespaces_never_match() -> None:
     assert plain == block_hashes(toks)
     assert not set(plain) & set(t1) and not set(t1) & set(t2)
     assert block_hashes(cache_keys(toks, "tenant-1"), 1, t1[0]) == t1[1:]
+
+
+def _reference(keys: list[int], start_block: int = 0, prev: int = 0) -> list[int]:
+    """The chain as specified, one block at a time: blake2b-64 of the previous hash (8 bytes
+    little-endian; block 0: the namespace bits of the keys) then the block's 16 low 32-bit
+    halves, little-endian."""
+    import hashlib
+    import struct
+
+    if start_block == 0:
+        prev = (keys[0] >> 32) % (1 << 64) if keys else 0
+    out = []
+    for i in range(start_block, len(keys) // BLOCK_TOKENS):
+        block = keys[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+        low = [k % 2**32 for k in block]
+        raw = struct.pack("<Q", prev) + struct.pack(f"<{BLOCK_TOKENS}I", *low)
+        prev = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+        out.append(prev)
+    return out
+
+
+def test_block_hashes_equal_the_specified_chain() -> None:
+    import random
+
+    rng = random.Random(5)
+    for ns in ("", "tenant-1", "a-much-longer-tenant-name"):
+        for n in (0, 1, 15, 16, 17, 48, 129):
+            keys = cache_keys([rng.randrange(200_000) for _ in range(n)], ns)
+            want = _reference(keys)
+            assert block_hashes(keys) == want
+            for start in range(len(want) + 1):
+                prev = want[start - 1] if start else 0
+                assert block_hashes(keys, start, prev) == want[start:]
+    huge = [(1 << 95) + 7] * 32  # an offset above 64 bits keeps its low 64 for the chain start
+    assert block_hashes(huge) == _reference(huge)

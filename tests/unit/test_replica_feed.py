@@ -1,0 +1,197 @@
+"""Cache events and load reports reach every front-door session (scheduler_service.replica_feed):
+batched with a flush (one feed per flush, the same for every session, also to sessions with
+no output of their own), load only when it changed and at most every few ms (except right
+before idling), a reset when the model is lost, nothing cache-wise with --cache-events off or
+a table cache. The real Scheduler runs against a fake model link (tests.unit.test_scheduler_loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes
+from scheduler_service.allocator import SlotAllocator
+from scheduler_service.cache_publisher import CacheDelta, CachePublisher
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.frontend_link import batch_to_proto
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.outbox import Batch
+from scheduler_service.prefix_cache import make_prefix_cache
+from scheduler_service.replica_feed import Feed, Load, ReplicaFeed
+from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.scheduler import Scheduler
+from scheduler_service.state import SchedState
+from tests.unit.test_scheduler_loop import FakeHealth, FakeLink, _until
+
+PROMPT = list(range(10, 50))  # 40 tokens: blocks 0 and 1 are whole
+
+
+def _req(rid: str, key: int, session: str = "s") -> Request:
+    return Request(
+        rid=rid,
+        session=session,
+        prompt=list(PROMPT),
+        spec=SamplingSpec(temperature=0, max_new_tokens=3),
+        eos_ids=frozenset({2}),
+        key=key,
+    )
+
+
+def _held(batches: list[Batch]) -> set[int]:
+    held: set[int] = set()
+    for b in batches:
+        c = b.feed.cache if b.feed is not None else None
+        if c is not None:
+            if c.reset:
+                held.clear()
+            held.update(c.added)
+            held.difference_update(c.removed)
+    return held
+
+
+def _loads(batches: list[Batch]) -> list[Load]:
+    return [b.feed.load for b in batches if b.feed is not None and b.feed.load is not None]
+
+
+async def _serve(
+    cfg: SchedulerConfig, lose_model: bool = False
+) -> tuple[Scheduler, list[Batch], list[Batch]]:
+    """Submit one request from session "s" while session "other" only listens."""
+    sched = Scheduler(cfg)
+    # The fake model answers at once: see every step's load.
+    sched.feed.load_interval_s = sched.feed.load_cost_factor = 0.0
+    link = FakeLink()
+    sched.link = link  # type: ignore[assignment]
+    mine: list[Batch] = []
+    other: list[Batch] = []
+    sched.sinks["s"] = mine.append
+    sched.sinks["other"] = other.append
+    task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+    await _until(lambda: link.connected)
+    sched.submit(_req("r", 1))
+    await _until(lambda: any(ex.key == 1 and ex.finish for b in mine for ex in b.extras))
+    await _until(lambda: bool(_loads(other)) and _loads(other)[-1].running_requests == 0)
+    if lose_model:
+        sessions = link.sessions
+        link.closed.set()
+        await _until(lambda: link.sessions > sessions and link.connected)
+        await _until(lambda: any(b.feed and b.feed.cache and b.feed.cache.reset for b in other))
+    task.cancel()
+    return sched, mine, other
+
+
+def test_every_session_gets_the_same_feed_once_per_flush() -> None:
+    sched, mine, other = asyncio.run(_serve(SchedulerConfig()))
+    # The prompt and all but the last output token were inserted: the prompt's two blocks.
+    assert _held(other) == _held(mine) == set(block_hashes(PROMPT))
+    assert sched.feed.publisher is not None and sched.feed.block_tokens == BLOCK_TOKENS
+    assert sched.feed.publisher.held() == set(block_hashes(PROMPT))
+    # The listener got feed-only messages, each one the very feed the submitter got.
+    assert all(not b.keys and not b.extras and b.feed is not None for b in other)
+    assert [b.feed for b in other] == [b.feed for b in mine if b.feed is not None]
+    # Batched: one message per flush however many blocks changed (the first prefill's flush
+    # carries both blocks together).
+    adds = [b.feed.cache.added for b in other if b.feed and b.feed.cache and b.feed.cache.added]
+    assert sorted(adds[0]) == sorted(block_hashes(PROMPT))
+    loads = _loads(other)
+    assert any(ld.running_requests == 1 and ld.running_tokens >= len(PROMPT) for ld in loads)
+    assert loads[-1] == Load(0, 0, 0, 0, 256, 256)  # idle: everything free or evictable
+    assert all(a != b for a, b in zip(loads, loads[1:], strict=False))  # only changes are sent
+
+
+def test_losing_the_model_publishes_a_reset() -> None:
+    _, _, other = asyncio.run(_serve(SchedulerConfig(), lose_model=True))
+    resets = [i for i, b in enumerate(other) if b.feed and b.feed.cache and b.feed.cache.reset]
+    assert resets[0] == 0  # the first model session starts from an empty cache
+    lost = resets[1]
+    assert _held(other[:lost]) == set(block_hashes(PROMPT))
+    assert _held(other) == set()
+
+
+def test_cache_events_off_and_table_cache_publish_load_only() -> None:
+    for cfg in (SchedulerConfig(cache_events="off"), SchedulerConfig(radix="table")):
+        sched, _, other = asyncio.run(_serve(cfg))
+        assert sched.feed.publisher is None and sched.feed.block_tokens == 0
+        assert not any(b.feed and b.feed.cache for b in other)
+        assert _loads(other)[-1].running_requests == 0
+
+
+def _state(publisher: CachePublisher | None) -> SchedState:
+    cache = make_prefix_cache("tree", SlotAllocator(64), observer=publisher)
+    return SchedState(cache=cache, context_length=64)
+
+
+def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
+    now = [0.0]
+    feed = ReplicaFeed(None, load_interval_s=0.005, load_cost_factor=0.0, clock=lambda: now[0])
+    st = _state(None)
+    first = feed.collect(st)
+    assert first == Feed(None, Load(0, 0, 0, 0, 64, 64))
+    assert feed.collect(st, force_load=True) is None  # unchanged: nothing to send
+    st.waiting.append(_req("w", 1))
+    now[0] += 0.001
+    assert feed.collect(st) is None  # changed, but within the interval
+    now[0] += 0.005
+    got = feed.collect(st)
+    assert got is not None and got.load is not None
+    # Not matched yet: every prompt token and the whole output budget count as waiting work.
+    assert (got.load.waiting_requests, got.load.waiting_tokens) == (1, len(PROMPT) + 3)
+    st.waiting.clear()
+    now[0] += 0.001
+    idle = feed.collect(st, force_load=True)  # before idling the limit does not apply
+    assert idle is not None and idle.load == Load(0, 0, 0, 0, 64, 64)
+
+
+def test_a_costly_load_walk_is_spaced_by_its_cost() -> None:
+    now = [0.0]
+    feed = ReplicaFeed(None, load_interval_s=0.0, load_cost_factor=1e6, clock=lambda: now[0])
+    st = _state(None)
+    assert feed.collect(st) is not None  # took >= ~1 us: the next walk waits >= ~1 s
+    st.waiting.append(_req("w", 1))
+    now[0] += 0.01
+    assert feed.collect(st) is None
+    forced = feed.collect(st, force_load=True)
+    assert forced is not None and forced.load is not None and forced.load.waiting_requests == 1
+
+
+def test_opening_is_the_snapshot_and_the_current_load() -> None:
+    pub = CachePublisher()
+    feed = ReplicaFeed(pub)
+    st = _state(pub)
+    slots = st.cache.alloc(40)
+    assert slots is not None
+    st.cache.insert(PROMPT, slots)
+    assert feed.opening(None) == Feed(CacheDelta(True, [], []), None)  # drained state: empty
+    feed.collect(st)
+    opening = feed.opening(st)
+    assert opening.cache == CacheDelta(True, sorted(block_hashes(PROMPT)), [])
+    assert opening.load == Load(0, 0, 0, 0, 64, 64)
+
+
+def test_feed_to_proto() -> None:
+    feed = Feed(CacheDelta(False, [1, 2**64 - 1], [3]), Load(1, 2, 3, 4, 5, 6))
+    msg = batch_to_proto(Batch([], [], [], feed))
+    assert (msg.cache.reset, list(msg.cache.added), list(msg.cache.removed)) == (
+        False,
+        [1, 2**64 - 1],
+        [3],
+    )
+    ld = msg.load
+    assert (ld.waiting_requests, ld.running_requests, ld.waiting_tokens) == (1, 2, 3)
+    assert (ld.running_tokens, ld.kv_capacity, ld.kv_free) == (4, 5, 6)
+    plain = batch_to_proto(Batch([1], [7], []))
+    assert not plain.HasField("cache") and not plain.HasField("load")
+
+
+def test_metrics_gauge_counts_the_published_blocks() -> None:
+    pub = CachePublisher()
+    feed = ReplicaFeed(pub)
+    st = _state(pub)
+    metrics = SchedulerMetrics(lambda: st, 8, cache_blocks=feed.published_blocks)
+    slots = st.cache.alloc(40)
+    assert slots is not None
+    st.cache.insert(PROMPT, slots)
+    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 2
+    st.cache.evict(40)
+    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 0
+    assert ReplicaFeed(None).published_blocks() == 0

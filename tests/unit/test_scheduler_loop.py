@@ -171,7 +171,7 @@ def test_startup_hold_is_bounded() -> None:
         else:
             raise AssertionError("a second held request exceeded --max-queue=1")
         task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
-        sched.link.connect = _never  # type: ignore[method-assign]
+        sched.link.connect = _never  # type: ignore[method-assign,assignment]
         await _until(lambda: bool(out))
         task.cancel()
         return out
@@ -182,7 +182,7 @@ def test_startup_hold_is_bounded() -> None:
     assert "--model-hold-s" in ex.error_message
 
 
-async def _never() -> WorkerInfo:
+async def _never(*_: object) -> WorkerInfo:
     from scheduler_service.model_link import ModelUnavailable
 
     raise ModelUnavailable("model service unreachable")

@@ -31,6 +31,7 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.constrained_rows import (
     constrained_prefills,
     drop_rows,
+    jump_queued,
     strip_constrained,
     undo_decode,
 )
@@ -95,20 +96,42 @@ class StepMasks:
         if not st.grammar_up:
             strip_constrained(st, plan)
             return
-        got = await self._fetch(plan.ops.step_id, want, [])
+        got = await self._fetch(plan.ops.step_id, want, self._resumed_jumps(plan, want))
         res = got.outcome
         # Rows whose service was lost go back to the queue (re-bound with replay there).
         drop_rows(st, plan, set(got.lost))
-        for h, (code, message) in self._failed_rows(res).items():
+        failed = self._failed_rows(res)
+        for h, (code, message) in failed.items():
             r = st.running[h]
             drop_rows(st, plan, {h})
             if r in st.waiting:
                 st.waiting.remove(r)
             self.fail(r, code, message)
+        for h, jump in (res.jumps or {}).items():
+            jumper = st.running.get(h)
+            if jumper is None or h in failed:
+                continue
+            drop_rows(st, plan, {h})  # back to the queue, to be prefilled with the jump
+            jump_queued(st, jumper, jump)
         masks = plan.ops.masks
         for h, row in res.rows.items():
             if h in st.running:
                 masks[h] = row
+
+    def _resumed_jumps(self, plan: PlannedStep, want: list[int]) -> list[int]:
+        """Rows of resumed requests (their output so far prefilled as a continuation after a
+        model, scheduler or grammar loss) that ask for a jump-forward: had the request kept
+        decoding, this position's row would have asked, and a greedy or seeded continuation
+        must produce the same tokens as the undisturbed run."""
+        if self.cfg.jump_forward != "on":
+            return []
+        st = self.st
+        resumed = {r.handle for r in plan.prefilled if r.output}
+        return [
+            h
+            for h in want
+            if h in resumed and st.running[h].no_jump_at != len(st.running[h].output)
+        ]
 
     async def after_send(self, plan: PlannedStep) -> LateMasks:
         """Masks (or skips) for the sent step's constrained decode rows, once every earlier

@@ -36,7 +36,7 @@ from radixmesh_server.discovery import (
     resolve_dns,
 )
 from radixmesh_server.server import Health
-from radixmesh_wire.cache_blocks import block_hashes, cache_keys
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
 from radixmesh_wire.pb import scheduler_pb2
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.deltas import Update
@@ -224,7 +224,11 @@ class ReplicaSet:
         decision = self._route(pool, hashes, route_key)
         link = self.links[decision.address]
         queue = link.submit(msg)
-        cost = len(msg.input_ids) + msg.sampling.max_new_tokens
+        # The work it adds there: the prompt part the replica does not hold, plus its budget
+        # (a cache hit costs little; charging the whole prompt made the balance rule push a
+        # group's later requests off the replica that holds their prefix).
+        held = decision.matched_blocks * BLOCK_TOKENS
+        cost = max(len(msg.input_ids) - held, 1) + msg.sampling.max_new_tokens
         ticket = Ticket(msg.rid, link, msg.key, queue, hashes, route_key, cost)
         self.tickets[msg.rid] = ticket
         link.view.on_routed(hashes, cost)

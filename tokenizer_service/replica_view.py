@@ -6,6 +6,9 @@ Two ways to know the blocks (radixmesh_wire.cache_blocks: chained hashes of 16-k
 - exact: the scheduler publishes its radix cache's inserts and evictions (hello says
   `cache_block_tokens > 0`); `blocks` mirrors them. A reset (a new session's snapshot, or a
   new `instance_id`: the process restarted with an empty cache) drops everything first.
+  A prompt routed here is cached only once its prefill has run, so its blocks are also kept
+  in `routed` (a small LRU) until the replica publishes them (or evicts them): requests of the
+  same prefix that arrive meanwhile (a burst) follow the first instead of scattering.
 - approximate (the scheduler publishes nothing): the blocks of the prompts this front door
   routed there, as SGLang's router guesses. Bounded by an LRU of `block_cap` blocks (and never
   more blocks than the replica's KV could hold). A prompt's blocks are touched deepest first,
@@ -50,6 +53,8 @@ class ReplicaView:
         self.kv_capacity = 0
         # Held blocks; in approximate mode the order is recency (oldest first).
         self.blocks: OrderedDict[int, None] = OrderedDict()
+        # Exact mode: blocks of prompts routed here that the replica has not published yet.
+        self.routed: OrderedDict[int, None] = OrderedDict()
         self.reported: Load | None = None
         self.pending_tokens = 0  # routed here since the last report
         self.inflight_tokens = 0  # this front door's live requests here
@@ -63,6 +68,7 @@ class ReplicaView:
         exact = block_tokens == BLOCK_TOKENS
         if instance_id != self.instance_id or exact != self.exact:
             self.blocks.clear()
+            self.routed.clear()
             self.reported = None
             self.pending_tokens = 0
         self.instance_id = instance_id
@@ -74,10 +80,14 @@ class ReplicaView:
             return
         if reset:
             self.blocks.clear()
+            self.routed.clear()
+        routed = self.routed
         for h in removed:
             self.blocks.pop(h, None)
+            routed.pop(h, None)
         for h in added:
             self.blocks[h] = None
+            routed.pop(h, None)
 
     def on_load(self, load: Load) -> None:
         self.reported = load
@@ -88,16 +98,19 @@ class ReplicaView:
     def on_routed(self, hashes: Sequence[int], cost: int) -> None:
         self.pending_tokens += cost
         self.inflight_tokens += cost
-        if self.exact or not hashes:
+        if not hashes:
             return
+        record = self.routed if self.exact else self.blocks
         for h in reversed(hashes):  # deepest first: the prefix ends up the most recent
-            if h in self.blocks:
-                self.blocks.move_to_end(h)
+            if self.exact and h in self.blocks:
+                continue
+            if h in record:
+                record.move_to_end(h)
             else:
-                self.blocks[h] = None
+                record[h] = None
         cap = self.approx_cap
-        while len(self.blocks) > cap:
-            self.blocks.popitem(last=False)
+        while len(record) > cap:
+            record.popitem(last=False)
 
     def on_finished(self, cost: int) -> None:
         """A request routed here left (finished, aborted, or moved to another replica)."""
@@ -114,8 +127,9 @@ class ReplicaView:
     def matched_blocks(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt this replica holds."""
         n = 0
+        blocks, routed = self.blocks, self.routed
         for h in hashes:
-            if h not in self.blocks:
+            if h not in blocks and h not in routed:
                 break
             n += 1
         return n

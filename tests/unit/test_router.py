@@ -129,12 +129,37 @@ def test_exact_view_follows_events_and_instance_resets() -> None:
     assert v.matched_blocks(hs) == 2
     v.on_cache_events(True, hs[:1], [])  # a reset and a snapshot
     assert v.matched_blocks(hs) == 1
-    v.on_routed(hs, 100)  # exact mode never guesses from routing
-    assert v.matched_blocks(hs) == 1
+    v.on_routed(hs, 100)  # routed, not yet prefilled there: followed until published
+    assert v.matched_blocks(hs) == 6 and len(v.routed) == 5
+    v.on_cache_events(False, hs[1:3], [])  # published: no longer only a routing record
+    assert v.matched_blocks(hs) == 6 and len(v.routed) == 3
+    v.on_cache_events(False, [], [hs[3]])  # evicted before or after publishing: gone
+    assert v.matched_blocks(hs) == 3
     v.on_hello("inst", BLOCK_TOKENS, 1 << 20)  # same process reconnecting: kept
-    assert v.matched_blocks(hs) == 1
+    assert v.matched_blocks(hs) == 3
     v.on_hello("restarted", BLOCK_TOKENS, 1 << 20)  # a new process: an empty cache
-    assert v.matched_blocks(hs) == 0
+    assert v.matched_blocks(hs) == 0 and not v.routed
+
+
+def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
+    """Requests of one prefix arriving before the replica has prefilled (and published) it
+    go where the first went, instead of scattering by load; their cost there is only the
+    part not held, so the balance rule does not push them off."""
+    from tokenizer_service.replica_view import ReplicaView
+
+    a, b = _exact(), _exact()
+    a.on_hello("a", BLOCK_TOKENS, 1 << 20)
+    b.on_hello("b", BLOCK_TOKENS, 1 << 20)
+    router = Router()
+    hs = _hashes(PROMPT)
+    cands = [Candidate("a:1", a), Candidate("b:1", b)]
+    first = router.choose(cands, hs, hs[0])
+    views: dict[str, ReplicaView] = {"a:1": a, "b:1": b}
+    views[first.address].on_routed(hs, len(PROMPT) + 16)
+    for _ in range(5):
+        d = router.choose(cands, hs, hs[0])
+        assert (d.address, d.reason) == (first.address, "cache_hit")
+        views[d.address].on_routed(hs, 16)
 
 
 def test_approximate_view_records_routed_prompts_within_its_cap() -> None:

@@ -262,16 +262,29 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             if next_step is not None:
                 next_step.cancel()
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
             mailbox.close()
-            for task in running:  # let launched work end before the state is reset
-                with contextlib.suppress(Exception):
-                    await task
-            if gen == self.session_gen:
-                self.session_id = None
-                await loop.run_in_executor(self.executor, runner.reset)
-            log.info("session_closed", generation=gen)
+            # The close runs in its own task, shielded: gRPC cancels this handler when the
+            # scheduler vanishes (kill -9), and a second cancellation landing inside the close
+            # once left `session_id` set for good, so every later scheduler was refused.
+            closing = asyncio.ensure_future(self._close_session(gen, reader, list(running)))
+            await asyncio.shield(closing)
+
+    async def _close_session(
+        self,
+        gen: int,
+        reader: asyncio.Task[None],
+        running: list[asyncio.Task[model_pb2.StepReply]],
+    ) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        for task in running:  # let launched work end before the state is reset
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+        if gen == self.session_gen:
+            self.session_id = None
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.executor, self.engine.runner.reset)
+        log.info("session_closed", generation=gen)
 
 
 def _rows(ops: StepOps) -> int:

@@ -131,6 +131,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
         self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
         self.session_id: str | None = None
+        self._session_call: grpc.aio.ServicerContext | None = None  # the open session's call
         self.session_gen = 0
         self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
 
@@ -172,6 +173,14 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             )
             return
         await require_peer(context, "scheduler")
+        old = self._session_call
+        if self.session_id is not None and old is not None and old.done():
+            # gRPC says the open session's call is over (its scheduler died) but its handler
+            # has not finished closing: the session is gone, so a new one may start (the old
+            # handler's close sees a newer generation and leaves the state alone).
+            log.warning("stale_session_replaced", generation=self.session_gen)
+            self.session_gen += 1
+            self.session_id = None
         if self.session_id is not None:
             # The KV pool belongs to the open session: a second one never disturbs it. A
             # restarted scheduler gets in once the old stream is gone (its socket closes on
@@ -185,6 +194,9 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.session_gen += 1
         gen = self.session_gen
         self.session_id = sid
+        self._session_call = context
+        ended = asyncio.Event()  # the call is over, whatever the reader saw
+        context.add_done_callback(lambda _ctx: ended.set())
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.engine.runner.reset)
         log.info("session_opened", generation=gen)
@@ -240,16 +252,19 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             return model_pb2.StepReply(result=encode_output(out))
 
         reader = asyncio.create_task(read())
+        ended_wait = asyncio.ensure_future(ended.wait())
         running: deque[asyncio.Task[model_pb2.StepReply]] = deque()  # in step order
         next_step: asyncio.Task[model_pb2.Step | None] | None = None
         try:
             while True:
                 if next_step is None:
                     next_step = asyncio.ensure_future(queue.get())
-                wanted: set[asyncio.Future] = {next_step}
+                wanted: set[asyncio.Future] = {next_step, ended_wait}
                 if running:
                     wanted.add(running[0])
                 await asyncio.wait(wanted, return_when=asyncio.FIRST_COMPLETED)
+                if ended.is_set():
+                    break
                 if running and running[0].done():
                     yield running.popleft().result()
                     continue
@@ -261,6 +276,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         finally:
             if next_step is not None:
                 next_step.cancel()
+            ended_wait.cancel()
             reader.cancel()
             mailbox.close()
             # The close runs in its own task, shielded: gRPC cancels this handler when the

@@ -61,6 +61,10 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
+    # Ping each client every 10 s: a peer that vanished without closing its connection is
+    # noticed in seconds, and its calls (a scheduler's step session) end with it.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
     # Calls that arrived but that the asyncio server has not picked up yet: past gRPC's
     # default of 1,000 the core cancels them (CANCELLED), which a burst of 2,000 streams at
     # request rate inf hits. Admission is bounded by the scheduler's --max-queue instead.

@@ -179,15 +179,19 @@ class Scheduler:
 
     async def _run_model(self, health: Health) -> None:
         backoff = 0.1
+        last_error = ""
         while True:
             try:
                 info = await self.link.connect()
             except ModelUnavailable as exc:
+                if str(exc) != last_error:  # once per distinct reason, not every retry
+                    last_error = str(exc)
+                    log.warning("model_connect_failed", error=last_error)
                 await health.set_ready(False, str(exc))
                 await self._wait_down(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            backoff = 0.1
+            backoff, last_error = 0.1, ""
             self._on_connected(info)
             if self.down_since is not None:
                 held = len(self.st.waiting) if self.st else 0

@@ -145,7 +145,6 @@ def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
     """Requests of one prefix arriving before the replica has prefilled (and published) it
     go where the first went, instead of scattering by load; their cost there is only the
     part not held, so the balance rule does not push them off."""
-    from tokenizer_service.replica_view import ReplicaView
 
     a, b = _exact(), _exact()
     a.on_hello("a", BLOCK_TOKENS, 1 << 20)

@@ -33,6 +33,7 @@ from typing import Any
 
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
+from radixmesh_bench.stack import model_source
 from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
 from radixmesh_server.model_store import resolve_model
 
@@ -193,14 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--kv-tokens", type=int, default=16384)
     ap.add_argument("--json", default="", help="write the report here too")
+    ap.add_argument("--services", default=",".join(SERVICES), help="killed in turn, each round")
+    ap.add_argument("--random-weights", default="", help="GPU run: a random shape (llama-3.1-8b)")
+    ap.add_argument("--device", default="cuda", help="with --random-weights")
     ns = ap.parse_args(argv)
-    resolve_model("default")
+    victims = [v for v in ns.services.split(",") if v]
+    if not set(victims) <= set(SERVICES):
+        ap.error(f"--services: choose among {', '.join(SERVICES)}")
+    model, model_args = model_source("default", ns.random_weights, ns.device, ns.kv_tokens)
+    if ns.random_weights and ns.device.startswith("cuda"):
+        model_args += ["--attention", "flashinfer"]
+    else:
+        resolve_model("default")
     log_dir = Path(tempfile.mkdtemp(prefix="radixmesh-chaos-"))
     ports = StackPorts.free()
     launcher = Launcher(
         stack_specs(
             ports,
-            model_args=["--kv-tokens", str(ns.kv_tokens)],
+            model,
+            model_args=model_args,
             scheduler_args=["--debug-invariants", "--model-probe-s", "0.5"],
         ),
         log_dir=log_dir,
@@ -228,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             w.start()
         for rnd in range(ns.rounds):
-            for victim in SERVICES:
+            for victim in victims:
                 run.go.set()
                 time.sleep(ns.load_s)
                 with run.lock:
@@ -261,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             w.join(DEADLINE_S + 30)
         all_verdicts = Counter(_judge(o, refs) for o in run.outcomes)
         summary = {
+            "model": ns.random_weights or "default",
+            "device": ns.device if ns.random_weights else "cpu",
+            "workers": ns.workers,
             "requests": len(run.outcomes),
             "verdicts": dict(all_verdicts),
             "failed": dict(Counter(o.status for o in run.outcomes if o.status)),

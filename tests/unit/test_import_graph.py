@@ -10,6 +10,7 @@ TYPE_CHECKING ones included), so a test fails on the edge itself, not on a sympt
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import subprocess
@@ -46,11 +47,23 @@ def _imported_names(tree: ast.AST) -> Iterator[str]:
             yield node.module
 
 
+def parse_quietly(path: Path) -> ast.Module:
+    """ast.parse with the garbage collector held off: on CPython 3.11 a finalizer that runs
+    while the AST is built (an event loop or gRPC object an earlier test left behind) breaks
+    the parser's recursion bookkeeping ("AST constructor recursion depth mismatch")."""
+    gc.collect()
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), filename=str(path))
+    finally:
+        gc.enable()
+
+
 def import_graph() -> Edges:
     edges: Edges = {name: {} for name in PACKAGES}
     for pkg, folder in PACKAGES.items():
         for path in sorted(folder.rglob("*.py")):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = parse_quietly(path)
             for name in _imported_names(tree):
                 top = name.split(".")[0]
                 if top in PACKAGES and top != pkg:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import scheduler_service
+from tests.unit.test_import_graph import parse_quietly
 
 PLANNER = (
     "batch_builder",
@@ -41,7 +42,7 @@ def test_planner_modules_load_no_protobuf_or_grpc() -> None:
 
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_quietly(path)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:

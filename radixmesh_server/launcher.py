@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -44,7 +45,33 @@ log = structlog.get_logger(__name__)
 PARENT_ENV = "RADIXMESH_PARENT_PID"
 
 
+_HANDED_OUT: set[int] = set()  # ports this process gave out: never twice
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral range (outgoing connections' local ports) starts."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free localhost port for a service to bind a moment later. Taken below the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) can be taken by any outgoing
+    connection before the service binds it, which failed a CI run with "address in use"."""
+    low, high = 10_000, _ephemeral_low()
+    for _ in range(200 if high - low > 1000 else 0):
+        port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

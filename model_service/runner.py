@@ -58,11 +58,14 @@ class StepError(Exception):
 class RequestState:
     sampling: Sampling
     slots: SlotSeq
-    sampled: int  # output tokens drawn so far, including those before a resubmission
+    # The seed position of its next draw: its output length then, jump-forward tokens
+    # included (a stream resumed from the tokens received draws what the undisturbed one would).
+    sampled: int
     has_token: bool = False  # its last sampled token is in ModelRunner.last_tokens
     in_prompt: bool = True
     pending_lp: torch.Tensor | None = None  # log-softmax of the last prompt position
     counts: TokenCounts = field(default_factory=TokenCounts)  # for penalties only
+    prompt_len: int = -1  # known at its first sampled row: sequence length - output_offset
 
 
 @dataclass
@@ -235,6 +238,11 @@ class ModelRunner:
                     logit_rows.extend(range(cursor + first - start, cursor + n))
             lp_spans.append(span)
             if r.sample:
+                # Output length at this draw: the sequence (whose KV is now queued) minus the
+                # prompt. A jump-forward truncates and extends the sequence by whole tokens.
+                if st.prompt_len < 0:
+                    st.prompt_len = len(st.slots) - st.sampled
+                st.sampled = len(st.slots) - st.prompt_len
                 last = cursor + n - 1
                 if span is not None:
                     sample_rows.append(span[0] + (span[2] - span[1]) - 1)

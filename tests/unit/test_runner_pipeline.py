@@ -16,7 +16,7 @@ from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
 from model_service.weights import random_model
 from radixmesh_wire.mask_rows import EncodedRow, encode_ids
-from radixmesh_wire.step_ops import AdmitOp, Sampling, StepOps
+from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
 
 VOCAB = 300
 # On a GPU machine the same checks run on CUDA, where launch-ahead is real (queued kernels).
@@ -129,3 +129,28 @@ def test_late_mask_wait_is_accounted(device: str) -> None:
     assert r._burst[5] >= 0.05
     if device == "cuda":  # the forward pass is far shorter than the wait: the GPU waited too
         assert r._burst[6] > 10.0  # ms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_draw_after_a_jump_forward_is_the_draw_of_a_resumed_stream(device: str) -> None:
+    """A seeded draw's position is the output length, forced (jump-forward) tokens included:
+    a stream resumed from the tokens it received (admitted with output_offset = their count)
+    draws exactly what the undisturbed one draws next."""
+    s = Sampling(temperature=1.0, seed=9)
+    prompt = [11, 12, 13, 14, 15]
+    one = _runner(device)
+    first = _tokens(
+        one.step(StepOps(1, admits=[AdmitOp(0, s, 0, [], prompt, [0, 1, 2, 3, 4], True)]))
+    )[0]
+    # Jump-forward: roll back nothing, append the sampled token and three forced ones, sample.
+    forced = [40, 41, 42]
+    ext = ExtendOp(0, [first, *forced], [5, 6, 7, 8], True)
+    after_jump = _tokens(one.step(StepOps(2, extends=[ext])))[0]
+    then = _tokens(one.step(_decode(3, [0], 9)))[0]
+
+    resumed = _runner(device)
+    output = [first, *forced]
+    seq = prompt + output
+    admit = AdmitOp(0, s, len(output), [], seq, list(range(len(seq))), True)
+    assert _tokens(resumed.step(StepOps(1, admits=[admit])))[0] == after_jump
+    assert _tokens(resumed.step(_decode(2, [0], 9)))[0] == then

@@ -15,7 +15,7 @@ A session opening gets `opening()`: a reset with the whole held set, and the cur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING
@@ -24,6 +24,7 @@ from radixmesh_wire.cache_blocks import BLOCK_TOKENS
 from scheduler_service.cache_publisher import CacheDelta, CachePublisher
 
 if TYPE_CHECKING:
+    from scheduler_service.request import Request
     from scheduler_service.state import SchedState
 
 LOAD_INTERVAL_S = 0.005
@@ -36,10 +37,10 @@ class Load:
 
     waiting_requests: int
     running_requests: int
-    # Per waiting request: tokens not yet known to be cached (its last match, else all of
-    # them) plus its max_new_tokens still to generate.
+    # Waiting requests' tokens not yet known to be cached (past each one's last match; a
+    # prefix several of them share counted once) plus their output budgets still to generate.
     waiting_tokens: int
-    running_tokens: int  # KV tokens the running requests' sequences span (shared ones per request)
+    running_tokens: int  # KV slots in use (locked by or owned by requests), shared ones once
     kv_capacity: int
     kv_free: int  # free + evictable: what admission can still use
 
@@ -50,21 +51,66 @@ class Feed:
     load: Load | None
 
 
-def load_of(st: SchedState) -> Load:
-    waiting_tokens = 0
-    for r in st.waiting:  # inlined Request.remaining: this runs for every waiting request
-        m = r.match
-        left = r.spec.max_new_tokens - len(r.output)
-        waiting_tokens += len(r.fill) - (m.length if m is not None else 0) + max(left, 0)
+def load_of(st: SchedState, blocks: WaitingBlocks | None = None) -> Load:
+    """The replica's load now. Waiting work counts a prefix shared by several waiting requests
+    once (a burst of one group's questions is one prefill of its system prompt, not one per
+    question); running work is the KV in use, each shared slot once."""
+    blocks = blocks if blocks is not None else WaitingBlocks()
     c = st.cache
     return Load(
         waiting_requests=len(st.waiting),
         running_requests=len(st.running),
-        waiting_tokens=waiting_tokens,
-        running_tokens=sum(len(r.kv_slots) for r in st.running.values()),
+        waiting_tokens=blocks.waiting_tokens(st.waiting),
+        running_tokens=c.allocator.capacity - c.free_size - c.evictable_size,
         kv_capacity=c.allocator.capacity,
         kv_free=c.free_size + c.evictable_size,
     )
+
+
+class WaitingBlocks:
+    """Chained hashes of each waiting request's full `BLOCK_TOKENS` blocks (its fill, in its
+    cache namespace), remembered per request so a load walk hashes only new arrivals; a
+    re-queued request whose fill grew is hashed again. Hashes are process-local (Python's
+    tuple hash): they only find equal prefixes among this replica's waiting requests."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[int, list[int]]] = {}
+
+    def _of(self, r: Request) -> list[int]:
+        fill = r.fill
+        got = self._memo.get(r.rid)
+        if got is not None and got[0] == len(fill):
+            return got[1]
+        h, out = r.cache_ns, []
+        for i in range(0, len(fill) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+            h = hash((h, tuple(fill[i : i + BLOCK_TOKENS])))
+            out.append(h)
+        self._memo[r.rid] = (len(fill), out)
+        return out
+
+    def waiting_tokens(self, waiting: Iterable[Request]) -> int:
+        """Per waiting request: its tokens not known to be cached (past its last match) that
+        no earlier waiting request shares, plus its output budget still to generate."""
+        seen: set[int] = set()
+        live: dict[str, tuple[int, list[int]]] = {}
+        total = 0
+        for r in waiting:
+            hashes = self._of(r)
+            live[r.rid] = self._memo[r.rid]
+            m = r.match
+            start = m.length if m is not None else 0
+            first = start // BLOCK_TOKENS
+            new = 0
+            for i in range(first, len(hashes)):
+                h = hashes[i]
+                if h not in seen:
+                    seen.add(h)
+                    new += BLOCK_TOKENS - (start - i * BLOCK_TOKENS if i == first else 0)
+            full = len(hashes) * BLOCK_TOKENS
+            left = r.spec.max_new_tokens - len(r.output)
+            total += new + len(r.fill) - max(start, full) + max(left, 0)
+        self._memo = live  # forget requests no longer waiting
+        return total
 
 
 class ReplicaFeed:
@@ -85,6 +131,7 @@ class ReplicaFeed:
         self._clock = clock
         self._next_load = float("-inf")  # no load computed before this clock() time
         self._last_load: Load | None = None  # the last one sent
+        self._blocks = WaitingBlocks()
 
     @property
     def block_tokens(self) -> int:
@@ -101,7 +148,7 @@ class ReplicaFeed:
         now = self._clock()
         if force_load or now >= self._next_load:
             t0 = perf_counter()
-            current = load_of(st)
+            current = load_of(st, self._blocks)
             cost = perf_counter() - t0
             self._next_load = now + max(self.load_interval_s, self.load_cost_factor * cost)
             if current != self._last_load:
@@ -113,4 +160,4 @@ class ReplicaFeed:
     def opening(self, st: SchedState | None) -> Feed:
         """A new session's first feed: everything held (a reset) and the current load."""
         cache = self.publisher.snapshot() if self.publisher is not None else None
-        return Feed(cache, load_of(st) if st is not None else None)
+        return Feed(cache, load_of(st, self._blocks) if st is not None else None)

@@ -32,7 +32,12 @@ class TokenizerConfig(TransportConfig):
         "cache_aware: a replica is overloaded when its load (tokens queued + running) exceeds "
         "the least loaded replica's by more than this AND by more than --balance-rel times",
     )
-    balance_rel: float = field(1.5, "cache_aware: the relative part of the overload rule")
+    balance_abs_requests: int = field(
+        4,
+        "cache_aware: a replica is also overloaded when its requests (queued + running) exceed "
+        "the least loaded replica's by more than this AND by more than --balance-rel times",
+    )
+    balance_rel: float = field(1.5, "cache_aware: the relative part of the overload rules")
     cache_threshold: float = field(
         0.5,
         "cache_aware: route on the cache only when a replica holds at least this fraction of "

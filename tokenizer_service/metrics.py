@@ -102,6 +102,7 @@ def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
             ("serving", "1 while the replica's scheduler is ready (model up).", link.serving),
             ("draining", "1 while the replica drains (gone from discovery).", link.draining),
             ("load_tokens", "The router's load estimate of the replica (tokens).", v.load_tokens),
+            ("load_requests", "The router's load estimate (requests).", v.load_requests),
             ("cached_blocks", "Prefix-cache blocks the router knows it holds.", len(v.blocks)),
             ("inflight", "This front door's live requests on the replica.", len(link.live)),
         )

@@ -95,8 +95,10 @@ class ReplicaSet:
     @classmethod
     def from_config(cls, cfg: TokenizerConfig) -> ReplicaSet:
         """Raises ValueError naming the flag that is wrong."""
-        if cfg.balance_abs_tokens < 0 or cfg.balance_rel < 1.0:
-            raise ValueError("--balance-abs-tokens must be >= 0 and --balance-rel >= 1")
+        if cfg.balance_abs_tokens < 0 or cfg.balance_abs_requests < 0 or cfg.balance_rel < 1.0:
+            raise ValueError(
+                "--balance-abs-tokens and --balance-abs-requests must be >= 0, --balance-rel >= 1"
+            )
         if cfg.resolve_interval_s <= 0 or cfg.approx_cache_blocks < 1:
             raise ValueError("--resolve-interval-s and --approx-cache-blocks must be positive")
         if not 0.0 <= cfg.cache_threshold <= 1.0:
@@ -105,7 +107,7 @@ class ReplicaSet:
             spec = parse_address_spec(cfg.scheduler_address)
         except ValueError as exc:
             raise ValueError(f"--scheduler-address: {exc}") from None
-        balance = Balance(cfg.balance_abs_tokens, cfg.balance_rel)
+        balance = Balance(cfg.balance_abs_tokens, cfg.balance_rel, cfg.balance_abs_requests)
         router = Router(Policy(cfg.router), balance, cfg.cache_threshold)
         return cls(
             spec,

@@ -14,10 +14,10 @@ Two ways to know the blocks (radixmesh_wire.cache_blocks: chained hashes of 16-k
   more blocks than the replica's KV could hold). A prompt's blocks are touched deepest first,
   so a prefix is never older than its extensions and eviction drops leaves first.
 
-Load, in tokens (prompt still to prefill + generation budgets + KV held by running requests):
-the last LoadReport plus what this front door routed there since (so a burst does not all land
-on one replica before the next report). Without any report, this front door's own in-flight
-tokens there.
+Load, in tokens (prompt still to prefill, a prefix shared by waiting requests once, + generation
+budgets + KV in use) and in requests (waiting + running): the last LoadReport plus what this
+front door routed there since (so a burst does not all land on one replica before the next
+report). Without any report, this front door's own in-flight tokens and requests there.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ class Load:
     def tokens(self) -> int:
         return self.waiting_tokens + self.running_tokens
 
+    @property
+    def requests(self) -> int:
+        return self.waiting_requests + self.running_requests
+
 
 class ReplicaView:
     def __init__(self, block_cap: int = 65536) -> None:
@@ -57,7 +61,9 @@ class ReplicaView:
         self.routed: OrderedDict[int, None] = OrderedDict()
         self.reported: Load | None = None
         self.pending_tokens = 0  # routed here since the last report
+        self.pending_requests = 0
         self.inflight_tokens = 0  # this front door's live requests here
+        self.inflight_requests = 0
 
     # --- the replica's own messages
 
@@ -70,7 +76,7 @@ class ReplicaView:
             self.blocks.clear()
             self.routed.clear()
             self.reported = None
-            self.pending_tokens = 0
+            self.pending_tokens = self.pending_requests = 0
         self.instance_id = instance_id
         self.exact = exact
         self.kv_capacity = kv_capacity
@@ -91,13 +97,15 @@ class ReplicaView:
 
     def on_load(self, load: Load) -> None:
         self.reported = load
-        self.pending_tokens = 0
+        self.pending_tokens = self.pending_requests = 0
 
     # --- this front door's own traffic
 
     def on_routed(self, hashes: Sequence[int], cost: int) -> None:
         self.pending_tokens += cost
         self.inflight_tokens += cost
+        self.pending_requests += 1
+        self.inflight_requests += 1
         if not hashes:
             return
         record = self.routed if self.exact else self.blocks
@@ -115,6 +123,7 @@ class ReplicaView:
     def on_finished(self, cost: int) -> None:
         """A request routed here left (finished, aborted, or moved to another replica)."""
         self.inflight_tokens = max(self.inflight_tokens - cost, 0)
+        self.inflight_requests = max(self.inflight_requests - 1, 0)
 
     # --- what the router reads
 
@@ -139,3 +148,10 @@ class ReplicaView:
         if self.reported is None:
             return self.inflight_tokens
         return self.reported.tokens + self.pending_tokens
+
+    @property
+    def load_requests(self) -> int:
+        """Requests waiting or running there, the same way: report + routed since, or own."""
+        if self.reported is None:
+            return self.inflight_requests
+        return self.reported.requests + self.pending_requests

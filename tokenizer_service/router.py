@@ -13,9 +13,12 @@ Policies (`--router`):
     first block -> `cold`. Rendezvous (highest hash of (block, replica address)) needs no
     shared state: on an idle system every front door that sees the same replicas sends the
     same cold prefix to the same one, and different prefixes spread evenly.
-  "Overloaded": load - min_load > balance_abs_tokens AND load > balance_rel * min_load (both,
-  as SGLang's router: small absolute gaps never count, nor large ones on a busy system that is
-  balanced in proportion). Load is in tokens (see replica_view).
+  "Overloaded", in tokens or in requests: load - min_load > abs AND load > balance_rel *
+  min_load (both, as SGLang's router: small absolute gaps never count, nor large ones on a
+  busy system that is balanced in proportion), min_load over the candidates; abs is
+  balance_abs_tokens for tokens (prefill and KV work: long prompts) and balance_abs_requests
+  for requests (many short requests sharing one hot prefix are little token work each, yet
+  they all decode on one replica). Load as replica_view counts it.
 - round_robin: the eligible replicas in address order, in turn -> `round_robin`.
 - least_load: the least loaded (ties: rendezvous) -> `least_load`.
 
@@ -58,9 +61,17 @@ class Decision:
 class Balance:
     abs_tokens: int = 1024
     rel: float = 1.5
+    abs_requests: int = 4
 
-    def overloaded(self, load: int, min_load: int) -> bool:
-        return load - min_load > self.abs_tokens and load > self.rel * min_load
+    def overloaded(self, view: ReplicaView, candidates: Sequence[Candidate]) -> bool:
+        least_tokens = min(c.view.load_tokens for c in candidates)
+        least_requests = min(c.view.load_requests for c in candidates)
+        return self._over(view.load_tokens, least_tokens, self.abs_tokens) or self._over(
+            view.load_requests, least_requests, self.abs_requests
+        )
+
+    def _over(self, load: int, least: int, gap: int) -> bool:
+        return load - least > gap and load > self.rel * least
 
 
 class Router:
@@ -99,7 +110,7 @@ class Router:
         if best > 0 and best >= self.cache_threshold * len(hashes):
             holders = [c for c in candidates if matched[c.address] == best]
             pick = _least_loaded(holders, key)
-            if not self.balance.overloaded(pick.view.load_tokens, least.view.load_tokens):
+            if not self.balance.overloaded(pick.view, candidates):
                 return Decision(pick.address, "cache_hit", best)
             return Decision(least.address, "balance", matched[least.address])
         return Decision(least.address, "cold", matched[least.address])

@@ -26,6 +26,7 @@ EXPECTED = {
         "radixmesh:e2e_request_latency_seconds": "histogram",
         "radixmesh:router_replica_connected": "gauge",
         "radixmesh:router_replica_load_tokens": "gauge",
+        "radixmesh:router_replica_load_requests": "gauge",
     },
     "scheduler": {
         "radixmesh:num_running_reqs": "gauge",

@@ -17,7 +17,7 @@ from scheduler_service.frontend_link import batch_to_proto
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.outbox import Batch
 from scheduler_service.prefix_cache import make_prefix_cache
-from scheduler_service.replica_feed import Feed, Load, ReplicaFeed
+from scheduler_service.replica_feed import Feed, Load, ReplicaFeed, load_of
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.state import SchedState
@@ -26,11 +26,11 @@ from tests.unit.test_scheduler_loop import FakeHealth, FakeLink, _until
 PROMPT = list(range(10, 50))  # 40 tokens: blocks 0 and 1 are whole
 
 
-def _req(rid: str, key: int, session: str = "s") -> Request:
+def _req(rid: str, key: int, session: str = "s", prompt: list[int] | None = None) -> Request:
     return Request(
         rid=rid,
         session=session,
-        prompt=list(PROMPT),
+        prompt=list(PROMPT if prompt is None else prompt),
         spec=SamplingSpec(temperature=0, max_new_tokens=3),
         eos_ids=frozenset({2}),
         key=key,
@@ -140,6 +140,35 @@ def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
     now[0] += 0.001
     idle = feed.collect(st, force_load=True)  # before idling the limit does not apply
     assert idle is not None and idle.load == Load(0, 0, 0, 0, 64, 64)
+
+
+def test_waiting_work_counts_a_shared_prefix_once_and_running_kv_once() -> None:
+    st = _state(None)
+    shared = list(range(100, 132))  # two whole blocks
+    a, b = _req("a", 1, prompt=shared + [7, 8, 9]), _req("b", 2, prompt=shared + [5, 6])
+    other = _req("c", 3, prompt=list(range(200, 240)))  # shares nothing: all of it counts
+    for r in (a, b, other):
+        r.fill = list(r.prompt)
+        st.waiting.append(r)
+    # 32 shared once + 3 + 2 own tails + 40, and each request's budget of 3.
+    assert load_of(st).waiting_tokens == 32 + 3 + 2 + 40 + 3 * 3
+    # b's first block is known cached (its last match): only its uncached rest counts, and a
+    # still counts the whole prefix it does not know to be cached.
+    b.match = st.cache.match_prefix(b.fill)  # nothing cached: a zero-length match
+    assert load_of(st).waiting_tokens == 32 + 3 + 2 + 40 + 3 * 3
+    slots = st.cache.alloc(20)
+    assert slots is not None
+    st.cache.insert(shared[:20], slots)
+    b.match = st.cache.match_prefix(b.fill)
+    a.match = None
+    st.waiting[:] = [b, a]  # b first: it covers block 1 past its match, a adds block 0
+    assert load_of(st).waiting_tokens == (12 + 2) + (16 + 3) + 2 * 3
+    # Running KV: two requests locking one cached prefix count it once.
+    st.waiting.clear()
+    m = st.cache.match_prefix(shared[:20])
+    st.cache.lock(m.node)
+    st.cache.lock(m.node)
+    assert load_of(st).running_tokens == 20
 
 
 def test_a_costly_load_walk_is_spaced_by_its_cost() -> None:

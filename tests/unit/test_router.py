@@ -57,6 +57,25 @@ def test_overloaded_holder_loses_to_the_least_loaded() -> None:
     assert Router(balance=bal).choose(cands, hs, 0).address == "a:1"
 
 
+def test_many_short_requests_on_the_holder_overload_it_too() -> None:
+    hs = _hashes(PROMPT)
+    bal = Balance(abs_tokens=10_000, rel=1.5, abs_requests=4)
+    holder, idle = _exact(SHARED), _exact()
+    cands = [Candidate("a:1", holder), Candidate("b:1", idle)]
+    idle.on_load(Load(running_requests=1, running_tokens=50))
+    # Few tokens of work each, far below the token rule, but six requests against one.
+    holder.on_load(Load(waiting_requests=5, running_requests=1, waiting_tokens=60))
+    assert Router(balance=bal).choose(cands, hs, 0).reason == "balance"
+    holder.on_load(Load(waiting_requests=4, running_requests=1, waiting_tokens=60))
+    assert Router(balance=bal).choose(cands, hs, 0).reason == "cache_hit"  # a gap of 4: fine
+    # Requests this front door routed since the last report count until the next one.
+    holder.on_routed(hs, 10)
+    assert holder.load_requests == 6
+    assert Router(balance=bal).choose(cands, hs, 0).reason == "balance"
+    holder.on_load(Load(waiting_requests=3))
+    assert holder.load_requests == 3
+
+
 def test_cold_prefixes_agree_across_routers_and_spread() -> None:
     """No replica holds anything: the first block decides by rendezvous, the same on two
     independent routers (two front doors), and different prefixes use every replica."""
@@ -144,7 +163,8 @@ def test_exact_view_follows_events_and_instance_resets() -> None:
 def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
     """Requests of one prefix arriving before the replica has prefilled (and published) it
     go where the first went, instead of scattering by load; their cost there is only the
-    part not held, so the balance rule does not push them off."""
+    part not held, so the token rule does not push them off. Past --balance-abs-requests
+    more than the other replica, the request rule does."""
 
     a, b = _exact(), _exact()
     a.on_hello("a", BLOCK_TOKENS, 1 << 20)
@@ -155,10 +175,12 @@ def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
     first = router.choose(cands, hs, hs[0])
     views: dict[str, ReplicaView] = {"a:1": a, "b:1": b}
     views[first.address].on_routed(hs, len(PROMPT) + 16)
-    for _ in range(5):
+    for _ in range(router.balance.abs_requests):
         d = router.choose(cands, hs, hs[0])
         assert (d.address, d.reason) == (first.address, "cache_hit")
         views[d.address].on_routed(hs, 16)
+    d = router.choose(cands, hs, hs[0])
+    assert d.address != first.address and d.reason == "balance"
 
 
 def test_approximate_view_records_routed_prompts_within_its_cap() -> None:

@@ -127,8 +127,7 @@ class BatchBuilder:
         for r in [r for r in st.running.values() if r.jump is not None and st.runnable(r)]:
             assert r.jump is not None
             rollback, tokens = r.jump
-            new_out = r.output[: len(r.output) - rollback] + tokens
-            new_out = new_out[: r.spec.max_new_tokens]
+            new_out = r.jumped_output(rollback, tokens)
             keep = min(r.kv_len, len(r.prompt) + len(r.output) - rollback)
             if keep < r.cached_len:  # never cut into cached (shared) KV: decode normally
                 r.jump = None
@@ -141,11 +140,7 @@ class BatchBuilder:
             st.cache.free_slots(r.kv_slots[keep : r.kv_len])
             del r.kv_slots[keep:]
             r.kv_len = keep
-            kept_out = len(r.output) - rollback
-            r.outbox.rollback(r.key, rollback)
-            r.outbox.tokens(r.key, new_out[kept_out:])
-            r.output = new_out
-            r.fill = r.prompt + new_out
+            kept_out = r.take_jump(rollback, new_out)
             st.grammar_ops.rollback(r.handle, rollback)
             for t in new_out[kept_out:]:
                 st.grammar_ops.accept(r.handle, t)

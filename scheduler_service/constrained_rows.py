@@ -81,12 +81,8 @@ def jump_queued(st: SchedState, r: Request, jump: tuple[int, list[int]]) -> None
     fresh matcher. Like a running request's jump (BatchBuilder._jumps), the position right
     after it does not ask for another."""
     rollback, tokens = jump
-    kept = len(r.output) - rollback
-    new_out = (r.output[:kept] + tokens)[: r.spec.max_new_tokens]
-    r.outbox.rollback(r.key, rollback)
-    r.outbox.tokens(r.key, new_out[kept:])
-    r.output = new_out
-    r.fill = r.prompt + new_out
+    new_out = r.jumped_output(rollback, tokens)
+    kept = r.take_jump(rollback, new_out)
     r.no_jump_at = len(new_out)
     st.stats.jump_forwards += 1
     st.stats.jump_forward_tokens += len(new_out) - kept

@@ -165,3 +165,18 @@ class Request:
     @property
     def remaining(self) -> int:
         return max(self.spec.max_new_tokens - len(self.output), 0)
+
+    def jumped_output(self, rollback: int, tokens: list[int]) -> list[int]:
+        """The output after a jump-forward: its last `rollback` tokens replaced by `tokens`
+        (the grammar's forced text, retokenized across the boundary), within the budget."""
+        return (self.output[: len(self.output) - rollback] + tokens)[: self.spec.max_new_tokens]
+
+    def take_jump(self, rollback: int, new_out: list[int]) -> int:
+        """Make `new_out` (from `jumped_output`) the output and stream the edit: the rollback,
+        then the new tokens. Returns how many output tokens were kept."""
+        kept = len(self.output) - rollback
+        self.outbox.rollback(self.key, rollback)
+        self.outbox.tokens(self.key, new_out[kept:])
+        self.output = new_out
+        self.fill = self.prompt + new_out
+        return kept

@@ -40,7 +40,7 @@ class Load:
     # Waiting requests' tokens not yet known to be cached (past each one's last match; a
     # prefix several of them share counted once) plus their output budgets still to generate.
     waiting_tokens: int
-    running_tokens: int  # KV slots in use (locked by or owned by requests), shared ones once
+    running_tokens: int  # running requests' prompt still to prefill + output budget left
     kv_capacity: int
     kv_free: int  # free + evictable: what admission can still use
 
@@ -52,16 +52,22 @@ class Feed:
 
 
 def load_of(st: SchedState, blocks: WaitingBlocks | None = None) -> Load:
-    """The replica's load now. Waiting work counts a prefix shared by several waiting requests
-    once (a burst of one group's questions is one prefill of its system prompt, not one per
-    question); running work is the KV in use, each shared slot once."""
+    """The replica's load now, as work left in tokens: waiting requests count a prefix that
+    several of them share once (a burst of one group's questions is one prefill of its system
+    prompt, not one per question); running requests their prompt still to prefill (a chunked
+    prefill under way) and their output budget still to generate. KV held is memory, not work:
+    a running group's cached system prompt costs nothing more."""
     blocks = blocks if blocks is not None else WaitingBlocks()
     c = st.cache
+    running_tokens = 0
+    for r in st.running.values():
+        left = r.spec.max_new_tokens - len(r.output)
+        running_tokens += max(len(r.fill) - r.kv_len, 0) + max(left, 0)
     return Load(
         waiting_requests=len(st.waiting),
         running_requests=len(st.running),
         waiting_tokens=blocks.waiting_tokens(st.waiting),
-        running_tokens=c.allocator.capacity - c.free_size - c.evictable_size,
+        running_tokens=running_tokens,
         kv_capacity=c.allocator.capacity,
         kv_free=c.free_size + c.evictable_size,
     )

@@ -33,7 +33,7 @@ class TokenizerConfig(TransportConfig):
         "the least loaded replica's by more than this AND by more than --balance-rel times",
     )
     balance_abs_requests: int = field(
-        4,
+        8,
         "cache_aware: a replica is also overloaded when its requests (queued + running) exceed "
         "the least loaded replica's by more than this AND by more than --balance-rel times",
     )

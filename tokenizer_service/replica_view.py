@@ -14,10 +14,11 @@ Two ways to know the blocks (radixmesh_wire.cache_blocks: chained hashes of 16-k
   more blocks than the replica's KV could hold). A prompt's blocks are touched deepest first,
   so a prefix is never older than its extensions and eviction drops leaves first.
 
-Load, in tokens (prompt still to prefill, a prefix shared by waiting requests once, + generation
-budgets + KV in use) and in requests (waiting + running): the last LoadReport plus what this
-front door routed there since (so a burst does not all land on one replica before the next
-report). Without any report, this front door's own in-flight tokens and requests there.
+Load, in tokens of work left (prompt still to prefill, a prefix shared by waiting requests
+once, + output budgets still to generate) and in requests (waiting + running): the last
+LoadReport plus what this front door routed there since (so a burst does not all land on one
+replica before the next report). Without any report, this front door's own in-flight tokens
+and requests there.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Decision:
 class Balance:
     abs_tokens: int = 1024
     rel: float = 1.5
-    abs_requests: int = 4
+    abs_requests: int = 8
 
     def overloaded(self, view: ReplicaView, candidates: Sequence[Candidate]) -> bool:
         least_tokens = min(c.view.load_tokens for c in candidates)

@@ -96,13 +96,23 @@ def run_one(
 
     tag = cfg.label.replace(" ", "_").replace(",", "")
     with start_topology(
-        cfg, model[0], model[1], kv, ns.sched_arg, logs / w.name / tag, ns.startup_timeout
+        cfg,
+        model[0],
+        model[1],
+        kv,
+        ns.sched_arg,
+        logs / w.name / tag,
+        ns.startup_timeout,
+        front_door_args=ns.front_door_arg,
     ) as topo:
         zero: dict[str, Samples] = {name: {} for name in topo.scheduler_metrics}
         before = _settled(topo, zero, warm_up(topo.endpoints, cfg.replicas))
+        routed_before = topo.scrape_front_doors()
         outcomes, wall = drive(topo.endpoints, w, ns.concurrency)
         after = _settled(topo, before, sum(1 for o in outcomes if not o.error))
-    return {**_describe(cfg, kv), **summarize_run(outcomes, wall, before, after)}
+        routed_after = topo.scrape_front_doors()
+    summary = summarize_run(outcomes, wall, before, after, routed_before, routed_after)
+    return {**_describe(cfg, kv), **summary}
 
 
 def _describe(cfg: RouterConfig, kv: int) -> dict[str, Any]:
@@ -142,6 +152,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "concurrency": ns.concurrency,
             "kv_fraction": ns.kv_fraction,
             "scheduler_args": ns.sched_arg,
+            "front_door_args": ns.front_door_arg,
             "model_args": model[1],
         },
         "workloads": {},
@@ -176,7 +187,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             progress(
                 f"    hit {r['hit_rate']:.3f}, per replica {r['requests_per_replica']} "
                 f"(max/mean {r['max_over_mean']}), {r['output_tok_s']} tok/s, "
-                f"p50 {r['latency_p50_s']} s, errors {r['errors']}"
+                f"p50 {r['latency_p50_s']} s, errors {r['errors']}, routed {r['route_reasons']}, "
+                f"evicted {r['evicted_tokens_per_replica']}"
             )
             entry["runs"].append(r)
         report["workloads"][w.name] = entry
@@ -245,6 +257,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="append",
         default=[],
         help="extra scheduler flag, as --sched-arg=--flag=value (repeatable)",
+    )
+    p.add_argument(
+        "--front-door-arg",
+        action="append",
+        default=[],
+        help="extra front-door flag for every run, as --front-door-arg=--balance-rel=2 "
+        "(repeatable; ablations of the router's settings)",
     )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds per topology")
     p.add_argument("--log-dir", default="", help="service logs (default: a fresh temp folder)")

@@ -20,6 +20,8 @@ from radixmesh_bench.prom_text import Samples
 from radixmesh_bench.stack import pct
 
 FINISHED = "radixmesh:finished_requests_total"
+EVICTED = "radixmesh:evicted_tokens_total"
+ROUTED = "radixmesh:router_decisions_total"  # front doors', labels replica and reason
 PROMPT = "radixmesh:prompt_tokens_total"
 CACHED = "radixmesh:cached_tokens_total"
 
@@ -60,6 +62,22 @@ def counter_deltas(
     return {name: after[name].get(key, 0.0) - before[name].get(key, 0.0) for name in before}
 
 
+def label_deltas(
+    before: Mapping[str, Samples], after: Mapping[str, Samples], sample: str, label: str
+) -> dict[str, float]:
+    """How much `sample` grew, summed over every service and every other label, by the value
+    of `label` (a labelled counter that appeared during the run grew from 0)."""
+    out: dict[str, float] = {}
+    for name, now in after.items():
+        then = before.get(name, {})
+        for (sname, labels), v in now.items():
+            if sname != sample:
+                continue
+            key = dict(labels).get(label, "")
+            out[key] = out.get(key, 0.0) + v - then.get((sname, labels), 0.0)
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
 def max_over_mean(counts: Sequence[float]) -> float:
     """max / mean of per-replica counts: 1.0 is even; N means one replica of N took all."""
     mean = sum(counts) / len(counts) if counts else 0.0
@@ -71,9 +89,13 @@ def summarize_run(
     wall_s: float,
     before: Mapping[str, Samples],
     after: Mapping[str, Samples],
+    routed_before: Mapping[str, Samples] | None = None,
+    routed_after: Mapping[str, Samples] | None = None,
 ) -> dict[str, Any]:
     """One configuration's numbers: responses for hit rate and latency, the schedulers' own
-    counters (before/after the run, keyed by scheduler name) for where the requests went."""
+    counters (before/after the run, keyed by scheduler name) for where the requests went and
+    what their caches evicted, and the front doors' (`routed_*`) for why each request went
+    where it did."""
     ok = [o for o in outcomes if not o.error]
     finished = counter_deltas(before, after, FINISHED)
     prompt = counter_deltas(before, after, PROMPT)
@@ -96,6 +118,15 @@ def summarize_run(
         "scheduler_hit_rate": round(sum(cached.values()) / sched_prompt, 4) if sched_prompt else 0,
         "requests_per_replica": per_replica,
         "max_over_mean": round(max_over_mean(per_replica), 4),
+        "evicted_tokens_per_replica": [
+            int(v) for _, v in sorted(counter_deltas(before, after, EVICTED).items())
+        ],
+        "route_reasons": {
+            k: int(v)
+            for k, v in label_deltas(
+                routed_before or {}, routed_after or {}, ROUTED, "reason"
+            ).items()
+        },
         "output_tokens": out_tokens,
         "wall_s": round(wall_s, 3),
         "output_tok_s": round(out_tokens / wall_s, 2) if wall_s else 0.0,

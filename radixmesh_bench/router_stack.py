@@ -77,9 +77,13 @@ def per_replica_kv(total: int, replicas: int) -> int:
 class RunningTopology:
     endpoints: list[str]  # the front doors' public gRPC addresses
     scheduler_metrics: dict[str, str]  # scheduler name -> its /metrics URL
+    front_door_metrics: dict[str, str]  # front door name -> its /metrics URL
 
     def scrape_schedulers(self) -> dict[str, Samples]:
         return {name: scrape(url) for name, url in self.scheduler_metrics.items()}
+
+    def scrape_front_doors(self) -> dict[str, Samples]:
+        return {name: scrape(url) for name, url in self.front_door_metrics.items()}
 
 
 def plan(
@@ -89,6 +93,7 @@ def plan(
     kv_total: int,
     scheduler_args: Sequence[str],
     port: Callable[[str], int] | None = None,
+    front_door_args: Sequence[str] = (),
 ) -> tuple[list[ServiceSpec], RunningTopology]:
     """`cfg`'s service specs and where to reach them. `port(name)` gives each service's gRPC
     port and `port(name + ":metrics")` its /metrics port (default: free ports)."""
@@ -97,7 +102,7 @@ def plan(
     take = port or (lambda _: free_port())
     ports = {n: take(n) for n in names}
     metrics = {n: take(f"{n}:metrics") for n in names}
-    tok_args = ["--router", cfg.router] if cfg.replicas > 1 else []
+    tok_args = [*(["--router", cfg.router] if cfg.replicas > 1 else []), *front_door_args]
     specs = topology_specs(
         topo,
         ports.__getitem__,
@@ -112,6 +117,9 @@ def plan(
         endpoints=[f"127.0.0.1:{ports[n]}" for n in names if kinds[n] == "tokenizer"],
         scheduler_metrics={
             n: f"http://127.0.0.1:{metrics[n]}/metrics" for n in names if kinds[n] == "scheduler"
+        },
+        front_door_metrics={
+            n: f"http://127.0.0.1:{metrics[n]}/metrics" for n in names if kinds[n] == "tokenizer"
         },
     )
     return specs, running
@@ -129,10 +137,13 @@ def start_topology(
     scheduler_args: Sequence[str],
     log_dir: Path,
     timeout_s: float = 600.0,
+    front_door_args: Sequence[str] = (),
 ) -> Iterator[RunningTopology]:
     """Start `cfg`'s services (internal links over mutual TLS, as `radixmesh serve`), wait
     until every one is ready, yield, stop them all."""
-    specs, running = plan(cfg, model, model_args, kv_total, scheduler_args)
+    specs, running = plan(
+        cfg, model, model_args, kv_total, scheduler_args, front_door_args=front_door_args
+    )
     launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
     launcher.start_all()
     try:

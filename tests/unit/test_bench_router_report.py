@@ -14,16 +14,19 @@ from prometheus_client import generate_latest
 
 from radixmesh_bench import router
 from radixmesh_bench.cli import build_parser
-from radixmesh_bench.prom_text import parse, value
+from radixmesh_bench.prom_text import Samples, parse, value
 from radixmesh_bench.radix_workloads import Workload
 from radixmesh_bench.router_report import (
     CACHED,
+    EVICTED,
     FINISHED,
     PROMPT,
+    ROUTED,
     Outcome,
     counter_deltas,
     goals,
     hit_rate,
+    label_deltas,
     max_over_mean,
     summarize_run,
 )
@@ -122,6 +125,25 @@ def test_summarize_run_on_fixed_inputs() -> None:
     assert r["output_tokens"] == 16 and r["output_tok_s"] == 8.0
     assert r["latency_p50_s"] == 2.5 and r["latency_p99_s"] == pytest.approx(3.97)
     assert r["ttft_p50_s"] == 1.25
+    assert r["evicted_tokens_per_replica"] == [0, 0] and r["route_reasons"] == {}
+
+
+def test_route_reasons_sum_over_front_doors_and_replicas() -> None:
+    def fd(**n: float) -> dict:
+        return {
+            (ROUTED, (("reason", k.split("_")[0]), ("replica", k.split("_")[1]))): v
+            for k, v in n.items()
+        }
+
+    before = {"tokenizer-0": fd(cold_a=2), "tokenizer-1": {}}
+    after = {"tokenizer-0": fd(cold_a=3, balance_b=1), "tokenizer-1": fd(cold_b=2, balance_a=1)}
+    assert label_deltas(before, after, ROUTED, "reason") == {"balance": 2, "cold": 3}
+    evicted_before: dict[str, Samples] = {"s0": {(EVICTED, ()): 5.0}, "s1": {}}
+    evicted_after: dict[str, Samples] = {"s0": {(EVICTED, ()): 9.0}, "s1": {(EVICTED, ()): 2.0}}
+    outs = [_o(100, 0, 1.0)]
+    r = summarize_run(outs, 1.0, evicted_before, evicted_after, before, after)
+    assert r["evicted_tokens_per_replica"] == [4, 2]
+    assert r["route_reasons"] == {"balance": 2, "cold": 3}
 
 
 def _run(cfg: RouterConfig, hit: float, mom: float = 1.0) -> dict:

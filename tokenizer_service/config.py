@@ -28,16 +28,24 @@ class TokenizerConfig(TransportConfig):
         choices=["cache_aware", "round_robin", "least_load"],
     )
     balance_abs_tokens: int = field(
-        1024,
-        "cache_aware: a replica is overloaded when its load (tokens queued + running) exceeds "
-        "the least loaded replica's by more than this AND by more than --balance-rel times",
+        16384,
+        "cache_aware: a replica is overloaded when its load (tokens of work queued + running) "
+        "exceeds the least loaded replica's by more than this AND by more than --balance-rel "
+        "times",
     )
     balance_abs_requests: int = field(
-        8,
+        32,
         "cache_aware: a replica is also overloaded when its requests (queued + running) exceed "
         "the least loaded replica's by more than this AND by more than --balance-rel times",
     )
     balance_rel: float = field(1.5, "cache_aware: the relative part of the overload rules")
+    balance_share: float = field(
+        1.5,
+        "cache_aware: a replica that took more than this times an even share of the last "
+        "--balance-window routing decisions gets no more cache hits until under it; the "
+        "prefix goes to the least-loaded replica under its share (0: off)",
+    )
+    balance_window: int = field(64, "cache_aware: routing decisions --balance-share looks at")
     cache_threshold: float = field(
         0.5,
         "cache_aware: route on the cache only when a replica holds at least this fraction of "

@@ -99,6 +99,8 @@ class ReplicaSet:
             raise ValueError(
                 "--balance-abs-tokens and --balance-abs-requests must be >= 0, --balance-rel >= 1"
             )
+        if not (cfg.balance_share == 0 or cfg.balance_share >= 1.0) or cfg.balance_window < 1:
+            raise ValueError("--balance-share must be 0 (off) or >= 1, --balance-window >= 1")
         if cfg.resolve_interval_s <= 0 or cfg.approx_cache_blocks < 1:
             raise ValueError("--resolve-interval-s and --approx-cache-blocks must be positive")
         if not 0.0 <= cfg.cache_threshold <= 1.0:
@@ -107,7 +109,13 @@ class ReplicaSet:
             spec = parse_address_spec(cfg.scheduler_address)
         except ValueError as exc:
             raise ValueError(f"--scheduler-address: {exc}") from None
-        balance = Balance(cfg.balance_abs_tokens, cfg.balance_rel, cfg.balance_abs_requests)
+        balance = Balance(
+            cfg.balance_abs_tokens,
+            cfg.balance_rel,
+            cfg.balance_abs_requests,
+            cfg.balance_share,
+            cfg.balance_window,
+        )
         router = Router(Policy(cfg.router), balance, cfg.cache_threshold)
         return cls(
             spec,

@@ -13,12 +13,18 @@ Policies (`--router`):
     first block -> `cold`. Rendezvous (highest hash of (block, replica address)) needs no
     shared state: on an idle system every front door that sees the same replicas sends the
     same cold prefix to the same one, and different prefixes spread evenly.
-  "Overloaded", in tokens or in requests: load - min_load > abs AND load > balance_rel *
-  min_load (both, as SGLang's router: small absolute gaps never count, nor large ones on a
-  busy system that is balanced in proportion), min_load over the candidates; abs is
-  balance_abs_tokens for tokens (prefill and KV work: long prompts) and balance_abs_requests
-  for requests (many short requests sharing one hot prefix are little token work each, yet
-  they all decode on one replica). Load as replica_view counts it.
+  "Overloaded", by either of two kinds of rule (Balance):
+  * a backlog now, in tokens or in requests: load - min_load > abs AND load > balance_rel *
+    min_load (both, as SGLang's router: small absolute gaps never count, nor large ones on a
+    busy system that is balanced in proportion), min_load over the candidates; abs is
+    balance_abs_tokens for tokens and balance_abs_requests for requests. Loose by default:
+    queues fluctuate (a wave of equal-length requests finishing together), and moving a
+    request off its prefix costs a recompute of that prefix.
+  * sustained skew: the replica's share of this router's recent decisions (TrafficShare)
+    exceeds balance_share times an even share. A hot prefix (most of the traffic sharing one
+    system prompt) is copied to more replicas until none takes much more than its share;
+    many prefixes spread over the replicas do not trip it, however their queues fluctuate.
+  Load as replica_view counts it.
 - round_robin: the eligible replicas in address order, in turn -> `round_robin`.
 - least_load: the least loaded (ties: rendezvous) -> `least_load`.
 
@@ -41,7 +47,7 @@ class Policy(str, Enum):
     LEAST_LOAD = "least_load"
 
 
-REASONS = ("cache_hit", "balance", "cold", "least_load", "round_robin")
+REASONS = ("cache_hit", "balance", "share", "cold", "least_load", "round_robin")
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,11 @@ class Decision:
 
 @dataclass(frozen=True)
 class Balance:
-    abs_tokens: int = 1024
+    abs_tokens: int = 16384
     rel: float = 1.5
-    abs_requests: int = 8
+    abs_requests: int = 32
+    share: float = 1.5  # 0: no share rule
+    window: int = 64  # decisions: TrafficShare's memory
 
     def overloaded(self, view: ReplicaView, candidates: Sequence[Candidate]) -> bool:
         least_tokens = min(c.view.load_tokens for c in candidates)
@@ -72,6 +80,42 @@ class Balance:
 
     def _over(self, load: int, least: int, gap: int) -> bool:
         return load - least > gap and load > self.rel * least
+
+
+class TrafficShare:
+    """Each replica's share of the recent routing decisions: an exponentially decayed count
+    (each decision multiplies every count by 1 - 1/window, then adds 1 to the chosen one's).
+    Judged only once the candidates' counts add up to `MIN_PER_REPLICA` decisions each (or
+    to half the window, with many replicas), so a few first decisions never look like skew.
+
+    Invariant: sum of counts <= window (a geometric series)."""
+
+    MIN_PER_REPLICA = 4
+
+    def __init__(self, window: int) -> None:
+        self.decay = 1.0 - 1.0 / max(window, 1)
+        self.counts: dict[str, float] = {}
+
+    def record(self, address: str) -> None:
+        decay = self.decay
+        counts = self.counts
+        for a in list(counts):
+            c = counts[a] * decay
+            if c < 1e-3:  # a replica long out of traffic (or gone): forget it
+                del counts[a]
+            else:
+                counts[a] = c
+        counts[address] = counts.get(address, 0.0) + 1.0
+
+    def over(self, address: str, candidates: Sequence[Candidate], limit: float) -> bool:
+        """Whether `address` took more than `limit` times an even share among `candidates`."""
+        n = len(candidates)
+        if limit <= 0 or n < 2:
+            return False
+        total = sum(self.counts.get(c.address, 0.0) for c in candidates)
+        if total < min(self.MIN_PER_REPLICA * n, 0.5 / (1.0 - self.decay)):
+            return False
+        return self.counts.get(address, 0.0) > limit * total / n
 
 
 class Router:
@@ -85,6 +129,7 @@ class Router:
         self.balance = balance or Balance()
         self.cache_threshold = cache_threshold
         self._turn = 0
+        self.share = TrafficShare(self.balance.window)
 
     def choose(self, candidates: Sequence[Candidate], hashes: Sequence[int], key: int) -> Decision:
         """`hashes`: the prompt's block hashes (cache_aware only); `key`: a number standing for
@@ -99,7 +144,9 @@ class Router:
             return Decision(pick.address, "round_robin")
         if self.policy is Policy.LEAST_LOAD:
             return Decision(_least_loaded(candidates, key).address, "least_load")
-        return self._cache_aware(candidates, hashes, key)
+        d = self._cache_aware(candidates, hashes, key)
+        self.share.record(d.address)
+        return d
 
     def _cache_aware(
         self, candidates: Sequence[Candidate], hashes: Sequence[int], key: int
@@ -109,10 +156,19 @@ class Router:
         least = _least_loaded(candidates, key)
         if best > 0 and best >= self.cache_threshold * len(hashes):
             holders = [c for c in candidates if matched[c.address] == best]
-            pick = _least_loaded(holders, key)
-            if not self.balance.overloaded(pick.view, candidates):
-                return Decision(pick.address, "cache_hit", best)
-            return Decision(least.address, "balance", matched[least.address])
+            over = self.share.over
+            limit = self.balance.share
+            fair = [c for c in holders if not over(c.address, candidates, limit)]
+            if fair:
+                pick = _least_loaded(fair, key)
+                if not self.balance.overloaded(pick.view, candidates):
+                    return Decision(pick.address, "cache_hit", best)
+                return Decision(least.address, "balance", matched[least.address])
+            # Every holder took more than its share: the least loaded of the replicas under
+            # theirs takes it and becomes a holder, so the prefix's traffic spreads.
+            under = [c for c in candidates if not over(c.address, candidates, limit)]
+            spill = _least_loaded(under or candidates, key)
+            return Decision(spill.address, "share", matched[spill.address])
         return Decision(least.address, "cold", matched[least.address])
 
 

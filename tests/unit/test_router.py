@@ -6,7 +6,14 @@ import pytest
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
 from tokenizer_service.replica_view import Load, ReplicaView
-from tokenizer_service.router import Balance, Candidate, Policy, Router, prompt_key
+from tokenizer_service.router import (
+    Balance,
+    Candidate,
+    Policy,
+    Router,
+    TrafficShare,
+    prompt_key,
+)
 
 
 def _hashes(ids: list[int], ns: str = "") -> list[int]:
@@ -169,7 +176,7 @@ def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
     a, b = _exact(), _exact()
     a.on_hello("a", BLOCK_TOKENS, 1 << 20)
     b.on_hello("b", BLOCK_TOKENS, 1 << 20)
-    router = Router()
+    router = Router(balance=Balance(abs_requests=6, share=0))
     hs = _hashes(PROMPT)
     cands = [Candidate("a:1", a), Candidate("b:1", b)]
     first = router.choose(cands, hs, hs[0])
@@ -181,6 +188,68 @@ def test_a_burst_of_one_prefix_follows_the_first_request() -> None:
         views[d.address].on_routed(hs, 16)
     d = router.choose(cands, hs, hs[0])
     assert d.address != first.address and d.reason == "balance"
+
+
+def _replicas(n: int) -> tuple[list[Candidate], dict[str, ReplicaView]]:
+    views = {}
+    for i in range(n):
+        v = ReplicaView()
+        v.on_hello(f"inst{i}", BLOCK_TOKENS, 1 << 20)
+        views[f"r{i}:1"] = v
+    return [Candidate(a, v) for a, v in views.items()], views
+
+
+def _route(router: Router, cands: list[Candidate], prompt: list[int]) -> tuple[str, str]:
+    hs = _hashes(prompt)
+    d = router.choose(cands, hs, prompt_key(hs, prompt))
+    view = next(c.view for c in cands if c.address == d.address)
+    view.on_routed(hs, 8)
+    view.on_cache_events(False, hs, [])  # prefilled and published at once
+    return d.address, d.reason
+
+
+def test_a_hot_prefix_spreads_until_no_replica_takes_much_more_than_its_share() -> None:
+    """80 % of the traffic shares one prefix: the queues never back up (the loads stay 0), yet
+    the prefix is copied to more replicas as its holders go over 1.5x an even share."""
+    cands, _ = _replicas(4)
+    router = Router()
+    hot = list(range(100, 164))
+    taken: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for i in range(200):
+        tail = list(range(1000 + 40 * i, 1000 + 40 * i + 40))
+        address, reason = _route(router, cands, (hot + tail) if i % 5 else tail)
+        if i >= 100:  # the second half, once the shares have settled
+            taken[address] = taken.get(address, 0) + 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+    assert reasons["share"] >= 1 and "balance" not in reasons
+    assert len(taken) == 4 and max(taken.values()) <= 1.5 * 100 / 4 + 3
+
+
+def test_many_prefixes_over_the_replicas_do_not_trip_the_share_rule() -> None:
+    """Eight prefixes spread two per replica, their requests in a shuffled but even mix:
+    every request after each prefix's first is a cache hit on the replica holding it."""
+    cands, _ = _replicas(4)
+    router = Router()
+    prefixes = [list(range(100 + 100 * g, 164 + 100 * g)) for g in range(8)]
+    order = [g for _ in range(12) for g in (0, 5, 2, 7, 1, 4, 6, 3)]
+    reasons = [_route(router, cands, prefixes[g] + [9000 + i])[1] for i, g in enumerate(order)]
+    assert reasons[:8].count("cold") == 8 and set(reasons[8:]) == {"cache_hit"}
+
+
+def test_traffic_share_decays_and_forgets() -> None:
+    share = TrafficShare(window=16)
+    cands = [Candidate("a", ReplicaView()), Candidate("b", ReplicaView())]
+    for _ in range(10):
+        share.record("a")
+    assert not share.over("a", cands, 1.5)  # decayed count 7.6 < 4 per replica: not judged
+    share.record("a")
+    assert share.over("a", cands, 1.5) and not share.over("b", cands, 1.5)
+    assert sum(share.counts.values()) <= 16
+    for _ in range(200):
+        share.record("b")
+    assert "a" not in share.counts and share.over("b", cands, 1.5)
+    assert not share.over("b", cands, 0)  # 0: the rule is off
 
 
 def test_approximate_view_records_routed_prompts_within_its_cap() -> None:

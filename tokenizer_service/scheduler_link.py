@@ -31,6 +31,9 @@ from tokenizer_service.deltas import Update, unpack_message
 from tokenizer_service.live_requests import LiveRequest, LiveTable
 from tokenizer_service.replica_view import Load, ReplicaView
 
+PROBE_TIMEOUT_S = 5.0  # a readiness answer this late still counts
+RECHECK_S = 0.1  # probe period while the replica is not serving
+
 log = structlog.get_logger(__name__)
 
 
@@ -255,15 +258,22 @@ class SchedulerLink:
                 probe.cancel()
 
     async def _probe_readiness(self) -> None:
+        """Every probe_s; every RECHECK_S while not serving, so a replica whose model just
+        connected takes traffic at once (a start-up probe answered NOT_SERVING used to keep
+        it out for a whole period, and a burst meanwhile all went to the others). A probe
+        that fails or times out changes nothing: a busy scheduler answers late, and the
+        session stream itself tells a dead one."""
         stub = health_pb2_grpc.HealthStub(self._unary_channel())
         while True:
             try:
                 resp = await stub.Check(
-                    health_pb2.HealthCheckRequest(service=READINESS), timeout=self.probe_s
+                    health_pb2.HealthCheckRequest(service=READINESS),
+                    timeout=max(self.probe_s, PROBE_TIMEOUT_S),
                 )
                 serving = resp.status == health_pb2.HealthCheckResponse.SERVING
-            except grpc.aio.AioRpcError:
-                serving = self.serving  # the session stream itself tells a dead replica
+            except grpc.aio.AioRpcError as exc:
+                serving = self.serving
+                log.debug("replica_probe_failed", replica=self.address, code=exc.code().name)
             if serving != self.serving:
                 self.serving = serving
                 (log.info if serving else log.warning)(
@@ -271,7 +281,7 @@ class SchedulerLink:
                 )
                 if self.on_state is not None:
                     await self.on_state(self)
-            await asyncio.sleep(self.probe_s)
+            await asyncio.sleep(self.probe_s if self.serving else min(self.probe_s, RECHECK_S))
 
     def _observe(self, msg: scheduler_pb2.SchedulerMessage) -> None:
         """The replica's cache events and load report, into its view."""

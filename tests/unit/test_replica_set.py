@@ -339,6 +339,31 @@ async def test_a_killed_replica_loses_no_request() -> None:
 
 
 @aio
+async def test_a_replica_whose_model_connects_is_probed_again_at_once() -> None:
+    """A scheduler answering NOT_SERVING (its model still starting) is asked again every
+    RECHECK_S, not once a probe period: here the period is a minute, yet the link sees it
+    serving right after its readiness turns (a burst meanwhile would all go elsewhere)."""
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(FakeScheduler("late", held=[]), server)
+    health = Health()
+    await health.set_ready(False)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    address = f"127.0.0.1:{free_port()}"
+    server.add_insecure_port(address)
+    await server.start()
+    link = SchedulerLink(address, probe_s=60.0)
+    task = asyncio.create_task(link.run())
+    try:
+        await _until(lambda: link.connected.is_set() and not link.serving)
+        await health.set_ready(True)
+        await _until(lambda: link.serving)  # _until gives up long before a 60 s period
+    finally:
+        task.cancel()
+        await link.close()
+        await server.stop(0)
+
+
+@aio
 async def test_a_replica_that_is_not_ready_gets_no_traffic() -> None:
     """The readiness probe: a scheduler whose model is away (NOT_SERVING) is passed over."""
     (s1, a1), (s2, a2) = (

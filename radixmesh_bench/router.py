@@ -92,7 +92,7 @@ def run_one(
     kv: int,
     logs: Path,
 ) -> dict[str, Any]:
-    from radixmesh_bench.router_drive import drive, warm_up
+    from radixmesh_bench.router_drive import drive, wait_all_serving, warm_up
 
     tag = cfg.label.replace(" ", "_").replace(",", "")
     with start_topology(
@@ -106,6 +106,8 @@ def run_one(
         front_door_args=ns.front_door_arg,
     ) as topo:
         zero: dict[str, Samples] = {name: {} for name in topo.scheduler_metrics}
+        if cfg.replicas > 1:
+            wait_all_serving(topo.endpoints, cfg.replicas)
         before = _settled(topo, zero, warm_up(topo.endpoints, cfg.replicas))
         routed_before = topo.scrape_front_doors()
         outcomes, wall = drive(topo.endpoints, w, ns.concurrency)

@@ -71,6 +71,25 @@ def drive(endpoints: Sequence[str], w: Workload, concurrency: int) -> tuple[list
             c.close()
 
 
+def wait_all_serving(endpoints: Sequence[str], replicas: int, timeout_s: float = 60.0) -> None:
+    """Until every front door sees every replica connected and serving: the launcher's
+    readiness says each service is up, but a front door learns a replica's model is connected
+    from its own probe, and a run started before that would route around the replica."""
+    deadline = time.monotonic() + timeout_s
+    for ep in endpoints:
+        with Client(ep, timeout=5.0) as c:
+            while True:
+                rs = c.stats().replicas
+                if len(rs) == replicas and all(r.connected and r.serving for r in rs):
+                    break
+                if time.monotonic() > deadline:
+                    seen = [(r.address, r.connected, r.serving) for r in rs]
+                    raise RuntimeError(
+                        f"front door {ep} does not see every replica serving: {seen}"
+                    )
+                time.sleep(0.05)
+
+
 def warm_up(endpoints: Sequence[str], replicas: int, seed: int = 12345) -> int:
     """A few short requests of fresh ids through every front door (first-call costs: channels,
     lazy torch set-up), 2 per replica per front door; returns how many were sent. They share

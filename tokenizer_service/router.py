@@ -5,14 +5,15 @@ Policies (`--router`):
   replicas publish them): hash the prompt's cache keys into chained blocks and find each
   replica's longest run of leading blocks it holds.
   * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5): the
-    longest match wins (ties: least loaded, then the rendezvous order below) -> `cache_hit`;
-    unless that replica is overloaded relative to the least-loaded replica, then the least
-    loaded -> `balance`.
+    longest match among the holders within their share wins (ties: least loaded, then the
+    rendezvous order below) -> `cache_hit`; unless it has a backlog, then the least loaded
+    -> `balance`. Every holder over its share: the least loaded under its share -> `share`.
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
-    cached anywhere): the least loaded, ties broken by the rendezvous order of the prompt's
-    first block -> `cold`. Rendezvous (highest hash of (block, replica address)) needs no
-    shared state: on an idle system every front door that sees the same replicas sends the
-    same cold prefix to the same one, and different prefixes spread evenly.
+    cached anywhere): among the replicas within a small band of the least loaded
+    (COLD_BAND_*), the rendezvous winner of the prompt's first block -> `cold`. Rendezvous
+    (highest hash of (block, replica address)) needs no shared state: every front door that
+    sees the same replicas about equally loaded sends the same cold prefix to the same one,
+    and different prefixes spread evenly.
   "Overloaded", by either of two kinds of rule (Balance):
   * a backlog now, in tokens or in requests: load - min_load > abs AND load > balance_rel *
     min_load (both, as SGLang's router: small absolute gaps never count, nor large ones on a
@@ -169,7 +170,29 @@ class Router:
             under = [c for c in candidates if not over(c.address, candidates, limit)]
             spill = _least_loaded(under or candidates, key)
             return Decision(spill.address, "share", matched[spill.address])
-        return Decision(least.address, "cold", matched[least.address])
+        cold = _rendezvous_among_least_loaded(candidates, key)
+        return Decision(cold.address, "cold", matched[cold.address])
+
+
+# Cold picks: replicas within this many requests (and tokens of work) of the least loaded
+# count as equally loaded, and the prompt's rendezvous order decides among them. Front doors
+# see slightly different loads (each adds what it routed since the last report), so strict
+# least-load sent one new prefix's requests from two front doors to two replicas before
+# either had published it; within the band they agree.
+COLD_BAND_REQUESTS = 1
+COLD_BAND_TOKENS = 2048
+
+
+def _rendezvous_among_least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:
+    least_requests = min(c.view.load_requests for c in candidates)
+    least_tokens = min(c.view.load_tokens for c in candidates)
+    band = [
+        c
+        for c in candidates
+        if c.view.load_requests <= least_requests + COLD_BAND_REQUESTS
+        and c.view.load_tokens <= least_tokens + COLD_BAND_TOKENS
+    ] or [_least_loaded(candidates, key)]
+    return max(band, key=lambda c: rendezvous(key, c.address))
 
 
 def _least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:

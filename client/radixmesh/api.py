@@ -224,8 +224,9 @@ async def _aerror(
     return await asyncio.to_thread(probe)
 
 
-class Client:
-    """Blocking client. Thread-safe: one channel, calls from any thread."""
+class _Connection:
+    """What both clients hold: the endpoint, the default timeout, the retry policy and a way
+    to open a blocking channel with the caller's credentials."""
 
     def __init__(
         self,
@@ -241,7 +242,25 @@ class Client:
         self.endpoint = endpoint
         self.timeout = timeout
         self.retry = retry if retry is not None else RetryPolicy()
-        self.channel = open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
+        self._credentials: dict[str, Any] = {"api_key": api_key, "tls": tls}
+
+    def _open_sync(self) -> grpc.Channel:
+        return open_channel(self.endpoint, _OPTIONS, **self._credentials)
+
+
+class Client(_Connection):
+    """Blocking client. Thread-safe: one channel, calls from any thread."""
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls: bool | str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__(endpoint, timeout, api_key, tls, retry)
+        self.channel = self._open_sync()
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     def close(self) -> None:
@@ -339,7 +358,7 @@ class Client:
             raise _error(exc, self.endpoint, self.channel) from None
 
 
-class AsyncClient:
+class AsyncClient(_Connection):
     """asyncio client; create it inside a running event loop."""
 
     def __init__(
@@ -350,14 +369,8 @@ class AsyncClient:
         tls: bool | str | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
-        """`api_key` (default $RADIXMESH_API_KEY) goes with every call; `tls`: False, True
-        (system roots) or a CA bundle path (default $RADIXMESH_TLS_CA, else plaintext);
-        `retry`: how a broken stream is resumed (default RetryPolicy(); NO_RETRY: never)."""
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.retry = retry if retry is not None else RetryPolicy()
+        super().__init__(endpoint, timeout, api_key, tls, retry)
         self.channel = open_aio_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
-        self._open_sync = lambda: open_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
         self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
 
     async def close(self) -> None:

@@ -7,7 +7,8 @@ Policies (`--router`):
   * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5): the
     longest match among the holders within their share wins (ties: least loaded, then the
     rendezvous order below) -> `cache_hit`; unless it has a backlog, then the least loaded
-    -> `balance`. Every holder over its share: the least loaded under its share -> `share`.
+    -> `balance`. Every holder over its share and the prefix hot: the least loaded under its
+    share -> `share`.
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
     cached anywhere): among the replicas within a small band of the least loaded
     (COLD_BAND_*), the rendezvous winner of the prompt's first block -> `cold`. Rendezvous
@@ -21,10 +22,12 @@ Policies (`--router`):
     balance_abs_tokens for tokens and balance_abs_requests for requests. Loose by default:
     queues fluctuate (a wave of equal-length requests finishing together), and moving a
     request off its prefix costs a recompute of that prefix.
-  * sustained skew: the replica's share of this router's recent decisions (TrafficShare)
-    exceeds balance_share times an even share. A hot prefix (most of the traffic sharing one
-    system prompt) is copied to more replicas until none takes much more than its share;
-    many prefixes spread over the replicas do not trip it, however their queues fluctuate.
+  * sustained skew (TrafficShare): the replica took more than balance_share times an even
+    share of this router's recent decisions, and the prefix the request is routed on is hot:
+    its own requests alone were more than an even share. A hot prefix (most of the traffic
+    sharing one system prompt) is copied to more replicas until none takes much more than
+    its share; other prefixes stay where they are cached (many prefixes spread over the
+    replicas, a conversation's own history), however the queues fluctuate.
   Load as replica_view counts it.
 - round_robin: the eligible replicas in address order, in turn -> `round_robin`.
 - least_load: the least loaded (ties: rendezvous) -> `least_load`.
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tokenizer_service.replica_view import ReplicaView
+from tokenizer_service.traffic_share import TrafficShare
 
 
 class Policy(str, Enum):
@@ -61,7 +65,8 @@ class Candidate:
 class Decision:
     address: str
     reason: str
-    matched_blocks: int = 0
+    matched_blocks: int = 0  # leading blocks of the prompt the chosen replica holds
+    prefix_blocks: int = 0  # the longest any replica holds (what the decision weighed)
 
 
 @dataclass(frozen=True)
@@ -81,42 +86,6 @@ class Balance:
 
     def _over(self, load: int, least: int, gap: int) -> bool:
         return load - least > gap and load > self.rel * least
-
-
-class TrafficShare:
-    """Each replica's share of the recent routing decisions: an exponentially decayed count
-    (each decision multiplies every count by 1 - 1/window, then adds 1 to the chosen one's).
-    Judged only once the candidates' counts add up to `MIN_PER_REPLICA` decisions each (or
-    to half the window, with many replicas), so a few first decisions never look like skew.
-
-    Invariant: sum of counts <= window (a geometric series)."""
-
-    MIN_PER_REPLICA = 4
-
-    def __init__(self, window: int) -> None:
-        self.decay = 1.0 - 1.0 / max(window, 1)
-        self.counts: dict[str, float] = {}
-
-    def record(self, address: str) -> None:
-        decay = self.decay
-        counts = self.counts
-        for a in list(counts):
-            c = counts[a] * decay
-            if c < 1e-3:  # a replica long out of traffic (or gone): forget it
-                del counts[a]
-            else:
-                counts[a] = c
-        counts[address] = counts.get(address, 0.0) + 1.0
-
-    def over(self, address: str, candidates: Sequence[Candidate], limit: float) -> bool:
-        """Whether `address` took more than `limit` times an even share among `candidates`."""
-        n = len(candidates)
-        if limit <= 0 or n < 2:
-            return False
-        total = sum(self.counts.get(c.address, 0.0) for c in candidates)
-        if total < min(self.MIN_PER_REPLICA * n, 0.5 / (1.0 - self.decay)):
-            return False
-        return self.counts.get(address, 0.0) > limit * total / n
 
 
 class Router:
@@ -146,7 +115,8 @@ class Router:
         if self.policy is Policy.LEAST_LOAD:
             return Decision(_least_loaded(candidates, key).address, "least_load")
         d = self._cache_aware(candidates, hashes, key)
-        self.share.record(d.address)
+        # The prefix it was routed on: its deepest block that some replica holds.
+        self.share.record(d.address, hashes[d.prefix_blocks - 1] if d.prefix_blocks else None)
         return d
 
     def _cache_aware(
@@ -157,19 +127,22 @@ class Router:
         least = _least_loaded(candidates, key)
         if best > 0 and best >= self.cache_threshold * len(hashes):
             holders = [c for c in candidates if matched[c.address] == best]
-            over = self.share.over
+            names = [c.address for c in candidates]
             limit = self.balance.share
-            fair = [c for c in holders if not over(c.address, candidates, limit)]
-            if fair:
-                pick = _least_loaded(fair, key)
-                if not self.balance.overloaded(pick.view, candidates):
-                    return Decision(pick.address, "cache_hit", best)
-                return Decision(least.address, "balance", matched[least.address])
-            # Every holder took more than its share: the least loaded of the replicas under
-            # theirs takes it and becomes a holder, so the prefix's traffic spreads.
-            under = [c for c in candidates if not over(c.address, candidates, limit)]
-            spill = _least_loaded(under or candidates, key)
-            return Decision(spill.address, "share", matched[spill.address])
+            fair = [c for c in holders if not self.share.over(c.address, names, limit)]
+            if not fair and self.share.hot(hashes[best - 1], names):
+                # A prefix carrying more than one replica's worth of traffic, and every
+                # holder over its share: the least loaded of the replicas under theirs
+                # takes it and becomes a holder, so the prefix's traffic spreads. (Any
+                # other prefix stays where it is cached: a conversation's own history or
+                # one group's system prompt is not worth recomputing for balance.)
+                under = [c for c in candidates if not self.share.over(c.address, names, limit)]
+                spill = _least_loaded(under or candidates, key)
+                return Decision(spill.address, "share", matched[spill.address], best)
+            pick = _least_loaded(fair or holders, key)
+            if not self.balance.overloaded(pick.view, candidates):
+                return Decision(pick.address, "cache_hit", best, best)
+            return Decision(least.address, "balance", matched[least.address], best)
         cold = _rendezvous_among_least_loaded(candidates, key)
         return Decision(cold.address, "cold", matched[cold.address])
 

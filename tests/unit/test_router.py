@@ -230,6 +230,7 @@ def test_a_hot_prefix_spreads_until_no_replica_takes_much_more_than_its_share() 
         reasons[reason] = reasons.get(reason, 0) + 1
     assert reasons["share"] >= 1 and "balance" not in reasons
     assert len(taken) == 4 and max(taken.values()) <= 1.5 * 100 / 4 + 3
+    assert router.share.hot(_hashes(hot)[-1], [c.address for c in cands])
 
 
 def test_many_prefixes_over_the_replicas_do_not_trip_the_share_rule() -> None:
@@ -245,17 +246,34 @@ def test_many_prefixes_over_the_replicas_do_not_trip_the_share_rule() -> None:
 
 def test_traffic_share_decays_and_forgets() -> None:
     share = TrafficShare(window=16)
-    cands = [Candidate("a", ReplicaView()), Candidate("b", ReplicaView())]
+    names = ["a", "b"]
     for _ in range(10):
-        share.record("a")
-    assert not share.over("a", cands, 1.5)  # decayed count 7.6 < 4 per replica: not judged
-    share.record("a")
-    assert share.over("a", cands, 1.5) and not share.over("b", cands, 1.5)
+        share.record("a", prefix=7)
+    assert not share.over("a", names, 1.5)  # decayed count 7.6 < 4 per replica: not judged
+    assert not share.hot(7, names)
+    share.record("a", prefix=7)
+    assert share.over("a", names, 1.5) and not share.over("b", names, 1.5)
+    assert share.hot(7, names) and not share.hot(8, names)
     assert sum(share.counts.values()) <= 16
-    for _ in range(200):
-        share.record("b")
-    assert "a" not in share.counts and share.over("b", cands, 1.5)
-    assert not share.over("b", cands, 0)  # 0: the rule is off
+    for _ in range(2000):  # past a renormalization of the prefix counts
+        share.record("b", prefix=8)
+    assert "a" not in share.counts and share.over("b", names, 1.5)
+    assert share.prefix_count(7) == 0.0 and share.prefix_count(8) == pytest.approx(16, rel=1e-6)
+    assert not share.over("b", names, 0)  # 0: the rule is off
+
+
+def test_a_conversation_is_not_moved_off_its_history_by_the_share_rule() -> None:
+    """One replica over its share, but the request's prefix (its own conversation so far)
+    is not hot: it stays where that history is cached."""
+    cands, views = _replicas(2)
+    router = Router()
+    system = list(range(100, 164))
+    for i in range(30):  # traffic of distinct prefixes, all on r0
+        router.share.record("r0:1", prefix=i)
+    history = system + list(range(5000, 5064))
+    views["r0:1"].on_cache_events(False, _hashes(history), [])
+    d = router.choose(cands, _hashes(history + [1, 2]), 0)
+    assert (d.address, d.reason) == ("r0:1", "cache_hit")
 
 
 def test_approximate_view_records_routed_prompts_within_its_cap() -> None:

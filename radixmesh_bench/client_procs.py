@@ -10,51 +10,26 @@ latest end (time.perf_counter is system-wide on Linux).
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing as mp
 import queue
 from typing import Any
 
-from radixmesh_bench.serving_clients import Out, Req, drive
+from radixmesh_bench.serving_clients import Out, RunSpec, drive
 
 PART_TIMEOUT_S = 6 * 3600.0
 
 
-Args = tuple[str, str, str, list[Req], float, int, int]
-
-
-def _part(k: int, barrier: Any, results: Any, args: Args) -> None:
-    backend, http_url, grpc_ep, reqs, rate, conc, seed = args
-    outs, t0, t1 = asyncio.run(drive(backend, http_url, grpc_ep, reqs, rate, conc, seed, barrier))
+def _part(k: int, barrier: Any, results: Any, spec: RunSpec) -> None:
+    outs, t0, t1 = asyncio.run(drive(spec, barrier))
     results.put((k, outs, t0, t1))
 
 
-def spread(
-    procs: int,
-    backend: str,
-    http_url: str,
-    grpc_ep: str,
-    reqs: list[Req],
-    rate: float,
-    conc: int,
-    seed: int,
-) -> tuple[list[Out], float]:
+def spread(procs: int, spec: RunSpec) -> tuple[list[Out], float]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs)
     results = ctx.Queue()
-    part_rate = rate if math.isinf(rate) else rate / procs
-    part_conc = max(conc // procs, 1) if conc > 0 else 0
     workers = [
-        ctx.Process(
-            target=_part,
-            args=(
-                k,
-                barrier,
-                results,
-                (backend, http_url, grpc_ep, reqs[k::procs], part_rate, part_conc, seed + k),
-            ),
-            daemon=True,
-        )
+        ctx.Process(target=_part, args=(k, barrier, results, spec.share(k, procs)), daemon=True)
         for k in range(procs)
     ]
     for w in workers:
@@ -76,7 +51,7 @@ def spread(
             w.join(timeout=10)
             if w.is_alive():
                 w.kill()
-    merged: list[Out] = [Out()] * len(reqs)
+    merged: list[Out] = [Out()] * len(spec.reqs)
     for k, (outs, _, _) in parts.items():
         merged[k::procs] = outs
     wall = max(p[2] for p in parts.values()) - min(p[1] for p in parts.values())

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from radixmesh_bench.serving_clients import Out, Req, drive
+from radixmesh_bench.serving_clients import Out, Req, RunSpec, drive
 from radixmesh_bench.stack import add_model_flags, model_source, pct, progress
 
 DATA = Path(__file__).resolve().parent / "data" / "sharegpt_2000.json.gz"
@@ -68,34 +68,23 @@ def random_lengths(tok: Any, n: int, input_len: int, output_len: int, seed: int)
     return out
 
 
-def run_one(
-    backend: str,
-    http_url: str,
-    grpc_ep: str,
-    reqs: list[Req],
-    rate: float,
-    conc: int,
-    seed: int,
-    procs: int = 1,
-) -> dict[str, Any]:
+def run_one(spec: RunSpec, procs: int = 1) -> dict[str, Any]:
     """One run; with `procs` > 1 the requests are dealt round-robin to that many client
     processes (each with rate/procs and conc/procs), so the load generator is not the
     bottleneck."""
     if procs <= 1:
-        outs, t0, t1 = asyncio.run(drive(backend, http_url, grpc_ep, reqs, rate, conc, seed))
-        return metrics(backend, rate, conc, reqs, outs, t1 - t0)
+        outs, t0, t1 = asyncio.run(drive(spec))
+        return metrics(spec, outs, t1 - t0)
     from radixmesh_bench.client_procs import spread
 
-    outs, wall = spread(procs, backend, http_url, grpc_ep, reqs, rate, conc, seed)
-    res = metrics(backend, rate, conc, reqs, outs, wall)
+    outs, wall = spread(procs, spec)
+    res = metrics(spec, outs, wall)
     res["client_procs"] = procs
     return res
 
 
-def metrics(
-    backend: str, rate: float, conc: int, reqs: list[Req], outs: list[Out], wall: float
-) -> dict[str, Any]:
-    ok = [(r, o) for r, o in zip(reqs, outs, strict=True) if o.ok]
+def metrics(spec: RunSpec, outs: list[Out], wall: float) -> dict[str, Any]:
+    ok = [(r, o) for r, o in zip(spec.reqs, outs, strict=True) if o.ok]
     inp = sum(r.prompt_len for r, _ in ok)
     gen = sum(o.output_len for _, o in ok)
 
@@ -112,9 +101,9 @@ def metrics(
 
     errors = [o.error for o in outs if not o.ok]
     return {
-        "backend": backend,
-        "request_rate": "inf" if math.isinf(rate) else rate,
-        "max_concurrency": conc or None,
+        "backend": spec.backend,
+        "request_rate": "inf" if math.isinf(spec.rate) else spec.rate,
+        "max_concurrency": spec.conc or None,
         "completed": len(ok),
         "failed": len(errors),
         "first_error": errors[0] if errors else None,
@@ -210,14 +199,13 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         grpc_ep,
         http_url,
     ):
-        run_one("grpc", http_url, grpc_ep, reqs[:2], math.inf, 0, ns.seed)  # warm-up
+        run_one(RunSpec("grpc", http_url, grpc_ep, reqs[:2], math.inf, 0, ns.seed))  # warm-up
         for rate in rates:
             for b in backends:  # each rate: the clients back to back on the same requests
                 progress(f"{b} at rate {rate} ({len(reqs)} requests)")
                 flush(http_url)  # every run starts from an empty radix cache
-                res = run_one(
-                    b, http_url, grpc_ep, reqs, rate, ns.max_concurrency, ns.seed, ns.client_procs
-                )
+                spec = RunSpec(b, http_url, grpc_ep, reqs, rate, ns.max_concurrency, ns.seed)
+                res = run_one(spec, ns.client_procs)
                 report["runs"].append(res)
     by = {(r["backend"], r["request_rate"]): r for r in report["runs"]}
     ratios = {}

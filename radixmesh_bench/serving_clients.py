@@ -129,25 +129,44 @@ async def send_grpc(client: Any, r: Req) -> Out:
 
 
 # -- one run -------------------------------------------------------------------------------------
-async def drive(
-    backend: str,
-    http_url: str,
-    grpc_ep: str,
-    reqs: list[Req],
-    rate: float,
-    conc: int,
-    seed: int,
-    barrier: Any = None,
-) -> tuple[list[Out], float, float]:
-    """Send `reqs` (Poisson arrivals at `rate`, at most `conc` in flight; 0: no cap) and
-    return their outcomes with the start and end times (time.perf_counter, which is
-    system-wide on Linux, so client processes' times compare). `barrier`: a
-    multiprocessing.Barrier that every client process passes before its first request."""
+@dataclass(frozen=True)
+class RunSpec:
+    """One run's load: `reqs` to `backend` (sglang/openai at `http_url`, grpc at `grpc_ep`),
+    Poisson arrivals at `rate`, at most `conc` in flight (0: no cap), arrivals drawn from
+    `seed`."""
+
+    backend: str
+    http_url: str
+    grpc_ep: str
+    reqs: list[Req]
+    rate: float
+    conc: int
+    seed: int
+
+    def share(self, k: int, n: int) -> RunSpec:
+        """Client process k of n: every n-th request, rate/n and conc/n, its own seed."""
+        return RunSpec(
+            self.backend,
+            self.http_url,
+            self.grpc_ep,
+            self.reqs[k::n],
+            self.rate if math.isinf(self.rate) else self.rate / n,
+            max(self.conc // n, 1) if self.conc > 0 else 0,
+            self.seed + k,
+        )
+
+
+async def drive(spec: RunSpec, barrier: Any = None) -> tuple[list[Out], float, float]:
+    """Send the run's requests and return their outcomes with the start and end times
+    (time.perf_counter, which is system-wide on Linux, so client processes' times compare).
+    `barrier`: a multiprocessing.Barrier that every client process passes before its first
+    request."""
     import aiohttp
     from radixmesh.api import AsyncClient
 
-    rng = random.Random(seed)
-    sem = asyncio.Semaphore(conc if conc > 0 else max(len(reqs), 1))
+    backend, http_url, reqs, rate = spec.backend, spec.http_url, spec.reqs, spec.rate
+    rng = random.Random(spec.seed)
+    sem = asyncio.Semaphore(spec.conc if spec.conc > 0 else max(len(reqs), 1))
     timeout = aiohttp.ClientTimeout(total=6 * 3600)
     async with (
         # No connection cap (aiohttp's default is 100): at rate inf every request is in flight
@@ -155,7 +174,7 @@ async def drive(
         aiohttp.ClientSession(
             timeout=timeout, read_bufsize=10 << 20, connector=aiohttp.TCPConnector(limit=0)
         ) as session,
-        AsyncClient(grpc_ep) as client,
+        AsyncClient(spec.grpc_ep) as client,
     ):
         send: Callable[[Req], Awaitable[Out]]
         if backend == "sglang":

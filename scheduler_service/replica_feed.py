@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING
 
-from radixmesh_wire.cache_blocks import BLOCK_TOKENS
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes
 from scheduler_service.cache_publisher import CacheDelta, CachePublisher
 
 if TYPE_CHECKING:
@@ -74,24 +74,20 @@ def load_of(st: SchedState, blocks: WaitingBlocks | None = None) -> Load:
 
 
 class WaitingBlocks:
-    """Chained hashes of each waiting request's full `BLOCK_TOKENS` blocks (its fill, in its
-    cache namespace), remembered per request so a load walk hashes only new arrivals; a
-    re-queued request whose fill grew is hashed again. Hashes are process-local (Python's
-    tuple hash): they only find equal prefixes among this replica's waiting requests."""
+    """The block hashes (radixmesh_wire.cache_blocks, the ones front doors route on) of each
+    waiting request's fill in its cache namespace, remembered per request so a load walk
+    hashes only new arrivals; a re-queued request whose fill grew is hashed again."""
 
     def __init__(self) -> None:
         self._memo: dict[str, tuple[int, list[int]]] = {}
 
     def _of(self, r: Request) -> list[int]:
-        fill = r.fill
+        n = len(r.fill)
         got = self._memo.get(r.rid)
-        if got is not None and got[0] == len(fill):
+        if got is not None and got[0] == n:
             return got[1]
-        h, out = r.cache_ns, []
-        for i in range(0, len(fill) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-            h = hash((h, tuple(fill[i : i + BLOCK_TOKENS])))
-            out.append(h)
-        self._memo[r.rid] = (len(fill), out)
+        out = block_hashes(r.cache_keys(n))
+        self._memo[r.rid] = (n, out)
         return out
 
     def waiting_tokens(self, waiting: Iterable[Request]) -> int:

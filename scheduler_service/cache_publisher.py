@@ -11,11 +11,19 @@ is attributed to the node whose edge holds its last key, so:
   passes fewer than ``B`` tokens: every node it skips holds no block end);
 - a split at depth ``d`` hands the blocks ending at depth ``<= d`` to the new upper node;
 - an evicted leaf removes exactly its own blocks (its ancestors still hold theirs);
-- a reset drops everything.
+- a reset drops every tree block.
 
 Invariant (``check_integrity``): for every node, its entry is ``(depth above its edge, the
 hashes of the blocks ending on its edge)`` computed from scratch from its root path, no other
-entry exists, and the pending changes are consistent with it (``added`` held, ``removed`` not).
+entry exists, ``_tree`` is the union of the entries, every hold count is positive, and the
+pending changes are consistent with the published set (``added`` held, ``removed`` not).
+
+Provisional holds (`hold` / `release`): the blocks of a prompt a request brought are published
+from its submission until it ends, as well as the tree's. A routed prefix is then visible to
+every front door within milliseconds, not only after its prefill has run and been inserted:
+requests of one new prefix that reach several front doors at once follow the first one.
+The published set is ``tree blocks | held blocks`` (holds are counted: prompts share blocks);
+a change of either part is published only where it changes that union.
 
 Changes accumulate as the *net* difference from the state last drained: a block added and
 evicted between two drains appears in neither list. So a new subscriber's snapshot must be that
@@ -58,12 +66,14 @@ class CacheDelta:
 class CachePublisher:
     """Mirrors a radix tree's held blocks (``CacheObserver``) and accumulates their changes."""
 
-    __slots__ = ("_blocks", "_added", "_removed", "_reset")
+    __slots__ = ("_blocks", "_tree", "_holds", "_added", "_removed", "_reset")
 
     def __init__(self) -> None:
         # node -> (depth above its edge, hashes of the blocks whose last key is on its edge);
         # only nodes holding at least one block end have an entry.
         self._blocks: dict[Any, tuple[int, list[int]]] = {}
+        self._tree: set[int] = set()  # every hash in _blocks (a block is on one root path)
+        self._holds: dict[int, int] = {}  # provisional holds: hash -> live requests holding it
         self._added: set[int] = set()
         self._removed: set[int] = set()
         self._reset = False
@@ -85,7 +95,9 @@ class CachePublisher:
                 else block_hashes(keys)[first:stop]
             )
         self._blocks[leaf] = (start, hashes)
-        _net(self._added, self._removed, hashes)
+        self._tree.update(hashes)
+        holds = self._holds
+        _net(self._added, self._removed, [h for h in hashes if h not in holds])
 
     def _last_hash_above(self, node: Any) -> int | None:
         blocks = self._blocks
@@ -113,21 +125,54 @@ class CachePublisher:
     def evicted(self, node: Any) -> None:
         entry = self._blocks.pop(node, None)
         if entry is not None:
-            _net(self._removed, self._added, entry[1])
+            self._tree.difference_update(entry[1])
+            holds = self._holds
+            _net(self._removed, self._added, [h for h in entry[1] if h not in holds])
 
     def reset(self) -> None:
+        """The tree is gone; provisional holds stay (their requests are still live)."""
         self._blocks.clear()
-        self._added.clear()
+        self._tree.clear()
+        self._added = set(self._holds)
         self._removed.clear()
         self._reset = True
+
+    # -- provisional holds ----------------------------------------------------------------------
+    def hold(self, hashes: Iterable[int]) -> None:
+        """A live request's prompt blocks: published until the matching `release`."""
+        holds, tree = self._holds, self._tree
+        new = []
+        for h in hashes:
+            n = holds.get(h, 0)
+            holds[h] = n + 1
+            if n == 0 and h not in tree:
+                new.append(h)
+        if new:
+            _net(self._added, self._removed, new)
+
+    def release(self, hashes: Iterable[int]) -> None:
+        """Undo one `hold` of the same hashes (its request ended)."""
+        holds, tree = self._holds, self._tree
+        gone = []
+        for h in hashes:
+            n = holds.get(h, 0) - 1
+            if n > 0:
+                holds[h] = n
+                continue
+            holds.pop(h, None)
+            if h not in tree:
+                gone.append(h)
+        if gone:
+            _net(self._removed, self._added, gone)
 
     # -- publishing -------------------------------------------------------------------------
     @property
     def block_count(self) -> int:
-        return sum(len(h) for _, h in self._blocks.values())
+        """Blocks published now: the tree's and the provisional ones."""
+        return len(self._tree) + sum(1 for h in self._holds if h not in self._tree)
 
     def held(self) -> set[int]:
-        return {h for _, hashes in self._blocks.values() for h in hashes}
+        return self._tree | self._holds.keys()
 
     def snapshot(self) -> CacheDelta:
         """A new subscriber's first message: the set as of the last drain, as a reset. Apply
@@ -167,6 +212,11 @@ class CachePublisher:
                 fail(f"{node!r} at depth {start}: entry {entry}, tree says {(start, want)}")
         if seen != len(self._blocks):
             fail(f"{len(self._blocks) - seen} entries for nodes no longer in the tree")
+        tree = {h for _, hashes in self._blocks.values() for h in hashes}
+        if tree != self._tree:
+            fail(f"tree hash set off by {len(tree ^ self._tree)} hashes")
+        if any(n <= 0 for n in self._holds.values()):
+            fail("a provisional hold with no holder")
         held = self.held()
         if self._added - held:
             fail(f"pending adds not held: {sorted(self._added - held)[:5]}")

@@ -11,6 +11,10 @@ when it changed; a flush before the loop goes idle always looks, so the last loa
 quiet spell is never held back.
 
 A session opening gets `opening()`: a reset with the whole held set, and the current load.
+
+Provisional holds: `hold` publishes a submitted request's prompt blocks at once (the scheduler
+sends them with `collect_cache` on the next loop turn, not after the step under way) and
+`release` withdraws them when it ends, unless the tree holds them by then (cache_publisher).
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ class ReplicaFeed:
         self._next_load = float("-inf")  # no load computed before this clock() time
         self._last_load: Load | None = None  # the last one sent
         self._blocks = WaitingBlocks()
+        self._holds: dict[str, list[int]] = {}  # rid -> the blocks its submission holds
 
     @property
     def block_tokens(self) -> int:
@@ -143,6 +148,26 @@ class ReplicaFeed:
     def published_blocks(self) -> int:
         """Blocks this replica holds and publishes (the metrics gauge; 0 when publishing none)."""
         return 0 if self.publisher is None else self.publisher.block_count
+
+    def hold(self, r: Request) -> bool:
+        """Publish `r`'s prompt blocks while it lives; True if that changed what is published
+        (the caller sends `collect_cache` soon)."""
+        if self.publisher is None or r.rid in self._holds:
+            return False
+        hashes = block_hashes(r.cache_keys(len(r.fill)))
+        self._holds[r.rid] = hashes
+        self.publisher.hold(hashes)
+        return bool(hashes)
+
+    def release(self, rid: str) -> None:
+        hashes = self._holds.pop(rid, None)
+        if hashes and self.publisher is not None:
+            self.publisher.release(hashes)
+
+    def collect_cache(self) -> Feed | None:
+        """Only the cache changes since the last drain (between steps: new holds)."""
+        cache = self.publisher.drain() if self.publisher is not None else None
+        return None if cache is None else Feed(cache, None)
 
     def collect(self, st: SchedState, *, force_load: bool = False) -> Feed | None:
         cache = self.publisher.drain() if self.publisher is not None else None

@@ -86,6 +86,7 @@ class Scheduler:
         self.instance_id = uuid.uuid4().hex
         publish = cfg.cache_events == "on" and cfg.radix == "tree"
         self.feed = ReplicaFeed(CachePublisher() if publish else None)
+        self._publish_due = False  # a _publish_cache call is scheduled
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -123,6 +124,27 @@ class Scheduler:
         req.outbox.live += 1
         st.waiting.append(req)
         self.wake.set()
+        if self.feed.hold(req):
+            self._publish_soon()
+
+    def _publish_soon(self) -> None:
+        """Send new provisional holds on the next loop turn (once per burst of submissions),
+        not after the step under way: other front doors route on them."""
+        if self._publish_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test): the next flush carries them
+            return
+        self._publish_due = True
+        loop.call_soon(self._publish_cache)
+
+    def _publish_cache(self) -> None:
+        self._publish_due = False
+        feed = self.feed.collect_cache()
+        if feed is not None:
+            for sink in list(self.sinks.values()):
+                sink(Batch([], [], [], feed))
 
     def abort(self, rid: str, session: str | None = None) -> bool:
         """Abort `rid`; with `session`, only if that session submitted it (ids are the
@@ -446,6 +468,7 @@ class Scheduler:
             for ex in batch.extras:
                 if ex.ended and self.by_rid.pop(ex.rid, None) is not None:
                     box.live -= 1
+                    self.feed.release(ex.rid)
             if box.live <= 0:  # a later submit of this session opens a fresh outbox
                 del st.outboxes[session]
             sink = self.sinks.get(session)

@@ -2,9 +2,10 @@
 
 Property test: random insert / match (splits) / lock / unlock / chunked prefill
 (cache_unfinished) / alloc (evicts) / evict / reset on a real RadixCache with the publisher as
-its observer. After every step the mirror must equal the block hashes of every cached root-path
-prefix whose length is a multiple of BLOCK_TOKENS, computed here from scratch (from the tree's
-prefix map and `block_hashes`, not from the publisher's bookkeeping), and front-door
+its observer, plus provisional holds of submitted prompts. After every step the published set
+must equal the block hashes of every cached root-path prefix whose length is a multiple of
+BLOCK_TOKENS, computed here from scratch (from the tree's prefix map and `block_hashes`, not
+from the publisher's bookkeeping), together with every live hold's blocks, and front-door
 subscribers (a snapshot, then every drain) must hold exactly that set after each drain.
 
 Sequences are built from a few fixed segments of odd lengths, so prompts share long prefixes
@@ -77,11 +78,26 @@ class PublisherMachine(RuleBasedStateMachine):
         self.locks: list[object] = []
         self.running: list[Running] = []
         self.subscribers: list[set[int]] = []
+        self.holds: list[list[int]] = []  # live requests' prompt blocks
 
     def expected(self) -> set[int]:
-        """Every cached prefix of a whole number of blocks, hashed from scratch."""
+        """Every cached prefix of a whole number of blocks, hashed from scratch, and every
+        block a live request holds."""
         prefixes = self.cache.debug_prefix_map()
-        return {block_hashes(p)[-1] for p in prefixes if len(p) % BLOCK_TOKENS == 0}
+        tree = {block_hashes(p)[-1] for p in prefixes if len(p) % BLOCK_TOKENS == 0}
+        return tree.union(*self.holds)
+
+    # -- provisional holds ----------------------------------------------------------------------
+    @rule(toks=sequences())
+    def hold(self, toks: list[int]) -> None:
+        hashes = block_hashes(toks)
+        self.pub.hold(hashes)
+        self.holds.append(hashes)
+
+    @precondition(lambda self: self.holds)
+    @rule(i=st.integers(0, 1000))
+    def release(self, i: int) -> None:
+        self.pub.release(self.holds.pop(i % len(self.holds)))
 
     # -- cache operations (the scheduler's call patterns) -------------------------------------
     @rule(toks=sequences(), limit=st.none() | st.integers(0, 60), keep=st.booleans())
@@ -275,3 +291,26 @@ def test_namespaced_keys_hash_as_the_front_door_hashes_a_tenant_prompt() -> None
     cache.insert(keys, _slots(cache, len(keys)))
     assert pub.held() == set(block_hashes(cache_keys(prompt, "tenant-a")))
     assert not pub.held() & set(block_hashes(prompt))  # another namespace never matches
+
+
+def test_a_held_prompt_is_published_at_once_and_withdrawn_only_if_not_cached() -> None:
+    cache, pub = _cache()
+    a = list(range(1000, 1040))  # two whole blocks and 8 keys
+    b = a[:32] + list(range(2000, 2016))  # shares both blocks of a, then one of its own
+    ha, hb = block_hashes(a), block_hashes(b)
+    pub.hold(ha)
+    pub.hold(hb)
+    assert pub.drain() == CacheDelta(False, sorted(set(ha + hb)), [])
+    pub.release(ha)  # b still holds the shared blocks
+    assert pub.drain() is None
+    cache.insert(b, _slots(cache, len(b)))  # b prefilled: the tree holds them now
+    assert pub.drain() is None
+    pub.release(hb)
+    assert pub.drain() is None  # cached: still published
+    assert pub.held() == set(hb)
+    cache.reset()  # model lost: the tree's blocks go, a live hold's stay
+    pub.hold(ha)
+    assert pub.drain() == CacheDelta(True, sorted(ha), [])
+    pub.release(ha)
+    assert pub.drain() == CacheDelta(False, [], sorted(ha))
+    assert pub.block_count == 0

@@ -225,3 +225,57 @@ def test_metrics_gauge_counts_the_published_blocks() -> None:
     st.cache.evict(40)
     assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 0
     assert ReplicaFeed(None).published_blocks() == 0
+
+
+class _HeldStep(FakeLink):
+    """A model step that does not come back until `go` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.sent = 0
+
+    def send(self, ops):  # type: ignore[no-untyped-def]
+        self.sent += 1
+        done = super().send(ops)
+        held: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        async def later() -> None:
+            await self.go.wait()
+            held.set_result(done.result())
+
+        self._task = asyncio.ensure_future(later())
+        return held  # type: ignore[return-value]
+
+
+def test_a_submitted_prompt_is_published_before_its_step_ends_and_withdrawn_after() -> None:
+    other_prompt = list(range(60, 80))  # one whole block; aborted before its prefill
+
+    async def run() -> tuple[list[Batch], set[int], set[int]]:
+        sched = Scheduler(SchedulerConfig(overlap="off"))  # one step out at a time
+        link = _HeldStep()
+        sched.link = link  # type: ignore[assignment]
+        seen: list[Batch] = []
+        sched.sinks["s"] = lambda b: None
+        sched.sinks["other"] = seen.append
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: link.connected)
+        sched.submit(_req("a", 1))
+        await _until(lambda: link.sent > 0)  # a's prefill is under way and held
+        sched.submit(_req("b", 2, prompt=other_prompt))  # waits behind it
+        # Both prompts' blocks reach the listener while the step is still out.
+        want = set(block_hashes(PROMPT)) | set(block_hashes(other_prompt))
+        await _until(lambda: _held(seen) == want)
+        during = _held(seen)
+        assert link.sent == 1
+        assert sched.abort("b")
+        link.go.set()
+        await _until(lambda: not sched.by_rid)
+        await _until(lambda: sched.feed.publisher is not None and not sched.feed._holds)
+        task.cancel()
+        return seen, during, _held(seen)
+
+    seen, during, after = asyncio.run(run())
+    assert during == set(block_hashes(PROMPT)) | set(block_hashes(other_prompt))
+    # Afterwards only what the tree caches: a's prompt; b left before its prefill.
+    assert after == set(block_hashes(PROMPT))

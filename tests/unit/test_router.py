@@ -14,6 +14,7 @@ from tokenizer_service.router import (
     TrafficShare,
     prompt_key,
 )
+from tokenizer_service.traffic_share import wilson_lower
 
 
 def _hashes(ids: list[int], ns: str = "") -> list[int]:
@@ -247,19 +248,45 @@ def test_many_prefixes_over_the_replicas_do_not_trip_the_share_rule() -> None:
 def test_traffic_share_decays_and_forgets() -> None:
     share = TrafficShare(window=16)
     names = ["a", "b"]
-    for _ in range(10):
-        share.record("a", prefix=7)
-    assert not share.over("a", names, 1.5)  # decayed count 7.6 < 4 per replica: not judged
-    assert not share.hot(7, names)
+    share.record("a", prefix=7)
+    assert not share.over("a", names, 1.5)  # one decision: nothing judged yet
+    assert not share.hot(7, names)  # its first decision only made it known
     share.record("a", prefix=7)
     assert share.over("a", names, 1.5) and not share.over("b", names, 1.5)
-    assert share.hot(7, names) and not share.hot(8, names)
+    assert not share.hot(7, names)  # 1 of 1 since: not yet confidently above a half
+    for _ in range(3):
+        share.record("a", prefix=7)
+    assert share.hot(7, names) and not share.hot(8, names)  # ~4 of ~4 since: bound > 0.5
     assert sum(share.counts.values()) <= 16
     for _ in range(2000):  # past a renormalization of the prefix counts
         share.record("b", prefix=8)
     assert "a" not in share.counts and share.over("b", names, 1.5)
     assert share.prefix_count(7) == 0.0 and share.prefix_count(8) == pytest.approx(16, rel=1e-6)
+    assert not share.hot(7, names) and share.hot(8, names)
     assert not share.over("b", names, 0)  # 0: the rule is off
+
+
+def test_wilson_lower_bound() -> None:
+    assert wilson_lower(0, 0) == 0.0
+    assert wilson_lower(3, 3) == pytest.approx(0.526, abs=1e-3)
+    assert wilson_lower(2, 4) == pytest.approx(0.182, abs=1e-3)  # a half of few: not > 1/4
+    assert wilson_lower(50, 100) == pytest.approx(0.418, abs=1e-3)
+
+
+def test_a_burst_on_one_new_system_prompt_spreads_within_a_few_requests() -> None:
+    """Eight conversations start at once on one system prompt (each first turn a distinct
+    message after it): the prompt is hot from its third request, and the first turns spread
+    over the replicas instead of all following the first one (which would leave three
+    quarters of the KV idle while one replica evicts their histories)."""
+    cands, _ = _replicas(4)
+    router = Router()
+    system = list(range(100, 164))
+    got = [
+        _route(router, cands, system + list(range(1000 + 32 * i, 1032 + 32 * i)))[0]
+        for i in range(8)
+    ]
+    per = sorted((got.count(a) for a in set(got)), reverse=True)
+    assert per[0] <= 3 and len(per) >= 3, got
 
 
 def test_a_conversation_is_not_moved_off_its_history_by_the_share_rule() -> None:

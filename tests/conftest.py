@@ -4,6 +4,7 @@ every service is a real OS process on free localhost ports, spoken to over gRPC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -77,6 +78,34 @@ class Stack:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))
 
 
+def _first_ports(table: dict[str, int], http: int) -> StackPorts:
+    """`Stack.ports` of a topology: the port of the first service of each kind."""
+    first: dict[str, int] = {}
+    for name, port in table.items():
+        first.setdefault(name.split("-", 1)[0], port)
+    return StackPorts(
+        first["tokenizer"], first["scheduler"], first["model"], first["grammar"], http
+    )
+
+
+@contextlib.contextmanager
+def _supervised(launcher: Launcher) -> Iterator[None]:
+    """Start every service, wait until all are ready, restart any that dies while the
+    caller runs (the launcher's supervise loop on a thread), stop them all at the end."""
+    launcher.start_all()
+    loop = asyncio.new_event_loop()
+    supervisor = threading.Thread(
+        target=loop.run_until_complete, args=(launcher.supervise(),), daemon=True
+    )
+    try:
+        asyncio.run(launcher.wait_ready(timeout=300))
+        supervisor.start()
+        yield
+    finally:
+        launcher.stop_all()
+        supervisor.join(timeout=5)
+
+
 def start_stack(
     tmp: Path,
     model_args: list[str] | None = None,
@@ -109,12 +138,7 @@ def start_stack(
     else:
         metrics = None
         table = {name: free_port() for name in topology.names()}
-        first: dict[str, int] = {}  # the first service of each kind
-        for name in topology.names():
-            first.setdefault(name.split("-", 1)[0], table[name])
-        ports = StackPorts(
-            first["tokenizer"], first["scheduler"], first["model"], first["grammar"], http=0
-        )
+        ports = _first_ports(table, http=0)
         specs = topology_specs(
             topology,
             table.__getitem__,
@@ -136,18 +160,8 @@ def start_stack(
         max_backoff=0.5,
         internal_tls=internal_tls,
     )
-    launcher.start_all()
-    loop = asyncio.new_event_loop()
-    supervisor = threading.Thread(
-        target=loop.run_until_complete, args=(launcher.supervise(),), daemon=True
-    )
-    try:
-        asyncio.run(launcher.wait_ready(timeout=300))
-        supervisor.start()
+    with _supervised(launcher):
         yield Stack(launcher, ports, tmp, metrics, topology)
-    finally:
-        launcher.stop_all()
-        supervisor.join(timeout=5)
 
 
 def start_topology_stack(
@@ -175,25 +189,10 @@ def start_topology_stack(
         metrics_port=metrics.__getitem__,
     )
 
-    def first(kind: str) -> int:
-        return next(port for name, port in table.items() if name.split("-", 1)[0] == kind)
-
-    ports = StackPorts(
-        first("tokenizer"), first("scheduler"), first("model"), first("grammar"), http
-    )
+    ports = _first_ports(table, http)
     launcher = Launcher(specs, log_dir=tmp, max_backoff=0.5, internal_tls=True)
-    launcher.start_all()
-    loop = asyncio.new_event_loop()
-    supervisor = threading.Thread(
-        target=loop.run_until_complete, args=(launcher.supervise(),), daemon=True
-    )
-    try:
-        asyncio.run(launcher.wait_ready(timeout=300))
-        supervisor.start()
+    with _supervised(launcher):
         yield Stack(launcher, ports, tmp)
-    finally:
-        launcher.stop_all()
-        supervisor.join(timeout=5)
 
 
 @pytest.fixture(scope="session")

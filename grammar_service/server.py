@@ -141,11 +141,10 @@ class GrammarServicer(pb_grpc.GrammarServicer):
     async def Masks(
         self, request_iterator: AsyncIterator[pb.MaskRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MaskReply]:
-        await require_peer(context, "scheduler")
         requests = aiter(request_iterator)
-        try:
-            first = await anext(requests)
-        except StopAsyncIteration:
+        first = await anext(requests, None)  # read before refusing: see frontend_link.Session
+        await require_peer(context, "scheduler")
+        if first is None:
             return
         if first.WhichOneof("kind") != "open":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be open")

@@ -136,8 +136,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
-        await require_peer(context, "tokenizer")
+        # Read the caller's first message before refusing it: an abort while the client's
+        # write is still in flight reaches the client as INTERNAL, not our status
+        # (grpc/grpc#36066), and a refused role must see PERMISSION_DENIED and why.
         first = await anext(aiter(request_iterator), None)
+        await require_peer(context, "tokenizer")
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
             return

@@ -19,7 +19,6 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 
 import structlog
 
@@ -36,12 +35,13 @@ from scheduler_service.grammar_link import GrammarLink
 from scheduler_service.grammar_pool import GrammarPool
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.model_link import ModelLink, ModelUnavailable
-from scheduler_service.outbox import Batch, error_batch
+from scheduler_service.outbox import error_batch
 from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.replica_feed import ReplicaFeed
 from scheduler_service.request import Request
+from scheduler_service.session_output import SessionOutput
 from scheduler_service.startup_hold import StartupHold
 from scheduler_service.state import SchedState
 from scheduler_service.status import Status
@@ -49,9 +49,6 @@ from scheduler_service.step_masks import StepMasks
 from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 
 log = structlog.get_logger(__name__)
-
-Sink = Callable[[Batch], None]  # one session's output of one flush
-
 
 __all__ = ["Scheduler", "SubmitError"]
 
@@ -74,7 +71,6 @@ class Scheduler:
         )
         self.st: SchedState | None = None
         self.info: WorkerInfo | None = None
-        self.sinks: dict[str, Sink] = {}
         self.by_rid: dict[str, Request] = {}
         self.aborted: set[str] = set()  # rids to reap before the next step
         self.wake = asyncio.Event()
@@ -86,7 +82,8 @@ class Scheduler:
         self.instance_id = uuid.uuid4().hex
         publish = cfg.cache_events == "on" and cfg.radix == "tree"
         self.feed = ReplicaFeed(CachePublisher() if publish else None)
-        self._publish_due = False  # a _publish_cache call is scheduled
+        self.out = SessionOutput(self.feed)
+        self.sinks = self.out.sinks  # the front-door sessions (frontend_link adds them)
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -124,27 +121,7 @@ class Scheduler:
         req.outbox.live += 1
         st.waiting.append(req)
         self.wake.set()
-        if self.feed.hold(req):
-            self._publish_soon()
-
-    def _publish_soon(self) -> None:
-        """Send new provisional holds on the next loop turn (once per burst of submissions),
-        not after the step under way: other front doors route on them."""
-        if self._publish_due:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a unit test): the next flush carries them
-            return
-        self._publish_due = True
-        loop.call_soon(self._publish_cache)
-
-    def _publish_cache(self) -> None:
-        self._publish_due = False
-        feed = self.feed.collect_cache()
-        if feed is not None:
-            for sink in list(self.sinks.values()):
-                sink(Batch([], [], [], feed))
+        self.out.submitted(req)
 
     def abort(self, rid: str, session: str | None = None) -> bool:
         """Abort `rid`; with `session`, only if that session submitted it (ids are the
@@ -453,30 +430,5 @@ class Scheduler:
         self._flush()
 
     def _flush(self, idle: bool = False) -> None:
-        """Send every session its output since the last flush, with this flush's cache changes
-        and load (the same `Feed` for every session); forget ended requests. `idle`: the loop
-        is about to wait, so a load change is not held back by the rate limit."""
-        st = self.st
-        if st is None:
-            return
-        feed = self.feed.collect(st, force_load=idle)
-        fed: set[str] = set()
-        for session, box in list(st.outboxes.items()):
-            if not box:
-                continue
-            batch = box.drain()
-            for ex in batch.extras:
-                if ex.ended and self.by_rid.pop(ex.rid, None) is not None:
-                    box.live -= 1
-                    self.feed.release(ex.rid)
-            if box.live <= 0:  # a later submit of this session opens a fresh outbox
-                del st.outboxes[session]
-            sink = self.sinks.get(session)
-            if sink is not None:
-                batch.feed = feed
-                fed.add(session)
-                sink(batch)
-        if feed is not None:
-            for session, sink in list(self.sinks.items()):
-                if session not in fed:
-                    sink(Batch([], [], [], feed))
+        if self.st is not None:
+            self.out.flush(self.st, self.by_rid, idle)

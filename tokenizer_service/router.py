@@ -24,7 +24,8 @@ Policies (`--router`):
     request off its prefix costs a recompute of that prefix.
   * sustained skew (TrafficShare): the replica took more than balance_share times an even
     share of this router's recent decisions, and the prefix the request is routed on is hot:
-    its own requests alone were more than an even share. A hot prefix (most of the traffic
+    its own requests carry, confidently, more than an even share of the decisions made since
+    it appeared. A hot prefix (most of the traffic
     sharing one system prompt) is copied to more replicas until none takes much more than
     its share; other prefixes stay where they are cached (many prefixes spread over the
     replicas, a conversation's own history), however the queues fluctuate.

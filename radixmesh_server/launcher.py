@@ -38,7 +38,7 @@ from radixmesh_server.drain import INTERNAL_EXTRA_S
 from radixmesh_server.log_tail import death_report, log_size
 from radixmesh_server.pki import CertFiles, make_local_pki
 from radixmesh_server.ports import port_in_use, port_message
-from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
+from radixmesh_server.security import internal_channel
 
 log = structlog.get_logger(__name__)
 
@@ -257,13 +257,7 @@ def topology_specs(
 
 def health_channel(address: str, tls: CertFiles | None = None) -> grpc.aio.Channel:
     """A channel for health checks: mutual TLS with `tls` (the launcher's own certificate)."""
-    if tls is None:
-        return grpc.aio.insecure_channel(address)
-    creds = grpc.ssl_channel_credentials(
-        tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes()
-    )
-    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
-    return grpc.aio.secure_channel(address, creds, options=options)
+    return internal_channel(address, tls.internal() if tls is not None else None)
 
 
 async def check_ready(

@@ -27,6 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Every certificate carries the name clients verify (channels override the target name with
 # it), so certificates do not depend on pod addresses.
+from radixmesh_server.security import InternalTLS
 from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 # The roles the services admit (security.require_peer); `launcher` only for local stacks.
@@ -40,6 +41,15 @@ class CertFiles:
     ca: Path
     cert: Path
     key: Path
+
+    def internal(self) -> InternalTLS:
+        """These files as a process's internal TLS (read now)."""
+        return InternalTLS(
+            self.ca.read_bytes(),
+            self.cert.read_bytes(),
+            self.key.read_bytes(),
+            INTERNAL_SERVER_NAME,
+        )
 
 
 @dataclass(frozen=True)

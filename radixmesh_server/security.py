@@ -15,8 +15,10 @@ Kubernetes gRPC probes cannot speak TLS: `--health-port` serves grpc.health.v1 a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -58,6 +60,17 @@ class InternalTLS:
 
     def channel_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def internal_channel(
+    target: str, tls: InternalTLS | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """An asyncio channel to an internal peer: mutual TLS presenting `tls`, or plaintext."""
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=list(options))
+    return grpc.aio.secure_channel(
+        target, tls.channel_credentials(), options=[*options, *tls.channel_options()]
+    )
 
 
 _internal: InternalTLS | None = None

@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from radixmesh_server.drain import DEFAULT_GRACE_S, drain
-from radixmesh_server.security import internal_tls
+from radixmesh_server.security import internal_channel, internal_tls
 from radixmesh_server.watchdog import Watchdog
 
 log = structlog.get_logger(__name__)
@@ -216,12 +216,7 @@ def _strict(handler: Any, method: str) -> Any:
 
 def channel(target: str) -> grpc.aio.Channel:
     """A channel to an internal peer: mutual TLS when the process has internal credentials."""
-    tls = internal_tls()
-    if tls is None:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(
-        target, tls.channel_credentials(), options=[*CHANNEL_OPTIONS, *tls.channel_options()]
-    )
+    return internal_channel(target, internal_tls(), CHANNEL_OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from radixmesh_server.launcher import (
     topology_specs,
 )
 from radixmesh_server.model_store import resolve_model
-from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
+from radixmesh_server.security import internal_channel
 
 
 @pytest.fixture(scope="session")
@@ -64,15 +64,8 @@ class Stack:
     def channel_as(self, name: str, role: str) -> grpc.aio.Channel:
         """An asyncio channel to internal service `name`, presenting the certificate of `role`
         (e.g. "tokenizer" to reach the scheduler, "scheduler" to reach model or grammar)."""
-        address = self.address(name)
-        files = self.launcher.pki.get(role)
-        if files is None:  # a stack without internal TLS
-            return grpc.aio.insecure_channel(address)
-        creds = grpc.ssl_channel_credentials(
-            files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
-        )
-        options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
-        return grpc.aio.secure_channel(address, creds, options=options)
+        files = self.launcher.pki.get(role)  # None: a stack without internal TLS
+        return internal_channel(self.address(name), files.internal() if files else None)
 
     def wait_ready(self, names: list[str] | None = None, timeout: float = 120.0) -> None:
         asyncio.run(self.launcher.wait_ready(timeout=timeout, names=names, fail_on_exit=False))

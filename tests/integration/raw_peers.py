@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 
 from radixmesh_server.launcher import Launcher
-from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -28,11 +27,8 @@ def channel_as(launcher: Launcher, name: str, role: str) -> grpc.Channel:
     files = launcher.pki.get(role)
     if files is None:
         return grpc.insecure_channel(address)
-    creds = grpc.ssl_channel_credentials(
-        files.ca.read_bytes(), files.key.read_bytes(), files.cert.read_bytes()
-    )
-    options = [("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)]
-    return grpc.secure_channel(address, creds, options=options)
+    tls = files.internal()
+    return grpc.secure_channel(address, tls.channel_credentials(), options=tls.channel_options())
 
 
 @dataclass

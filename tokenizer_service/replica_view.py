@@ -145,6 +145,13 @@ class ReplicaView:
         return n
 
     @property
+    def room_tokens(self) -> int:
+        """KV this replica's cache does not hold yet, as far as this front door knows (its
+        capacity less the blocks it holds or was just sent); 0 with no known capacity."""
+        held = (len(self.blocks) + len(self.routed)) * BLOCK_TOKENS
+        return max(self.kv_capacity - held, 0)
+
+    @property
     def load_tokens(self) -> int:
         if self.reported is None:
             return self.inflight_tokens

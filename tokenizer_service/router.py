@@ -11,7 +11,9 @@ Policies (`--router`):
     share -> `share`.
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
     cached anywhere): among the replicas within a small band of the least loaded
-    (COLD_BAND_*), the rendezvous winner of the prompt's first block -> `cold`. Rendezvous
+    (COLD_BAND_*) and, of those, the ones whose cache has about as much room as the
+    roomiest (SGLang's router sends such a request to the smallest tree), the rendezvous
+    winner of the prompt's first block -> `cold`. Rendezvous
     (highest hash of (block, replica address)) needs no shared state: every front door that
     sees the same replicas about equally loaded sends the same cold prefix to the same one,
     and different prefixes spread evenly.
@@ -155,9 +157,16 @@ class Router:
 # either had published it; within the band they agree.
 COLD_BAND_REQUESTS = 1
 COLD_BAND_TOKENS = 2048
+# ... and within this much cache room of the roomiest: views of a replica's cache differ
+# across front doors only by what each sent it in the last milliseconds (the scheduler
+# publishes a queued prompt at once), so a narrow band suffices.
+COLD_BAND_ROOM_TOKENS = 256
 
 
 def _rendezvous_among_least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:
+    """The rendezvous winner among the replicas about as lightly loaded as the least loaded
+    and, of those, with about as much cache room as the roomiest: a new prefix goes where it
+    evicts the least (with caches full of old entries all rooms are ~0 and load decides)."""
     least_requests = min(c.view.load_requests for c in candidates)
     least_tokens = min(c.view.load_tokens for c in candidates)
     band = [
@@ -166,6 +175,8 @@ def _rendezvous_among_least_loaded(candidates: Sequence[Candidate], key: int) ->
         if c.view.load_requests <= least_requests + COLD_BAND_REQUESTS
         and c.view.load_tokens <= least_tokens + COLD_BAND_TOKENS
     ] or [_least_loaded(candidates, key)]
+    roomiest = max(c.view.room_tokens for c in band)
+    band = [c for c in band if c.view.room_tokens >= roomiest - COLD_BAND_ROOM_TOKENS]
     return max(band, key=lambda c: rendezvous(key, c.address))
 
 

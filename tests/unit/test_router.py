@@ -13,6 +13,7 @@ from tokenizer_service.router import (
     Router,
     TrafficShare,
     prompt_key,
+    rendezvous,
 )
 from tokenizer_service.traffic_share import wilson_lower
 
@@ -341,3 +342,24 @@ def test_namespaces_never_match_each_other() -> None:
     a.on_cache_events(False, _hashes(SHARED, "tenant-a"), [])
     assert a.matched_blocks(_hashes(SHARED, "tenant-b")) == 0
     assert a.matched_blocks(_hashes(SHARED, "tenant-a")) == 4
+
+
+def test_a_cold_prefix_goes_where_the_cache_has_room_then_rendezvous_decides() -> None:
+    """Equally loaded replicas: a new prefix goes to the one whose cache holds the least (it
+    evicts nothing there), not to a fuller rendezvous winner; among replicas with about the
+    same room, the rendezvous order decides, the same on every front door."""
+    cands, views = _replicas(2)
+    for v in views.values():
+        v.on_hello(v.instance_id, BLOCK_TOKENS, 4096)
+    prompts = [list(range(2000 + 40 * i, 2040 + 40 * i)) for i in range(64)]
+    keys = {i: prompt_key(_hashes(p), p) for i, p in enumerate(prompts)}
+    fav = {i: max(views, key=lambda a: rendezvous(keys[i], a)) for i in keys}
+    i = next(i for i in keys if fav[i] == "r0:1")
+    j = next(j for j in keys if fav[j] == "r1:1")
+    assert Router().choose(cands, _hashes(prompts[i]), keys[i]).address == "r0:1"
+    assert Router().choose(cands, _hashes(prompts[j]), keys[j]).address == "r1:1"
+    views["r0:1"].on_cache_events(False, _hashes(list(range(9000, 9000 + 32 * 16))), [])
+    d = Router().choose(cands, _hashes(prompts[i]), keys[i])  # r0 holds 512 tokens more
+    assert (d.address, d.reason) == ("r1:1", "cold")
+    views["r1:1"].on_cache_events(False, _hashes(list(range(7000, 7000 + 30 * 16))), [])
+    assert Router().choose(cands, _hashes(prompts[i]), keys[i]).address == "r0:1"  # ~equal

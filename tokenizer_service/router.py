@@ -7,8 +7,8 @@ Policies (`--router`):
   * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5): the
     longest match among the holders within their share wins (ties: least loaded, then the
     rendezvous order below) -> `cache_hit`; unless it has a backlog, then the least loaded
-    -> `balance`. Every holder over its share and the prefix hot: the least loaded under its
-    share -> `share`.
+    -> `balance`. The prefix hot: its requests spread evenly, each to the replica under
+    its share that took the fewest of them lately -> `share` (`cache_hit` if it held it).
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
     cached anywhere): among the replicas within a small band of the least loaded
     (COLD_BAND_*) and, of those, the ones whose cache has about as much room as the
@@ -27,10 +27,10 @@ Policies (`--router`):
   * sustained skew (TrafficShare): the replica took more than balance_share times an even
     share of this router's recent decisions, and the prefix the request is routed on is hot:
     its own requests carry, confidently, more than an even share of the decisions made since
-    it appeared. A hot prefix (most of the traffic
-    sharing one system prompt) is copied to more replicas until none takes much more than
-    its share; other prefixes stay where they are cached (many prefixes spread over the
-    replicas, a conversation's own history), however the queues fluctuate.
+    it appeared. A hot prefix (most of the traffic sharing one system prompt) is copied to
+    the replicas under their share and its requests spread evenly over them; other prefixes
+    stay where they are cached (many prefixes spread over the replicas, a conversation's own
+    history), however the queues fluctuate.
   Load as replica_view counts it.
 - round_robin: the eligible replicas in address order, in turn -> `round_robin`.
 - least_load: the least loaded (ties: rendezvous) -> `least_load`.
@@ -132,16 +132,27 @@ class Router:
             holders = [c for c in candidates if matched[c.address] == best]
             names = [c.address for c in candidates]
             limit = self.balance.share
-            fair = [c for c in holders if not self.share.over(c.address, names, limit)]
-            if not fair and self.share.hot(hashes[best - 1], names):
-                # A prefix carrying more than one replica's worth of traffic, and every
-                # holder over its share: the least loaded of the replicas under theirs
-                # takes it and becomes a holder, so the prefix's traffic spreads. (Any
-                # other prefix stays where it is cached: a conversation's own history or
-                # one group's system prompt is not worth recomputing for balance.)
+            prefix = hashes[best - 1]
+            if limit > 0 and self.share.hot(prefix, names):
+                # A prefix carrying more than one replica's worth of traffic: its requests
+                # spread evenly, each to the replica under its share that took the fewest
+                # of them lately (ties: least loaded), which becomes a holder if it was not
+                # one. (Any other prefix stays where it is cached: a conversation's own
+                # history or one group's system prompt is not worth recomputing for balance.)
                 under = [c for c in candidates if not self.share.over(c.address, names, limit)]
-                spill = _least_loaded(under or candidates, key)
-                return Decision(spill.address, "share", matched[spill.address], best)
+                spread = min(
+                    under or candidates,
+                    key=lambda c: (
+                        self.share.prefix_count_at(prefix, c.address),
+                        c.view.load_tokens,
+                        -rendezvous(key, c.address),
+                    ),
+                )
+                if not self.balance.overloaded(spread.view, candidates):
+                    reason = "cache_hit" if matched[spread.address] == best else "share"
+                    return Decision(spread.address, reason, matched[spread.address], best)
+                return Decision(least.address, "balance", matched[least.address], best)
+            fair = [c for c in holders if not self.share.over(c.address, names, limit)]
             pick = _least_loaded(fair or holders, key)
             if not self.balance.overloaded(pick.view, candidates):
                 return Decision(pick.address, "cache_hit", best, best)

@@ -15,7 +15,8 @@ shares is hot after a handful of decisions, while one of many prefixes that each
 than a replica's worth of traffic almost never looks hot by chance.
 
 Invariant: the replica counts add up to at most `window` (a geometric series); a prefix's
-count is at most the sum of the replica counts; `_first` has exactly the keys of `_prefix`.
+count is at most the sum of the replica counts and equals the sum of its per-replica counts
+(`prefix_count_at`, up to faded entries); `_first` has exactly the keys of `_prefix`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class TrafficShare:
         self.decay = 1.0 - 1.0 / max(window, 1)
         self.counts: dict[str, float] = {}  # replica address -> decayed count
         self._prefix: dict[int, float] = {}  # prefix key -> decayed count / _scale
+        self._at: dict[tuple[int, str], float] = {}  # (prefix, replica) -> the same, per replica
         self._first: dict[int, int] = {}  # prefix key -> the decision that first routed on it
         self._scale = 1.0
         self._decisions = 0
@@ -52,15 +54,22 @@ class TrafficShare:
         self._scale *= decay
         if prefix is not None:
             self._prefix[prefix] = self._prefix.get(prefix, 0.0) + 1.0 / self._scale
+            at = (prefix, address)
+            self._at[at] = self._at.get(at, 0.0) + 1.0 / self._scale
             self._first.setdefault(prefix, self._decisions)
         if self._scale < _RENORMALIZE_BELOW:
             s = self._scale
             self._prefix = {k: v * s for k, v in self._prefix.items() if v * s >= _FADED}
             self._first = {k: v for k, v in self._first.items() if k in self._prefix}
+            self._at = {k: v * s for k, v in self._at.items() if v * s >= _FADED}
             self._scale = 1.0
 
     def prefix_count(self, prefix: int) -> float:
         return self._prefix.get(prefix, 0.0) * self._scale
+
+    def prefix_count_at(self, prefix: int, address: str) -> float:
+        """Decisions routed on `prefix` that went to `address` (decayed)."""
+        return self._at.get((prefix, address), 0.0) * self._scale
 
     def over(self, address: str, candidates: Sequence[str], limit: float) -> bool:
         """Whether `address` took more than `limit` times an even share among `candidates`."""

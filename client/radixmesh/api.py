@@ -195,6 +195,24 @@ def build_request(
     return req
 
 
+def _take(call: Resumable, msg: api_pb2.GenerateResponse) -> Chunk | GenerateResult:
+    """One message of a Generate stream as what the caller sees (a chunk is also recorded,
+    so a retry resumes after it)."""
+    if msg.WhichOneof("response") == "chunk":
+        call.on_chunk(msg.chunk)
+        return Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
+    return result_from_proto(msg.request_id, msg.complete)
+
+
+def _cut_short(call: Resumable) -> float:
+    """The stream closed without its final message (the front door went away): the delay
+    before resuming it, or RadixMeshError when the retry policy is spent."""
+    delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
+    if delay is None:
+        raise RadixMeshError(grpc.StatusCode.UNAVAILABLE, "the stream ended without a result")
+    return delay
+
+
 def _error(exc: grpc.RpcError, endpoint: str, chan: grpc.Channel) -> RadixMeshError:
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
@@ -294,22 +312,16 @@ class Client(_Connection):
             attempt, timeout = call.next_request()
             try:
                 for msg in self.stub.Generate(attempt, timeout=timeout):
-                    if msg.WhichOneof("response") == "chunk":
-                        call.on_chunk(msg.chunk)
-                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
-                    else:
-                        yield result_from_proto(msg.request_id, msg.complete)
+                    out = _take(call, msg)
+                    yield out
+                    if isinstance(out, GenerateResult):
                         return
-                # The stream closed without its final message: the front door went away.
-                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
-                if delay is None:
-                    raise RadixMeshError(
-                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
-                    )
+                delay = _cut_short(call)
             except grpc.RpcError as exc:
-                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
-                if delay is None:
+                again = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                if again is None:
                     raise _error(exc, self.endpoint, self.channel) from None
+                delay = again
             time.sleep(delay)
 
     def tokenize(
@@ -403,22 +415,16 @@ class AsyncClient(_Connection):
             attempt, timeout = call.next_request()
             try:
                 async for msg in self.stub.Generate(attempt, timeout=timeout):
-                    if msg.WhichOneof("response") == "chunk":
-                        call.on_chunk(msg.chunk)
-                        yield Chunk(msg.chunk.text, list(msg.chunk.token_ids), msg.chunk.rollback)
-                    else:
-                        yield result_from_proto(msg.request_id, msg.complete)
+                    out = _take(call, msg)
+                    yield out
+                    if isinstance(out, GenerateResult):
                         return
-                # The stream closed without its final message: the front door went away.
-                delay = call.retry_after(grpc.StatusCode.UNAVAILABLE)
-                if delay is None:
-                    raise RadixMeshError(
-                        grpc.StatusCode.UNAVAILABLE, "the stream ended without a result"
-                    )
+                delay = _cut_short(call)
             except grpc.RpcError as exc:
-                delay = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
-                if delay is None:
+                again = call.retry_after(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                if again is None:
                     raise await _aerror(exc, self.endpoint, self._open_sync) from None
+                delay = again
             await asyncio.sleep(delay)
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:

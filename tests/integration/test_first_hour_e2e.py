@@ -124,7 +124,12 @@ def test_ctrl_c_of_streaming_generate_aborts_and_exits_130(stack: Stack) -> None
         with Client(stack.endpoint) as c:
             assert c.stats().running_requests >= 1
             proc.send_signal(signal.SIGINT)
-            code = proc.wait(30)
+            try:
+                code = proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"no exit 30 s after SIGINT; stderr: {proc.stderr.read().decode()}")
             err = proc.stderr.read().decode()
             assert code == 130, err
             assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

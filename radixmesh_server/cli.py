@@ -12,14 +12,13 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -244,7 +243,7 @@ def _generate(ns: argparse.Namespace) -> int:
     try:
         with Client(ns.endpoint, timeout=ns.timeout) as c:
             try:
-                for item in _read_in_thread(lambda: c.stream(**kw)):
+                for item in c.stream(**kw):
                     if isinstance(item, GenerateResult):
                         result = item
                     elif not ns.json:
@@ -274,34 +273,6 @@ def _generate(ns: argparse.Namespace) -> int:
     else:
         print()
     return 0
-
-
-_END = object()
-
-
-def _read_in_thread(items: Callable[[], Iterable[T]]) -> Iterator[T]:
-    """Yield `items()`, read by a daemon thread. Ctrl-C then lands in this thread's queue
-    wait, never inside gRPC's own code, where a KeyboardInterrupt can leave a lock held and
-    the abort or the exit hanging. The reader ends when the channel closes."""
-    q: queue.Queue[object] = queue.Queue()
-
-    def pump() -> None:
-        try:
-            for item in items():
-                q.put(item)
-        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread
-            q.put(exc)
-        else:
-            q.put(_END)
-
-    threading.Thread(target=pump, name="generate-stream", daemon=True).start()
-    while True:
-        got = q.get()
-        if got is _END:
-            return
-        if isinstance(got, BaseException):
-            raise got
-        yield cast(T, got)
 
 
 def _interrupted(client: Client, request_id: str) -> int:

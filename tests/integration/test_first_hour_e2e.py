@@ -115,6 +115,10 @@ def test_ctrl_c_of_streaming_generate_aborts_and_exits_130(stack: Stack) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=ENV,
+        # A suite started in the background by a non-interactive shell ignores SIGINT, and an
+        # ignored signal stays ignored across exec: Ctrl-C must reach this CLI as it would
+        # from a terminal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None and proc.stderr is not None

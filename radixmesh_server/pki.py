@@ -25,9 +25,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from radixmesh_server.security import InternalTLS
+
 # Every certificate carries the name clients verify (channels override the target name with
 # it), so certificates do not depend on pod addresses.
-from radixmesh_server.security import InternalTLS
 from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 
 # The roles the services admit (security.require_peer); `launcher` only for local stacks.

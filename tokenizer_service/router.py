@@ -140,7 +140,7 @@ class Router:
                 # one. (Any other prefix stays where it is cached: a conversation's own
                 # history or one group's system prompt is not worth recomputing for balance.)
                 under = [c for c in candidates if not self.share.over(c.address, names, limit)]
-                spread = min(
+                pick = min(
                     under or candidates,
                     key=lambda c: (
                         self.share.prefix_count_at(prefix, c.address),
@@ -148,14 +148,12 @@ class Router:
                         -rendezvous(key, c.address),
                     ),
                 )
-                if not self.balance.overloaded(spread.view, candidates):
-                    reason = "cache_hit" if matched[spread.address] == best else "share"
-                    return Decision(spread.address, reason, matched[spread.address], best)
-                return Decision(least.address, "balance", matched[least.address], best)
-            fair = [c for c in holders if not self.share.over(c.address, names, limit)]
-            pick = _least_loaded(fair or holders, key)
+            else:
+                fair = [c for c in holders if not self.share.over(c.address, names, limit)]
+                pick = _least_loaded(fair or holders, key)
             if not self.balance.overloaded(pick.view, candidates):
-                return Decision(pick.address, "cache_hit", best, best)
+                reason = "cache_hit" if matched[pick.address] == best else "share"
+                return Decision(pick.address, reason, matched[pick.address], best)
             return Decision(least.address, "balance", matched[least.address], best)
         cold = _rendezvous_among_least_loaded(candidates, key)
         return Decision(cold.address, "cold", matched[cold.address])

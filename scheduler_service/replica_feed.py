@@ -85,6 +85,10 @@ class WaitingBlocks:
     def __init__(self) -> None:
         self._memo: dict[str, tuple[int, list[int]]] = {}
 
+    def remember(self, r: Request, hashes: list[int]) -> None:
+        """`hashes` are `r`'s fill's block hashes, computed elsewhere (its provisional hold)."""
+        self._memo[r.rid] = (len(r.fill), hashes)
+
     def _of(self, r: Request) -> list[int]:
         n = len(r.fill)
         got = self._memo.get(r.rid)
@@ -156,6 +160,7 @@ class ReplicaFeed:
             return False
         hashes = block_hashes(r.cache_keys(len(r.fill)))
         self._holds[r.rid] = hashes
+        self._blocks.remember(r, hashes)  # the next load walk need not hash it again
         self.publisher.hold(hashes)
         return bool(hashes)
 

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable
 
 from scheduler_service.outbox import Batch
-from scheduler_service.replica_feed import ReplicaFeed
+from scheduler_service.replica_feed import Feed, ReplicaFeed
 from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 
@@ -51,9 +51,13 @@ class SessionOutput:
                 fed.add(session)
                 sink(batch)
         if feed is not None:
-            for session, sink in list(self.sinks.items()):
-                if session not in fed:
-                    sink(Batch([], [], [], feed))
+            self._broadcast(feed, fed)
+
+    def _broadcast(self, feed: Feed, skip: set[str] | frozenset[str] = frozenset()) -> None:
+        """`feed` alone to every session not in `skip`."""
+        for session, sink in list(self.sinks.items()):
+            if session not in skip:
+                sink(Batch([], [], [], feed))
 
     def submitted(self, req: Request) -> None:
         """`req` joined the queue: publish its prompt's blocks soon."""
@@ -75,5 +79,4 @@ class SessionOutput:
         self._publish_due = False
         feed = self.feed.collect_cache()
         if feed is not None:
-            for sink in list(self.sinks.values()):
-                sink(Batch([], [], [], feed))
+            self._broadcast(feed)

@@ -129,9 +129,14 @@ class BatchBuilder:
             rollback, tokens = r.jump
             new_out = r.jumped_output(rollback, tokens)
             keep = min(r.kv_len, len(r.prompt) + len(r.output) - rollback)
-            if keep < r.cached_len:  # never cut into cached (shared) KV: decode normally
+            if keep < r.cached_len:
+                # The cut falls in cached (shared) KV: a resumed request whose own output came
+                # from the cache. Shared slots cannot be cut, so it goes back to the queue with
+                # the jump applied and is admitted again, matching the cache up to the cut: the
+                # same tokens as had it never left (decoding on instead would keep the old
+                # tokenization, and a greedy run would differ from the undisturbed one).
                 r.jump = None
-                r.no_jump_at = len(r.output)  # and do not ask again at this position
+                self._requeue_jumped(r, (rollback, tokens))
                 continue
             slots = st.cache.alloc(len(r.prompt) + len(new_out) - keep)
             if slots is None:
@@ -203,13 +208,13 @@ class BatchBuilder:
         plan.ops.decode_handles = handles
         plan.ops.decode_slots = got
 
+    def _requeue_jumped(self, r: Request, jump: tuple[int, list[int]]) -> None:
+        self.st.requeue(r, insert=True)  # its KV up to the cut is matched again at admission
+        jump_queued(self.st, r, jump)
+
     def _retract(self, r: Request) -> None:
-        st = self.st
-        st.release(r, insert=True)  # its KV stays in the cache until evicted
-        r.phase = Phase.WAITING
-        r.match = None
-        st.stats.retractions += 1
-        st.waiting.insert(0, r)
+        self.st.requeue(r, insert=True)  # its KV stays in the cache until evicted
+        self.st.stats.retractions += 1
 
     # -- prefill ---------------------------------------------------------------------------
     def _prefill(self, plan: PlannedStep) -> None:
@@ -290,3 +295,16 @@ class BatchBuilder:
                 sample=ext.sample,
             )
         )
+
+
+def jump_queued(st: SchedState, r: Request, jump: tuple[int, list[int]]) -> None:
+    """Apply a jump-forward to a request that is back in the queue (its KV and matcher were
+    released): only its output changes; the next admission prefills it and replays it into a
+    fresh matcher. Like a running request's jump (BatchBuilder._jumps), the position right
+    after it does not ask for another."""
+    rollback, tokens = jump
+    new_out = r.jumped_output(rollback, tokens)
+    kept = r.take_jump(rollback, new_out)
+    r.no_jump_at = len(new_out)
+    st.stats.jump_forwards += 1
+    st.stats.jump_forward_tokens += len(new_out) - kept

@@ -5,7 +5,7 @@ row the worker is told to skip."""
 from __future__ import annotations
 
 from scheduler_service.batch_builder import PlannedStep
-from scheduler_service.request import Phase, Request
+from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 
 
@@ -69,20 +69,4 @@ def _requeue(st: SchedState, plan: PlannedStep, r: Request) -> None:
     for lst in (plan.prefilled, plan.prefill_only):
         if r in lst:
             lst.remove(r)
-    st.release(r, insert=False)
-    r.phase = Phase.WAITING
-    r.match = None
-    st.waiting.insert(0, r)
-
-
-def jump_queued(st: SchedState, r: Request, jump: tuple[int, list[int]]) -> None:
-    """Apply a jump-forward to a request that is back in the queue (its KV and matcher were
-    released): only its output changes; the next admission prefills it and replays it into a
-    fresh matcher. Like a running request's jump (BatchBuilder._jumps), the position right
-    after it does not ask for another."""
-    rollback, tokens = jump
-    new_out = r.jumped_output(rollback, tokens)
-    kept = r.take_jump(rollback, new_out)
-    r.no_jump_at = len(new_out)
-    st.stats.jump_forwards += 1
-    st.stats.jump_forward_tokens += len(new_out) - kept
+    st.requeue(r, insert=False)

@@ -42,8 +42,11 @@ def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
     for r in plan.prefilled:
         if r.handle >= 0 and r.node is not None:
             # Cache the computed prompt now, not at finish: requests deferred by in-batch prefix
-            # sharing (and later chunks) hit it next round.
-            n = r.known_kv
+            # sharing (and later chunks) hit it next round. A resumed constrained request's
+            # output stays its own: a jump-forward may cut it again, and cached KV cannot be cut.
+            n = r.known_kv if r.grammar is None else min(r.known_kv, len(r.prompt))
+            if n <= r.cached_len:
+                continue  # nothing new (and the cache's part never shrinks)
             cached = st.cache.cache_unfinished(r.cache_keys(n), r.kv_slots[:n], r.node)
             if cached is not None:
                 r.node, r.cached_len = cached.node, cached.cached_len

@@ -78,3 +78,11 @@ class SchedState:
         req.cached_len = 0
         req.kv_len = 0
         req.phase = Phase.DONE
+
+    def requeue(self, req: Request, insert: bool) -> None:
+        """Release a running request and put it back at the head of the queue (retracted,
+        or redone after a jump or a lost grammar service); it is matched and admitted again."""
+        self.release(req, insert)
+        req.phase = Phase.WAITING
+        req.match = None
+        self.waiting.insert(0, req)

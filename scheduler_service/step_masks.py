@@ -26,12 +26,11 @@ import structlog
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.mask_step_ops import ERROR_COMPILE, MaskStepOutcome, MaskStepPlan
 from radixmesh_wire.step_ops import LateMasks
-from scheduler_service.batch_builder import PlannedStep
+from scheduler_service.batch_builder import PlannedStep, jump_queued
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.constrained_rows import (
     constrained_prefills,
     drop_rows,
-    jump_queued,
     strip_constrained,
     undo_decode,
 )

@@ -3,10 +3,12 @@ and the next model session re-prefills them from prompt + output at the right se
 
 from __future__ import annotations
 
+from radixmesh_wire.step_ops import StepOutcome
 from scheduler_service.allocator import SlotAllocator
-from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
+from scheduler_service.output_processor import apply_result
 from scheduler_service.policy import SchedulePolicy
 from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.request import Phase, Request, SamplingSpec
@@ -64,3 +66,53 @@ def test_requeue_frees_everything_and_readmits_with_the_output_offset() -> None:
     ids = {a.handle: list(a.input_ids) for a in again.ops.admits}
     assert ids[by_rid["a"].handle] == [1, 2, 3, 4, 9, 9]  # prompt + output re-prefilled
     assert st.grammar_ops.binds[by_rid["c"].handle][2] == [3]  # matcher replays the output
+
+
+def _resumed(st: SchedState, builder: BatchBuilder) -> tuple[Request, PlannedStep]:
+    """A constrained request resumed with output [20..25] (a lost grammar service or model),
+    admitted: its prompt + output are prefilled and its next token sampled."""
+    st.grammar_up = True
+    r = _req("c", [7] * 6, [20, 21, 22, 23, 24, 25], grammar=True)
+    st.waiting.append(r)
+    plan = builder.build()
+    assert [list(a.input_ids) for a in plan.ops.admits] == [r.prompt + r.output]
+    return r, plan
+
+
+def test_a_resumed_constrained_request_caches_its_prompt_only() -> None:
+    """Its output may still be cut by a jump-forward, and cached (shared) KV cannot be cut."""
+    st, builder = _state()
+    r, plan = _resumed(st, builder)
+    apply_result(st, plan, StepOutcome(plan.ops.step_id, [r.handle], [26], [0.0]))
+    assert r.output == [20, 21, 22, 23, 24, 25, 26]
+    assert r.cached_len == len(r.prompt)
+    st.check_integrity()
+
+
+def test_a_jump_into_cached_output_is_redone_from_the_queue() -> None:
+    """A retracted constrained request comes back with its output in the cache. A jump-forward
+    that rewrites its last three output tokens cannot cut that shared KV: the request goes back to
+    the queue with the jump applied and the next admission matches the cache up to the cut, so
+    the tokens are those of a run that never left."""
+    st, builder = _state()
+    r, plan = _resumed(st, builder)
+    apply_result(st, plan, StepOutcome(plan.ops.step_id, [r.handle], [26], [0.0]))
+    builder._retract(r)  # memory pressure: its prompt + output enter the cache
+    again = builder.build()
+    assert r.cached_len == len(r.prompt) + 6  # the output came from the cache
+    assert [list(a.input_ids) for a in again.ops.admits] == [[26]]
+    apply_result(st, again, StepOutcome(again.ops.step_id, [r.handle], [27], [0.0]))
+    forwards = st.stats.jump_forwards
+
+    r.jump = (3, [40, 41, 42])  # the grammar's retokenized forced text, replacing [25, 26, 27]
+    old_handle = r.handle
+    cut = builder.build()
+
+    assert r.output == [20, 21, 22, 23, 24, 40, 41, 42]
+    assert r.no_jump_at == len(r.output) and st.stats.jump_forwards == forwards + 1
+    assert not cut.ops.truncates and st.pending_release == [old_handle]
+    (admit,) = cut.ops.admits  # back at the head of the queue: admitted in the same step
+    assert admit.handle == r.handle != old_handle and admit.output_offset == len(r.output)
+    assert list(admit.input_ids) == [40, 41, 42]  # matched the cache up to the cut
+    assert st.grammar_ops.binds[r.handle][2] == r.output  # the matcher replays the new output
+    st.check_integrity()

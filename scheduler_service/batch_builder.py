@@ -86,7 +86,9 @@ class BatchBuilder:
         )
         self.st = state
         self.policy = policy
-        self.ratio = NewTokenRatio(init=cfg.new_token_ratio)
+        # A ratio set below the usual floor is the floor (0: admission reserves nothing).
+        ratio = cfg.new_token_ratio
+        self.ratio = NewTokenRatio(init=ratio, minimum=min(ratio, NewTokenRatio.FLOOR))
 
     def build(self) -> PlannedStep:
         st = self.st

@@ -115,7 +115,9 @@ class NewTokenRatio:
     up when a retraction shows it was too optimistic.
     """
 
-    def __init__(self, init: float = 0.7, minimum: float = 0.1, decay_steps: int = 600) -> None:
+    FLOOR = 0.1
+
+    def __init__(self, init: float = 0.7, minimum: float = FLOOR, decay_steps: int = 600) -> None:
         if not 0.0 <= minimum <= init <= 1.0:
             raise ValueError("need 0 <= minimum <= init <= 1")
         self.init = init

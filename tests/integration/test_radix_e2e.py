@@ -4,10 +4,11 @@ Three stacks, started together once for this module, each with its own small KV 
 - ``tree``  : ``--radix tree --debug-invariants``, 4096 KV tokens (roomy: nothing is evicted);
 - ``off``   : ``--radix off --max-queue 2 --max-running 1``, 1024 KV tokens: the no-cache,
   one-at-a-time reference, and the full-queue check;
-- ``tight`` : ``--radix tree --debug-invariants --new-token-ratio 0.1``, 600 KV tokens: eviction
-  and retraction under pressure (0.1 is where the decaying new-token ratio settles on a server
-  that has run a while: admission then reserves little for future decodes, so 16 concurrent
-  decodes outgrow the pool and some must be retracted).
+- ``tight`` : ``--radix tree --debug-invariants --new-token-ratio 0``, 600 KV tokens: eviction
+  and retraction under pressure (admission reserves nothing for future decodes, so it packs the
+  pool with prompts and the decodes of the 16 concurrent requests usually must retract some;
+  at 0.1, where the decaying ratio settles on a server that has run a while, one run in five
+  needed none, so the test runs the workload up to three times until one does).
 
 Numerics rule for two runs of our own stack (as in test_concurrency): identical greedy tokens up
 to a first difference, accepted only where earlier chosen-token logprobs already differ by more
@@ -51,7 +52,7 @@ STACKS = {
     ),
     "tight": (
         ["--kv-tokens", str(TIGHT_KV)],
-        ["--radix", "tree", "--debug-invariants", "--new-token-ratio", "0.1"],
+        ["--radix", "tree", "--debug-invariants", "--new-token-ratio", "0"],
     ),
 }
 TIMEOUT = 120.0  # per request: a hang fails the test instead of the whole run
@@ -325,11 +326,17 @@ def test_eviction_and_retraction_under_pressure(stacks: dict[str, Stack]) -> Non
         work = _pressure_workload(c)
         assert min(len(p) for p, _ in work) >= 40 and max(len(p) for p, _ in work) <= 150
         before = c.stats()
+        rounds: list[list[GenerateResult]] = []
         with ThreadPoolExecutor(1) as ref:  # roomy, no cache, one at a time (other stack)
             solo_f = ref.submit(lambda: [greedy(off, p, n) for p, n in work])
-            with ThreadPoolExecutor(16) as pool:  # many concurrent decodes
-                got = list(pool.map(lambda w: greedy(c, *w), work))
-            s = c.stats()
+            # Whether a retraction is needed depends on how arrivals and finishes interleave:
+            # a round may get by without one, so the workload runs again (at most 3 rounds).
+            while len(rounds) < 3:
+                with ThreadPoolExecutor(16) as pool:  # many concurrent decodes
+                    rounds.append(list(pool.map(lambda w: greedy(c, *w), work)))
+                s = c.stats()
+                if s.retractions > before.retractions:
+                    break
             solo = solo_f.result()
     hit = (s.cached_prompt_tokens - before.cached_prompt_tokens) / (
         s.prompt_tokens - before.prompt_tokens
@@ -337,10 +344,11 @@ def test_eviction_and_retraction_under_pressure(stacks: dict[str, Stack]) -> Non
     print(
         f"\npressure: evicted {s.evicted_tokens - before.evicted_tokens} tokens, "
         f"{s.retractions - before.retractions} retractions, hit rate {hit:.3f}, "
-        f"{s.steps - before.steps} steps"
+        f"{s.steps - before.steps} steps, {len(rounds)} round(s)"
     )
-    for i, (a, b) in enumerate(zip(got, solo, strict=True)):
-        agree(a, b, f"request {i} under pressure vs solo on a roomy stack")
+    for n, got in enumerate(rounds):
+        for i, (a, b) in enumerate(zip(got, solo, strict=True)):
+            agree(a, b, f"round {n}: request {i} under pressure vs solo on a roomy stack")
     assert s.evicted_tokens - before.evicted_tokens > 0
     assert s.retractions - before.retractions > 0, "no retraction was provoked"
     assert s.cached_prompt_tokens > before.cached_prompt_tokens

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from scheduler_service.allocator import SlotAllocator
+from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.config import SchedulerConfig
 from scheduler_service.no_cache import NoCache
 from scheduler_service.policy import SchedulePolicy, deprioritize_shared_uncached
 from scheduler_service.prefill_adder import (
@@ -18,6 +20,7 @@ from scheduler_service.prefill_adder import (
 from scheduler_service.prefix_cache import PrefixCache
 from scheduler_service.radix_cache import RadixCache
 from scheduler_service.retraction import plan_retraction, retraction_order
+from scheduler_service.state import SchedState
 from scheduler_service.table_cache import TableCache
 from tests.unit.queue_item import Item
 
@@ -312,6 +315,15 @@ def test_decode_reservation_and_new_token_ratio() -> None:
     assert r.on_retract(observed=3.0) == 1.0
     with pytest.raises(ValueError):
         NewTokenRatio(init=0.1, minimum=0.5)
+
+
+def test_a_configured_ratio_below_the_floor_is_its_own_floor() -> None:
+    """`--new-token-ratio 0`: admission reserves nothing for future decodes, and stays so."""
+    st = SchedState(cache=RadixCache(SlotAllocator(64)), context_length=64)
+    ratio = BatchBuilder(SchedulerConfig(new_token_ratio=0.0), st, SchedulePolicy("fcfs")).ratio
+    assert ratio.value == ratio.step() == ratio.on_retract() == 0.0
+    ratio = BatchBuilder(SchedulerConfig(), st, SchedulePolicy("fcfs")).ratio
+    assert (ratio.init, ratio.minimum) == (0.7, NewTokenRatio.FLOOR)
 
 
 def test_retraction_order_and_plan() -> None:

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,30 +48,41 @@ def _imported_names(tree: ast.AST) -> Iterator[str]:
             yield node.module
 
 
-def parse_quietly(path: Path) -> ast.Module:
-    """ast.parse with the garbage collector held off: on CPython 3.11 a finalizer that runs
-    while the AST is built (an event loop or gRPC object an earlier test left behind) breaks
-    the parser's recursion bookkeeping ("AST constructor recursion depth mismatch")."""
+@contextmanager
+def gc_held() -> Iterator[None]:
+    """The garbage collector held off: on CPython 3.11 a finalizer that runs while an AST is
+    built (an event loop or gRPC object an earlier test left behind) breaks the parser's
+    recursion bookkeeping ("AST constructor recursion depth mismatch"). One collection first,
+    for all the files parsed inside (a collection per file cost minutes on a full heap)."""
+    if not gc.isenabled():
+        yield
+        return
     gc.collect()
     gc.disable()
     try:
-        return ast.parse(path.read_text(), filename=str(path))
+        yield
     finally:
         gc.enable()
 
 
+def parse_quietly(path: Path) -> ast.Module:
+    with gc_held():
+        return ast.parse(path.read_text(), filename=str(path))
+
+
 def import_graph() -> Edges:
     edges: Edges = {name: {} for name in PACKAGES}
-    for pkg, folder in PACKAGES.items():
-        for path in sorted(folder.rglob("*.py")):
-            tree = parse_quietly(path)
-            for name in _imported_names(tree):
-                top = name.split(".")[0]
-                if top in PACKAGES and top != pkg:
-                    files = edges[pkg].setdefault(top, [])
-                    rel = str(path.relative_to(ROOT))
-                    if rel not in files:
-                        files.append(rel)
+    with gc_held():
+        for pkg, folder in PACKAGES.items():
+            for path in sorted(folder.rglob("*.py")):
+                tree = parse_quietly(path)
+                for name in _imported_names(tree):
+                    top = name.split(".")[0]
+                    if top in PACKAGES and top != pkg:
+                        files = edges[pkg].setdefault(top, [])
+                        rel = str(path.relative_to(ROOT))
+                        if rel not in files:
+                            files.append(rel)
     return edges
 
 

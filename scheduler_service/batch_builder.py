@@ -97,7 +97,7 @@ class BatchBuilder:
         for h in st.pending_release:
             st.handles.give(h)  # safe: the worker releases before it sees a later admit
         st.pending_release = []  # a new list: the plan keeps the old one
-        jumped = self._jumps(plan)  # first: a refused jump decodes normally in this same step
+        jumped = self._jumps(plan)  # first: jumps free and requeue before others take slots
         self._decodes(plan, skip=jumped)
         self._prefill(plan)
         self._track_samplers(plan)

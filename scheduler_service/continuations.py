@@ -11,7 +11,7 @@ simply generated again, so none is duplicated or missing.
 
 from __future__ import annotations
 
-from scheduler_service.request import Phase, Request
+from scheduler_service.request import Request
 from scheduler_service.state import SchedState
 
 
@@ -21,15 +21,12 @@ def requeue_running(st: SchedState) -> list[Request]:
     Returns the requeued requests. Afterwards the accounting invariant holds with nothing
     allocated."""
     running = list(st.running.values())
-    for r in running:
-        st.release(r, insert=False)
-        r.phase = Phase.WAITING
-        r.match = None
-        r.jump = None
-        r.no_jump_at = -1
     for r in st.waiting:
         r.match = None  # matches point into the cache about to be reset
-    st.waiting[:0] = running
+    for r in reversed(running):  # each goes to the head of the queue: admission order is kept
+        st.requeue(r, insert=False)
+        r.jump = None
+        r.no_jump_at = -1
     st.cache.reset()
     st.handles.reset()
     st.pending_release.clear()

@@ -98,6 +98,10 @@ class ReplicaView:
 
     def on_load(self, load: Load) -> None:
         self.reported = load
+        if load.kv_capacity:
+            # The hello's capacity is 0 when the session opened before the replica's model
+            # connected, and a model may come back with another pool: the report is current.
+            self.kv_capacity = load.kv_capacity
         self.pending_tokens = self.pending_requests = 0
 
     # --- this front door's own traffic

@@ -365,3 +365,18 @@ def test_a_cold_prefix_goes_where_the_cache_has_room_then_rendezvous_decides() -
     assert (d.address, d.reason) == ("r1:1", "cold")
     views["r1:1"].on_cache_events(False, _hashes(list(range(7000, 7000 + 30 * 16))), [])
     assert Router().choose(cands, _hashes(prompts[i]), keys[i]).address == "r0:1"  # ~equal
+
+
+def test_a_replica_whose_model_connected_after_its_session_opened_gets_cold_prefixes() -> None:
+    """Its hello said capacity 0 (no model yet); its load reports carry the real one. Were the
+    hello's 0 kept, it would look full and every new prefix would go to the other replica."""
+    cands, views = _replicas(2)
+    views["r0:1"].on_hello("inst", BLOCK_TOKENS, 4096)
+    views["r1:1"].on_hello("inst", BLOCK_TOKENS, 0)
+    assert views["r1:1"].room_tokens == 0
+    views["r1:1"].on_load(Load(kv_capacity=4096, kv_free=4096))
+    assert views["r1:1"].room_tokens == 4096
+    prompts = [list(range(2000 + 40 * i, 2040 + 40 * i)) for i in range(16)]
+    router = Router()
+    used = {router.choose(cands, _hashes(p), prompt_key(_hashes(p), p)).address for p in prompts}
+    assert used == {"r0:1", "r1:1"}

@@ -30,15 +30,29 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+# Bits of the hash that become a uniform draw. float32 carries 24 significant bits, so
+# (k + 0.5) / 2**23 is exact for every 23-bit k and lies strictly inside (0, 1). With 24 bits
+# the top value (2**24 - 0.5) / 2**24 rounded up to exactly 1.0: -log(1) = 0, the exponential
+# race divided by zero, and argmax took that token whatever top-k, top-p, min-p or the grammar
+# mask said (about one sampled position in 270).
+NOISE_BITS = 23
+
+
+def unit_from_bits(k: torch.Tensor) -> torch.Tensor:
+    """Integers in [0, 2**NOISE_BITS) -> float32 midpoints (k + 0.5) / 2**NOISE_BITS, every one
+    exact and strictly inside (0, 1)."""
+    return (k.to(torch.float32) + 0.5) * (1.0 / (1 << NOISE_BITS))
+
+
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[R, vocab] float32 in (0, 1): U(seed_r, position_r, token)."""
+    """[R, vocab] float32 strictly inside (0, 1): U(seed_r, position_r, token)."""
     dev = seeds.device
     s = seeds.to(torch.int64)
     key = _mix32(_mix32(s & _M32) ^ ((s >> 32) & _M32))
     key = _mix32(key ^ _mix32(positions.to(torch.int64) + 0x9E3779B9))
     ids = torch.arange(vocab, device=dev, dtype=torch.int64)
     h = _mix32(key[:, None] ^ _mix32(ids[None, :] * 0x85EBCA6B + 0x27D4EB2F))
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_from_bits(h >> (32 - NOISE_BITS))
 
 
 @dataclass
@@ -132,7 +146,10 @@ def sample(
         probs = torch.softmax(logits / temp, dim=-1)
         probs = _filter(probs, params, flags)
         noise = uniform_noise(params.seeds, params.positions, logits.shape[-1])
-        drawn = (probs / (-torch.log(noise))).argmax(dim=-1)
+        # A filtered or masked token (probability 0) can never win the race, even if a ratio
+        # were to come out 0 or NaN: it races at -1, below every live token's positive score.
+        race = torch.where(probs > 0, probs / (-torch.log(noise)), -1.0)
+        drawn = race.argmax(dim=-1)
         tokens = torch.where(params.temperature <= 0, greedy_tok, drawn)
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
     top_ids = top_vals = None

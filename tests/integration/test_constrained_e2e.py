@@ -267,6 +267,24 @@ def test_greedy_constrained_same_alone_and_in_batch(gstack: Stack, suite_run: Su
         assert alone.output_ids == seeded.result.output_ids
 
 
+def test_seeded_top_k_1_is_greedy_and_sampled_json_is_valid(gstack: Stack) -> None:
+    """The reliability issue's two reproducers of the sampler defect (a uniform draw that
+    rounded to exactly 1.0 escaped top-k and the grammar mask): top_k=1 is greedy whatever the
+    seed, and a seeded integer schema gives schema-valid JSON."""
+    with Client(gstack.endpoint, timeout=TIMEOUT) as c:
+        greedy = c.generate("x", max_new_tokens=6, temperature=0, ignore_eos=True)
+        topk1 = c.generate("x", max_new_tokens=6, temperature=1, seed=7, top_k=1, ignore_eos=True)
+        assert topk1.output_ids == greedy.output_ids
+        for n in (4, 5, 8):
+            out = c.generate(
+                "x", max_new_tokens=n, temperature=1, seed=7, json_schema={"type": "integer"}
+            )
+            if out.finish_reason == "stop":
+                assert isinstance(json.loads(out.text), int), out.text
+            else:
+                assert re.fullmatch(r"\s*-?\d*", out.text), out.text
+
+
 # --- bad grammars ---------------------------------------------------------------------------
 
 BAD_GRAMMARS = [

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from model_service.sampling import Penalties, SamplingBatch, apply_penalties, sample, uniform_noise
+from model_service.sampling import (
+    NOISE_BITS,
+    Penalties,
+    SamplingBatch,
+    apply_penalties,
+    sample,
+    uniform_noise,
+    unit_from_bits,
+)
 
 
 def _params(
@@ -33,6 +41,67 @@ def test_noise_depends_only_on_seed_and_position() -> None:
     assert float(a.min()) > 0 and float(a.max()) < 1
     # roughly uniform
     assert abs(float(a.mean()) - 0.5) < 0.02
+
+
+def test_noise_is_strictly_inside_the_unit_interval_over_its_whole_range() -> None:
+    """Every value the noise can take, not a sample of them: none at 0 or at/above 1, all
+    distinct (so no two hash values collapse onto one draw)."""
+    u = unit_from_bits(torch.arange(1 << NOISE_BITS, dtype=torch.int64))
+    assert float(u.min()) > 0.0
+    assert float(u.max()) < 1.0
+    assert bool((u[1:] > u[:-1]).all())
+    # the extremes of the 32-bit hash map inside too
+    top = uniform_noise(torch.tensor([6]), torch.tensor([40]), 1000)
+    assert float(top.max()) < 1.0
+
+
+# (seed, position, token) whose 24-bit draw rounded up to exactly 1.0 before the fix: the
+# exponential race then gave that token inf (or NaN when it was masked) and it always won.
+_ONE_AT = (6, 40, 222)
+
+
+def test_the_draw_that_once_rounded_to_one_respects_top_k_and_masks() -> None:
+    seed, pos, tok = _ONE_AT
+    logits = torch.zeros(1, 1000)
+    logits[0, 5] = 4.0  # the clear favourite
+    p = _params(1, seed=seed, top_k=1, start=pos)
+    assert sample(logits, p)[0].item() == 5
+    masked = torch.full((1, 1000), float("-inf"))
+    masked[0, 5] = 0.0
+    masked[0, 9] = 0.0  # the grammar allows 5 and 9 only
+    drawn = sample(masked, _params(1, seed=seed, start=pos))[0].item()
+    assert drawn in (5, 9) and drawn != tok
+
+
+def test_seeded_sweep_never_leaves_top_k_top_p_min_p_or_the_mask() -> None:
+    """A few million seeded draws over a real vocabulary size: every token inside its row's
+    filters and grammar mask (before the fix about one row in 270 escaped)."""
+    g = torch.Generator().manual_seed(1)
+    vocab, rows = 49152, 128
+    for rnd in range(6):
+        logits = torch.randn(rows, vocab, generator=g) * 2
+        allowed = torch.rand(rows, vocab, generator=g) < 0.3
+        allowed[:, 0] = True
+        masked = logits.masked_fill(~allowed, float("-inf"))
+        top_k = torch.randint(1, 20, (rows,), generator=g)
+        p = SamplingBatch(
+            temperature=torch.full((rows,), 1.3),
+            top_p=torch.full((rows,), 0.9),
+            top_k=top_k,
+            min_p=torch.full((rows,), 0.05),
+            seeds=torch.full((rows,), 100 + rnd, dtype=torch.int64),
+            positions=torch.arange(rows, dtype=torch.int64) * 7,
+        )
+        toks = sample(masked, p)[0]
+        probs = torch.softmax(masked / 1.3, dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        for r in range(rows):
+            t = int(toks[r])
+            assert bool(allowed[r, t]), (rnd, r, t)
+            rank = int((order[r] == t).nonzero())
+            assert rank < int(top_k[r])
+            assert rank == 0 or float(sorted_p[r, :rank].sum()) < 0.9
+            assert float(probs[r, t]) >= 0.05 * float(sorted_p[r, 0])
 
 
 def test_seeded_draw_same_alone_and_in_batch() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from grammar_service.config import GrammarConfig
 from grammar_service.server import serve
-from radixmesh_server.config import parse_config
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.security import configure_internal
-from radixmesh_server.server import run
+from services.config import parse_config
+from services.logging import configure_logging
+from services.security import configure_internal
+from services.server import run
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Histogram
 
 from grammar_service.compile_cache import CacheStats
-from radixmesh_server.metrics import (
+from services.metrics import (
     LATENCY_BUCKETS,
     STEP_BUCKETS,
     Reading,

@@ -36,11 +36,11 @@ from grammar_service.steps import (
     parse_step,
 )
 from grammar_service.tokenizer_source import load_tokenizer
-from radixmesh_server.metrics import serve_metrics
-from radixmesh_server.security import require_peer
-from radixmesh_server.watchdog import Progress, Watchdog
 from radixmesh_wire.pb import grammar_pb2 as pb
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
+from services.metrics import serve_metrics
+from services.security import require_peer
+from services.watchdog import Progress, Watchdog
 
 log = structlog.get_logger(__name__)
 
@@ -245,7 +245,7 @@ def register(server: grpc.aio.Server, servicer: GrammarServicer) -> list[str]:
 
 async def serve(config: GrammarConfig) -> None:
     """Run the grammar service until SIGTERM/SIGINT with the shared bootstrap."""
-    from radixmesh_server.server import Listen, run_server
+    from services.server import Listen, run_server
 
     servicer = build_servicer(config.tokenizer, config)
     dog = Watchdog()

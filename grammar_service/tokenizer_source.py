@@ -1,5 +1,5 @@
 """Where the grammar service's tokenizer comes from: a folder, "default" (the embedded model's
-converted folder from radixmesh_server.model_store, which holds its tokenizer), or a loaded object.
+converted folder from services.model_store, which holds its tokenizer), or a loaded object.
 RADIXMESH_GRAMMAR_TOKENIZER overrides the default folder."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from radixmesh_server.model_store import resolve_model
+from services.model_store import resolve_model
 
 TOKENIZER_ENV = "RADIXMESH_GRAMMAR_TOKENIZER"
 

@@ -7,12 +7,12 @@ import sys
 import structlog
 
 from model_service.config import ModelServiceConfig
-from radixmesh_server.config import parse_config
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.model_store import ModelError
-from radixmesh_server.security import configure_internal
-from radixmesh_server.server import Listen, run, run_server
-from radixmesh_server.watchdog import Watchdog
+from services.config import parse_config
+from services.logging import configure_logging
+from services.model_store import ModelError
+from services.security import configure_internal
+from services.server import Listen, run, run_server
+from services.watchdog import Watchdog
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if cfg.metrics_port:
         from model_service.metrics import ModelMetrics
-        from radixmesh_server.metrics import serve_metrics
+        from services.metrics import serve_metrics
 
         servicer.metrics = ModelMetrics(int(engine.runner.pool.capacity))
         serve_metrics(servicer.metrics.registry, cfg.host, cfg.metrics_port, "model")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixmesh_server.config import field
-from radixmesh_server.transport_config import TransportConfig
+from services.config import field
+from services.transport_config import TransportConfig
 
 
 @dataclass

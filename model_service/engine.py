@@ -24,7 +24,7 @@ from model_service.preflight import (
 )
 from model_service.runner import ModelRunner
 from model_service.weights import load_hf_config, load_model, random_model
-from radixmesh_server.model_store import ModelError, resolve_model
+from services.model_store import ModelError, resolve_model
 
 log = structlog.get_logger(__name__)
 

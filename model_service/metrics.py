@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from radixmesh_server.metrics import (
+from services.metrics import (
     BATCH_BUCKETS,
     STEP_BUCKETS,
     Reading,

@@ -18,7 +18,7 @@ import torch
 
 from model_service.kv_pool import kv_bytes_per_token
 from model_service.models.llama import LlamaArgs
-from radixmesh_server.model_store import ModelError
+from services.model_store import ModelError
 
 GIB = float(1 << 30)
 # What the model code implements (models/llama.py): Llama-family decoders with SiLU MLPs,

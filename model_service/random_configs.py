@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from radixmesh_server.model_store import ModelError, cache_root
+from services.model_store import ModelError, cache_root
 
 ASSET_DIR = Path(__file__).parent / "assets" / "llama3_1_tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

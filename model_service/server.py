@@ -27,12 +27,12 @@ from model_service.engine import Engine
 from model_service.metrics import ModelMetrics
 from model_service.runner import InFlight, StepError
 from model_service.step_validation import StepLimits, validate_step
-from radixmesh_server.security import require_peer
-from radixmesh_server.watchdog import Progress
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
 from radixmesh_wire.step_ops import StepOps
+from services.security import require_peer
+from services.watchdog import Progress
 
 log = structlog.get_logger(__name__)
 

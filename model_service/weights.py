@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, rope_inv_freq
-from radixmesh_server.model_store import ModelError
+from services.model_store import ModelError
 
 log = structlog.get_logger(__name__)
 

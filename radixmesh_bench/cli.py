@@ -1,6 +1,6 @@
 """`radixmesh bench ...` sub-commands (JSON results).
 
-A plug-in of the `radixmesh` command, not a part of it: `radixmesh_server.cli` forwards
+A plug-in of the `radixmesh` command, not a part of it: `services.cli` forwards
 `radixmesh bench ARGS` to `python -m radixmesh_bench ARGS` without importing this package
 (the benchmarks import torch and xgrammar, which no client command should pay for).
 """

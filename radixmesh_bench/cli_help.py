@@ -3,7 +3,7 @@ heavy modules its process loads (none should: client commands import neither tor
 xgrammar; the target is under 0.5 s on a warm machine).
 
 Each run is a fresh interpreter, timed from spawn to exit. The command is the installed
-`radixmesh` script where one is on PATH, else `python -m radixmesh_server.cli`. A separate probe
+`radixmesh` script where one is on PATH, else `python -m services.cli`. A separate probe
 run of each command lists the heavy modules present in sys.modules at exit.
 
     radixmesh bench cli [--runs 10] [--out FILE]     # JSON on stdout
@@ -30,14 +30,14 @@ _PROBE = (
     "heavy = {heavy!r}\n"
     "atexit.register(lambda: sys.stderr.write('HEAVY=' + json.dumps(sorted("
     "m for m in heavy if m in sys.modules)) + '\\n'))\n"
-    "from radixmesh_server.cli import main\n"
+    "from services.cli import main\n"
     "sys.exit(main({argv!r}))\n"
 )
 
 
 def _command() -> list[str]:
     script = shutil.which("radixmesh")
-    return [script] if script else [sys.executable, "-m", "radixmesh_server.cli"]
+    return [script] if script else [sys.executable, "-m", "services.cli"]
 
 
 def _time_runs(cmd: list[str], runs: int) -> dict[str, float]:

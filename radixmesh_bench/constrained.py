@@ -49,7 +49,7 @@ from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 from grammar_service.suite import SUITE, GrammarCase
 from radixmesh_bench.stack import pct, progress
-from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+from services.launcher import Launcher, StackPorts, stack_specs
 
 # One chat prompt per suite grammar, asking for what the grammar allows, and the output budget
 # that lets the greedy and the seeded runs finish (integration test: < 10 % cut by length).
@@ -205,7 +205,7 @@ def scheduler_accepts(args: Sequence[str]) -> tuple[bool, str]:
     """Whether the scheduler's own flag parser takes `args` (and its message if not)."""
     code = (
         "import sys\nfrom scheduler_service.config import SchedulerConfig\n"
-        "from radixmesh_server.config import parse_config\n"
+        "from services.config import parse_config\n"
         "parse_config(SchedulerConfig, sys.argv[1:])"
     )
     proc = subprocess.run(
@@ -592,7 +592,7 @@ def jump_forward_ablation(
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     import torch  # only for the machine description
 
-    from radixmesh_server.logging import configure_logging
+    from services.logging import configure_logging
 
     configure_logging("bench", "warning")  # the launcher's events must not reach stdout
     quick = ns.quick

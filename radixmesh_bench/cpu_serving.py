@@ -85,7 +85,7 @@ def run(ns: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixmesh_server.model_store import resolve_model
+    from services.model_store import resolve_model
 
     folder = resolve_model(ns.model)
     tok = AutoTokenizer.from_pretrained(folder)

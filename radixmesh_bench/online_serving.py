@@ -161,7 +161,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from radixmesh_bench.stack import local_stack_urls
-    from radixmesh_server.model_store import resolve_model
+    from services.model_store import resolve_model
 
     model, model_args = model_source(ns.model, ns.random_weights, ns.device, ns.kv_tokens)
     if ns.random_weights and ns.device.startswith("cuda"):

@@ -37,7 +37,7 @@ from pathlib import Path
 from radixmesh.api import Client, GenerateResult
 
 from radixmesh_bench.stack import progress
-from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
+from services.launcher import Launcher, StackPorts, check_ready, stack_specs
 
 # -- text -------------------------------------------------------------------------------------
 GEOGRAPHY_SHOTS = [
@@ -521,7 +521,7 @@ def run_config(
 def run(ns: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
-    from radixmesh_server.model_store import resolve_model
+    from services.model_store import resolve_model
 
     folder = resolve_model(ns.model)
     tok = AutoTokenizer.from_pretrained(folder)

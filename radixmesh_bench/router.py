@@ -128,7 +128,7 @@ def _describe(cfg: RouterConfig, kv: int) -> dict[str, Any]:
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
-    from radixmesh_server.logging import configure_logging
+    from services.logging import configure_logging
 
     configure_logging("bench", "warning")  # stdout carries only the JSON report
     overrides = {f.name: getattr(ns, f.name) for f in fields(Sizes)}

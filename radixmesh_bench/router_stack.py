@@ -1,5 +1,5 @@
 """The local topologies `radixmesh bench router` compares, started the way `radixmesh serve
---replicas N --front-doors M` starts them (radixmesh_server.launcher: Topology, topology_specs,
+--replicas N --front-doors M` starts them (services.launcher: Topology, topology_specs,
 internal mutual TLS), on free ports, with every service's /metrics on a free port.
 
 Invariant: every configuration of one workload gets the same TOTAL KV pool, split evenly over
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh_bench.prom_text import Samples, scrape
-from radixmesh_server.launcher import (
+from services.launcher import (
     Launcher,
     ServiceSpec,
     Topology,

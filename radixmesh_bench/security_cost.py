@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from radixmesh_bench.stack import add_model_flags, model_source, progress
-from radixmesh_server.launcher import Launcher, StackPorts, free_port, stack_specs
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.pki import make_server_cert
+from services.launcher import Launcher, StackPorts, free_port, stack_specs
+from services.logging import configure_logging
+from services.pki import make_server_cert
 
 API_KEY = "bench-key"
 

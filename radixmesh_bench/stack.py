@@ -18,8 +18,8 @@ from typing import Any
 
 from radixmesh.api import Client, GenerateResult
 
-from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
-from radixmesh_server.logging import configure_logging
+from services.launcher import Launcher, StackPorts, stack_specs
+from services.logging import configure_logging
 
 
 def progress(msg: str) -> None:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from radixmesh_server.config import parse_config
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.metrics import StatsCollector, serve_metrics
-from radixmesh_server.security import configure_internal
-from radixmesh_server.server import Listen, run, run_server
-from radixmesh_server.watchdog import Watchdog
 from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.frontend_link import SchedulerServicer
-from scheduler_service.grammar_metrics import grammar_readings
+from scheduler_service.grammar.metrics import grammar_readings
+from scheduler_service.links.frontend import SchedulerServicer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import Scheduler
+from services.config import parse_config
+from services.logging import configure_logging
+from services.metrics import StatsCollector, serve_metrics
+from services.security import configure_internal
+from services.server import Listen, run, run_server
+from services.watchdog import Watchdog
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixmesh_server.config import field
-from radixmesh_server.discovery import parse_address_spec
-from radixmesh_server.transport_config import TransportConfig
+from services.config import field
+from services.discovery import parse_address_spec
+from services.transport_config import TransportConfig
 
 
 @dataclass

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from radixmesh_server.metrics import (
+from scheduler_service.state import SchedState
+from services.metrics import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS,
     STEP_BUCKETS,
@@ -17,7 +18,6 @@ from radixmesh_server.metrics import (
     name,
     new_registry,
 )
-from scheduler_service.state import SchedState
 
 
 class SchedulerMetrics:

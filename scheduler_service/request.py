@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from scheduler_service.outbox import Outbox
-from scheduler_service.prefix_cache import MatchResult
+from scheduler_service.cache.prefix_cache import MatchResult
+from scheduler_service.sessions.outbox import Outbox
 
 _arrivals = itertools.count()
 

@@ -22,31 +22,31 @@ from collections import deque
 
 import structlog
 
-from radixmesh_server.server import Health
-from radixmesh_server.watchdog import Progress
 from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.batch_builder import BatchBuilder, PlannedStep
-from scheduler_service.cache_publisher import CachePublisher
-from scheduler_service.chunk_budget import ChunkBudget
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
+from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
-from scheduler_service.grammar_link import GrammarLink
-from scheduler_service.grammar_pool import GrammarPool
+from scheduler_service.grammar.pool import GrammarPool
+from scheduler_service.grammar.step_masks import StepMasks
+from scheduler_service.links.grammar import GrammarLink
+from scheduler_service.links.model import ModelLink, ModelUnavailable
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.model_link import ModelLink, ModelUnavailable
-from scheduler_service.outbox import error_batch
-from scheduler_service.output_processor import apply_result
-from scheduler_service.policy import SchedulePolicy
-from scheduler_service.prefix_cache import make_prefix_cache
-from scheduler_service.replica_feed import ReplicaFeed
+from scheduler_service.planner.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.planner.chunk_budget import ChunkBudget
+from scheduler_service.planner.output_processor import apply_result
+from scheduler_service.planner.policy import SchedulePolicy
 from scheduler_service.request import Request
-from scheduler_service.session_output import SessionOutput
+from scheduler_service.sessions.outbox import error_batch
+from scheduler_service.sessions.output import SessionOutput
+from scheduler_service.sessions.replica_feed import ReplicaFeed
 from scheduler_service.startup_hold import StartupHold
 from scheduler_service.state import SchedState
 from scheduler_service.status import Status
-from scheduler_service.step_masks import StepMasks
 from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
+from services.server import Health
+from services.watchdog import Progress
 
 log = structlog.get_logger(__name__)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler_service.grammar_ops import GrammarOps
+from scheduler_service.cache.prefix_cache import PrefixCache
+from scheduler_service.grammar.ops import GrammarOps
 from scheduler_service.handles import HandlePool
-from scheduler_service.outbox import Extra, Outbox
-from scheduler_service.prefix_cache import PrefixCache
 from scheduler_service.request import Phase, Request
+from scheduler_service.sessions.outbox import Extra, Outbox
 from scheduler_service.stats import SchedulerStats
 
 

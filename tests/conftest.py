@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from radixmesh_server.launcher import (
+from services.launcher import (
     Launcher,
     ServiceSpec,
     StackPorts,
@@ -23,8 +23,8 @@ from radixmesh_server.launcher import (
     stack_specs,
     topology_specs,
 )
-from radixmesh_server.model_store import resolve_model
-from radixmesh_server.security import internal_channel
+from services.model_store import resolve_model
+from services.security import internal_channel
 
 
 @pytest.fixture(scope="session")

@@ -9,19 +9,19 @@ from pathlib import Path
 import grpc
 import structlog
 
-from radixmesh_server.config import parse_config
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.metrics import serve_metrics
-from radixmesh_server.model_store import ModelError, resolve_model
-from radixmesh_server.security import configure_internal
-from radixmesh_server.server import Listen, run, run_server
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
+from services.config import parse_config
+from services.logging import configure_logging
+from services.metrics import serve_metrics
+from services.model_store import ModelError, resolve_model
+from services.security import configure_internal
+from services.server import Listen, run, run_server
 from tokenizer_service.auth import ApiKeyInterceptor, ApiKeys
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
-from tokenizer_service.http_app import build_app, start_http
+from tokenizer_service.http.app import build_app, start_http
 from tokenizer_service.metrics import FrontDoorMetrics
-from tokenizer_service.replica_set import ReplicaSet
+from tokenizer_service.routing.replica_set import ReplicaSet
 from tokenizer_service.server import RadixMeshServicer
 from tokenizer_service.tokenization import Tokenization
 

@@ -28,8 +28,8 @@ from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
-from tokenizer_service.replica_set import ReplicaSet
-from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLost
+from tokenizer_service.routing.replica_set import ReplicaSet
+from tokenizer_service.routing.scheduler_link import DuplicateRequest, SchedulerLost
 from tokenizer_service.text_stream import TextStream
 from tokenizer_service.tokenization import Tokenization
 from tokenizer_service.validation import (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from radixmesh_server.metrics import (
+from services.metrics import (
     LATENCY_BUCKETS,
     STEP_BUCKETS,
     Reading,
@@ -20,7 +20,7 @@ from radixmesh_server.metrics import (
 )
 
 if TYPE_CHECKING:
-    from tokenizer_service.replica_set import ReplicaSet
+    from tokenizer_service.routing.replica_set import ReplicaSet
 
 
 class FrontDoorMetrics:

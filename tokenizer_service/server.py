@@ -14,7 +14,7 @@ from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.auth import ApiKeys, Principal
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
-from tokenizer_service.replica_stats import NoReplicaAnswered, gather_stats
+from tokenizer_service.routing.replica_stats import NoReplicaAnswered, gather_stats
 from tokenizer_service.validation import InvalidRequest, check_input_ids
 
 log = structlog.get_logger(__name__)

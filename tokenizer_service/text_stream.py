@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from radixmesh_wire.pb import api_pb2
-from tokenizer_service.deltas import Update
 from tokenizer_service.detokenizer import IncrementalDetokenizer
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
+from tokenizer_service.routing.deltas import Update
 from tokenizer_service.stop_strings import StopMatcher
 from tokenizer_service.tokenization import Tokenization
 

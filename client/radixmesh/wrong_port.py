@@ -11,7 +11,7 @@ import ssl
 
 import grpc
 
-# The name every internal certificate carries (radixmesh_server.security.INTERNAL_SERVER_NAME;
+# The name every internal certificate carries (services.security.INTERNAL_SERVER_NAME;
 # the client does not import the server package).
 INTERNAL_CERT_NAME = b"radixmesh-internal"
 _CN_OID = bytes([0x06, 0x03, 0x55, 0x04, 0x03])  # DER: OBJECT IDENTIFIER 2.5.4.3 (commonName)

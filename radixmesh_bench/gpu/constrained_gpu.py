@@ -1,6 +1,6 @@
 """Part `constrained`: JSON-schema constrained decoding through the whole stack on the GPU.
 
-The four services as separate processes (`radixmesh_server.launcher`): model service with
+The four services as separate processes (`services.launcher`): model service with
 `--random-weights llama-3.1-8b` (flashinfer, CUDA graphs), tokenizer and grammar services on the
 random model's folder, so xgrammar compiles against the real Llama-3.1 tokenizer (128,256-wide
 masks). Prompts are random token ids sent as `input_ids` (exact lengths, no shared prefixes:
@@ -240,7 +240,7 @@ def warm_up(endpoint: str, pr: Prompts, top: int, timeout: float) -> None:
 def start_stack(model: str, device: str, sched_args: list[str], log_dir: Path) -> Any:
     from model_service.random_configs import random_config
     from radixmesh_bench.constrained import BenchStack
-    from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+    from services.launcher import Launcher, StackPorts, stack_specs
 
     _, model_dir = random_config(model)
     ports = StackPorts.free()
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=0.0, help="per-request deadline (s)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/gpu")))
     args = ap.parse_args(argv)
-    from radixmesh_server.logging import configure_logging
+    from services.logging import configure_logging
 
     configure_logging("bench", "warning")  # the launcher's events stay off stdout
     ok = part_constrained(args.out, args.model, args.device, args.quick, args.rounds, args.timeout)

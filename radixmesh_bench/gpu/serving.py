@@ -5,7 +5,7 @@
     /tmp/x
 
 (`radixmesh_bench/gpu/run.py --part NAME` runs the same.) The four services run as processes
-(`radixmesh_server.launcher`, as part `stack` starts them: `--random-weights llama-3.1-8b`,
+(`services.launcher`, as part `stack` starts them: `--random-weights llama-3.1-8b`,
 flashinfer, CUDA graphs up to `--max-running`, scheduler `--chunk-tokens 8192`); every request of a
 run is submitted at once (request rate inf) through `AsyncClient` streams with `input_ids`,
 greedy, EOS ignored, so each makes exactly its output length. Workloads:

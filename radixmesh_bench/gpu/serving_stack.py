@@ -25,7 +25,7 @@ class ServingStack:
 
     def __init__(self, model: str, device: str, log_dir: Path, max_running: int = 256) -> None:
         from model_service.random_configs import random_config
-        from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+        from services.launcher import Launcher, StackPorts, stack_specs
 
         _, model_dir = random_config(model)
         self.ports = StackPorts.free()
@@ -66,7 +66,7 @@ class ServingStack:
 
     def restart(self, sched_args: Sequence[str], timeout: float = 120) -> None:
         """A new scheduler process (empty cache, zero counters) on the same model process."""
-        from radixmesh_server.launcher import check_ready
+        from services.launcher import check_ready
 
         self.launcher.specs["scheduler"].args = [*self._sched_prefix(), *sched_args]
         proc = self.launcher.procs["scheduler"]

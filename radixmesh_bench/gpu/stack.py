@@ -13,7 +13,7 @@ Two systems, one after the other so each has the GPU alone:
    (`build_engine`, random weights, flashinfer, CUDA graphs up to batch 256) and drives
    `ModelRunner.step` directly: all requests admitted in one step, then decode steps. TTFT is
    that first step; ITL samples are the decode steps.
-2. grpc-stack: the four services as separate processes (`radixmesh_server.launcher`): model service
+2. grpc-stack: the four services as separate processes (`services.launcher`): model service
    with `--random-weights`, tokenizer and grammar services on the random model's folder (its
    config.json and the Llama-3.1 tokenizer), scheduler with a larger prefill chunk. Requests go
    through `radixmesh.api.AsyncClient` streams (one token per chunk) from this process. TTFT: submit
@@ -274,7 +274,7 @@ def run_stack(
     overlap: str = "on",
 ) -> dict[str, Any]:
     from model_service.random_configs import random_config
-    from radixmesh_server.launcher import Launcher, StackPorts, stack_specs
+    from services.launcher import Launcher, StackPorts, stack_specs
 
     _, model_dir = random_config(model)
     ports = StackPorts.free()

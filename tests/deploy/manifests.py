@@ -20,9 +20,9 @@ import yaml
 
 from grammar_service.config import GrammarConfig
 from model_service.config import ModelServiceConfig
-from radixmesh_server.config import ENV_PREFIX, add_config_args, parse_config
-from radixmesh_server.model_fetch import ModelFetchConfig
 from scheduler_service.config import SchedulerConfig
+from services.config import ENV_PREFIX, add_config_args, parse_config
+from services.model_fetch import ModelFetchConfig
 from tokenizer_service.config import TokenizerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +36,11 @@ CONFIGS: dict[str, type] = {
     "scheduler_service": SchedulerConfig,
     "model_service": ModelServiceConfig,
     "grammar_service": GrammarConfig,
-    "radixmesh_server.model_fetch": ModelFetchConfig,
+    "services.model_fetch": ModelFetchConfig,
 }
 # Variables read by code other than the config dataclasses.
 OTHER_ENV = {
-    "RADIXMESH_CACHE",  # radixmesh_server.model_store.cache_root
+    "RADIXMESH_CACHE",  # services.model_store.cache_root
     "HF_HOME",  # huggingface_hub / transformers cache (a writable emptyDir)
     "HF_TOKEN",  # huggingface_hub: gated model downloads
 }

@@ -31,9 +31,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh.api import Chunk, Client, GenerateResult, RadixMeshError
 
-from radixmesh_server.config import ENV_PREFIX
-from radixmesh_server.launcher import PARENT_ENV, free_port
-from radixmesh_server.pki import SERVICE_ROLES
+from services.config import ENV_PREFIX
+from services.launcher import PARENT_ENV, free_port
+from services.pki import SERVICE_ROLES
 from tests.deploy.manifests import (
     Container,
     containers,
@@ -189,7 +189,7 @@ def make_secrets(root: Path) -> dict[str, Path]:
     from the real `radixmesh certs` command, one folder per role, and an API keys file."""
     certs = root / "certs"
     subprocess.run(
-        [sys.executable, "-m", "radixmesh_server.cli", "certs", "--out", str(certs), "--days", "1"],
+        [sys.executable, "-m", "services.cli", "certs", "--out", str(certs), "--days", "1"],
         check=True,
         capture_output=True,
         timeout=60,

@@ -12,10 +12,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from radixmesh_server.discovery import parse_address_spec
-from radixmesh_server.drain import INTERNAL_EXTRA_S
-from radixmesh_server.pki import CA_FILE, CERT_FILE, KEY_FILE
-from radixmesh_server.server import LIVENESS, READINESS
+from services.discovery import parse_address_spec
+from services.drain import INTERNAL_EXTRA_S
+from services.pki import CA_FILE, CERT_FILE, KEY_FILE
+from services.server import LIVENESS, READINESS
 from tests.deploy.manifests import (
     OVERLAYS,
     ROOT,
@@ -147,7 +147,7 @@ def test_flags_and_variables_are_known_to_the_code(overlay: str) -> None:
     assert problems == []
     for c in containers(render(overlay)):
         cfg = parsed_config(c)  # raises on a value its parser or validate() refuses
-        if hasattr(cfg, "log_format") and c.module != "radixmesh_server.model_fetch":
+        if hasattr(cfg, "log_format") and c.module != "services.model_fetch":
             assert cfg.log_format == "json", c.where
         if hasattr(cfg, "host"):
             assert cfg.host == "0.0.0.0", c.where  # probes and peers reach the pod IP
@@ -367,7 +367,7 @@ def test_placeholder_secrets_are_empty_and_match_what_pods_read() -> None:
 # A container's grace plus its exit must fit before the kubelet's SIGKILL.
 DRAIN_MARGIN_S = 10.0
 # Who calls whom: a callee drains longer than its callers, so a request that fits the
-# caller's grace never loses a dependency first (radixmesh_server/drain.py).
+# caller's grace never loses a dependency first (services/drain.py).
 CALLEES = {
     "tokenizer_service": ("scheduler_service",),
     "scheduler_service": ("model_service", "grammar_service"),

@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
-from radixmesh_server.launcher import Launcher
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.launcher import Launcher
 
 
 def channel_as(launcher: Launcher, name: str, role: str) -> grpc.Channel:

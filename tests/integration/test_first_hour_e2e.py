@@ -34,7 +34,7 @@ ENV = {
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "radixmesh_server.cli", *args]
+    return [sys.executable, "-m", "services.cli", *args]
 
 
 @pytest.mark.parametrize("service", ["scheduler", "model", "grammar"])

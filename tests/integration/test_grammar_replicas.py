@@ -25,7 +25,7 @@ from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 from grammar_service.suite import BY_NAME
 from radixmesh_bench.constrained import constrained_request
-from radixmesh_server.launcher import Topology
+from services.launcher import Topology
 from tests.conftest import Stack, start_topology_stack
 from tests.integration.test_constrained_e2e import Checker, Streamed
 

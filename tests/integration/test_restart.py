@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from radixmesh.api import Client, GenerateResult
 
-from radixmesh_server.launcher import check_ready
+from services.launcher import check_ready
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ import pytest
 import requests
 from radixmesh.api import Client, RadixMeshError
 
-from radixmesh_server.launcher import free_port
-from radixmesh_server.pki import CertFiles, make_server_cert
-from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.launcher import free_port
+from services.pki import CertFiles, make_server_cert
+from services.transport_config import INTERNAL_SERVER_NAME
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

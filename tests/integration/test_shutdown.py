@@ -20,7 +20,7 @@ import pytest
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 from radixmesh.retry import NO_RETRY
 
-from radixmesh_server.launcher import check_ready, free_port
+from services.launcher import check_ready, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def _until(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 def test_sigterm_drains_then_everything_exits(tmp_path: Path, model_dir: Path) -> None:
     base = _free_base()
-    cmd = [sys.executable, "-m", "radixmesh_server.cli", "serve", "--port", str(base)]
+    cmd = [sys.executable, "-m", "services.cli", "serve", "--port", str(base)]
     cmd += ["--kv-tokens", "65536", "--no-smoke", "--shutdown-grace", str(GRACE)]
     cmd += ["--log-dir", str(tmp_path), "--http-port", str(free_port())]
     serve = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -34,8 +34,8 @@ from typing import Any
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 from radixmesh_bench.stack import model_source
-from radixmesh_server.launcher import Launcher, StackPorts, check_ready, stack_specs
-from radixmesh_server.model_store import resolve_model
+from services.launcher import Launcher, StackPorts, check_ready, stack_specs
+from services.model_store import resolve_model
 
 SERVICES = ["tokenizer", "scheduler", "model", "grammar"]
 PREFIX = "You are a meticulous assistant. " + " ".join(

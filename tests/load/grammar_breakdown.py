@@ -55,7 +55,6 @@ from grammar_service.steps import parse_step  # noqa: E402
 from grammar_service.suite import GrammarCase  # noqa: E402
 from model_service.mask_device import allowed_on_device  # noqa: E402
 from radixmesh_bench.gpu.constrained_schemas import SCHEMA_TEXT  # noqa: E402
-from radixmesh_server.logging import configure_logging  # noqa: E402
 from radixmesh_wire.mask_rows import EncodedRow  # noqa: E402
 from radixmesh_wire.mask_step import MaskStepBuilder, decode_mask_result, grammar_spec  # noqa: E402
 from radixmesh_wire.pb import grammar_pb2 as pb  # noqa: E402
@@ -63,6 +62,7 @@ from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc  # noqa: E402
 from radixmesh_wire.pb import model_pb2  # noqa: E402
 from radixmesh_wire.step_codec import decode_masks, encode_masks  # noqa: E402
 from radixmesh_wire.step_ops import LateMasks  # noqa: E402
+from services.logging import configure_logging  # noqa: E402
 from tests.load.grammar_load import Trace, Workload, make_traces, serve_forever  # noqa: E402
 
 STAGES = (

@@ -39,10 +39,10 @@ from grammar_service.config import GrammarConfig  # noqa: E402
 from grammar_service.server import GrammarServicer, build_servicer, register  # noqa: E402
 from grammar_service.suite import SUITE, GrammarCase  # noqa: E402
 from grammar_service.tokenizer_source import default_tokenizer_dir  # noqa: E402
-from radixmesh_server.logging import configure_logging  # noqa: E402
 from radixmesh_wire.mask_step import MaskStepBuilder, grammar_spec  # noqa: E402
 from radixmesh_wire.pb import grammar_pb2 as pb  # noqa: E402
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc  # noqa: E402
+from services.logging import configure_logging  # noqa: E402
 
 CLOSERS = b'".}],'
 

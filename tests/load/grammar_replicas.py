@@ -38,11 +38,11 @@ from grammar_service.config import GrammarConfig  # noqa: E402
 from grammar_service.kinds import GrammarKind  # noqa: E402
 from grammar_service.server import build_servicer  # noqa: E402
 from grammar_service.suite import SUITE  # noqa: E402
-from radixmesh_server.launcher import check_ready, free_port  # noqa: E402
-from radixmesh_server.logging import configure_logging  # noqa: E402
-from scheduler_service.grammar_link import GrammarLink  # noqa: E402
-from scheduler_service.grammar_ops import GrammarOps  # noqa: E402
-from scheduler_service.grammar_pool import GrammarPool  # noqa: E402
+from scheduler_service.grammar.ops import GrammarOps  # noqa: E402
+from scheduler_service.grammar.pool import GrammarPool  # noqa: E402
+from scheduler_service.links.grammar import GrammarLink  # noqa: E402
+from services.launcher import check_ready, free_port  # noqa: E402
+from services.logging import configure_logging  # noqa: E402
 from tests.load.grammar_load import Trace, _tokenizer_path, make_traces  # noqa: E402
 
 KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.REGEX)

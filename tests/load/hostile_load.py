@@ -40,8 +40,8 @@ from typing import Any
 import grpc
 from radixmesh.api import Client, RadixMeshError
 
-from radixmesh_server.launcher import Launcher
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
+from services.launcher import Launcher
 from tests.conftest import start_stack
 from tests.integration.raw_peers import SchedulerSession, channel_as
 

@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere: this checkout's 
 
 import grpc  # noqa: E402
 
-from radixmesh_server.launcher import check_ready, free_port  # noqa: E402
 from radixmesh_wire.packing import pack_i32, unpack_i32  # noqa: E402
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc  # noqa: E402
+from services.launcher import check_ready, free_port  # noqa: E402
 
 MAX_PROMPT_ID = 32000  # random prompt ids stay below every supported vocabulary's specials
 BURST_PAUSE_S = 0.7  # longer than model_service.runner.BURST_IDLE_S (0.5 s): ends a burst

@@ -22,7 +22,7 @@ Every op is also timed from outside (``external``): that includes cache work the
 timer does not see (e.g. ``protected_size``) and this wrapper's call overhead, so it is an upper
 bound; ``bookkeeping`` is what GetStats reports.
 
-``--cache-events on`` attaches the scale-out cache publisher (scheduler_service.cache_publisher)
+``--cache-events on`` attaches the scale-out cache publisher (scheduler_service.cache.publisher)
 as the tree's observer, as ``--cache-events on`` does in the scheduler: its hashing runs inside
 the cache's ops (so ``bookkeeping`` includes it), and the per-step drain (the scheduler's flush)
 is timed apart (``cache_events.drain_s``). Compare on vs off for the cost of publishing.
@@ -51,15 +51,19 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from scheduler_service.prefix_cache import PrefixCache
+    from scheduler_service.cache.prefix_cache import PrefixCache
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.cache_publisher import CachePublisher
-from scheduler_service.policy import SchedulePolicy
-from scheduler_service.prefill_adder import NewTokenRatio, admit_prefills, decode_reservation
-from scheduler_service.prefix_cache import MatchResult
-from scheduler_service.radix_cache import RadixCache
-from scheduler_service.retraction import plan_retraction
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import MatchResult
+from scheduler_service.cache.publisher import CachePublisher
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.planner.policy import SchedulePolicy
+from scheduler_service.planner.prefill_adder import (
+    NewTokenRatio,
+    admit_prefills,
+    decode_reservation,
+)
+from scheduler_service.planner.retraction import plan_retraction
 
 SAMPLE = Path(__file__).resolve().parents[2] / "radixmesh_bench" / "data" / "sharegpt_2000.json.gz"
 VOCAB = 128_256

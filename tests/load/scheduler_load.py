@@ -50,10 +50,10 @@ from pathlib import Path
 
 import grpc
 
-from radixmesh_server.launcher import check_ready, free_port
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import api_pb2, model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tokenizer_service.deltas import unpack_message
+from services.launcher import check_ready, free_port
+from tokenizer_service.routing.deltas import unpack_message
 
 EOS = 2
 VOCAB = 49152

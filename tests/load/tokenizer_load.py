@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from radixmesh_bench.stack import pct
-from radixmesh_server.launcher import check_ready, free_port
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.launcher import check_ready, free_port
 
 TOKENS = [504, 3575, 282, 4649, 314, 7042, 30, 198] * 4  # 32 tokens of real text
 

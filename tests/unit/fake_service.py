@@ -22,7 +22,7 @@ def main() -> None:
         for line in CRASH_LINES:
             print(line, file=sys.stderr, flush=True)
         sys.exit(CRASH_CODE)
-    from radixmesh_server.server import run, run_server
+    from services.server import run, run_server
 
     run(lambda: run_server("fake", "127.0.0.1", ns.port, lambda server, health: []))
 

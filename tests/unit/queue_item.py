@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_service.prefix_cache import MatchResult
+from scheduler_service.cache.prefix_cache import MatchResult
 
 
 @dataclass(eq=False)

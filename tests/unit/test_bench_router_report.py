@@ -35,11 +35,11 @@ from radixmesh_bench.router_stack import (
     configurations,
     plan,
 )
-from radixmesh_server.launcher import Launcher
-from scheduler_service.allocator import SlotAllocator
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.prefix_cache import make_prefix_cache
 from scheduler_service.state import SchedState
+from services.launcher import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -301,7 +301,7 @@ def test_size_flags_override_the_scale() -> None:
 
 def test_help_through_the_radixmesh_command() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "radixmesh_server.cli", "bench", "router", "--help"],
+        [sys.executable, "-m", "services.cli", "bench", "router", "--help"],
         capture_output=True,
         text=True,
         timeout=120,

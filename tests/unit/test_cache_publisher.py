@@ -1,4 +1,4 @@
-"""The cache publisher (scheduler_service.cache_publisher) mirrors the radix tree's held blocks.
+"""The cache publisher (scheduler_service.cache.publisher) mirrors the radix tree's held blocks.
 
 Property test: random insert / match (splits) / lock / unlock / chunked prefill
 (cache_unfinished) / alloc (evicts) / evict / reset on a real RadixCache with the publisher as
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.cache_publisher import CacheDelta, CachePublisher
-from scheduler_service.radix_cache import RadixCache
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.publisher import CacheDelta, CachePublisher
+from scheduler_service.cache.radix_cache import RadixCache
 
 CAPACITY = 160
 SEGMENTS = [

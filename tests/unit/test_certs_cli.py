@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from radixmesh_server.cli import main
-from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
+from services.cli import main
+from services.transport_config import INTERNAL_SERVER_NAME
 
 ROLES = ("tokenizer", "scheduler", "model", "grammar")
 

@@ -3,7 +3,7 @@ exceeds the idle one."""
 
 from __future__ import annotations
 
-from scheduler_service.chunk_budget import ChunkBudget
+from scheduler_service.planner.chunk_budget import ChunkBudget
 
 
 def test_defaults_by_device() -> None:

@@ -4,13 +4,13 @@ and the next model session re-prefills them from prompt + output at the right se
 from __future__ import annotations
 
 from radixmesh_wire.step_ops import StepOutcome
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
-from scheduler_service.output_processor import apply_result
-from scheduler_service.policy import SchedulePolicy
-from scheduler_service.prefix_cache import make_prefix_cache
+from scheduler_service.planner.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.planner.output_processor import apply_result
+from scheduler_service.planner.policy import SchedulePolicy
 from scheduler_service.request import Phase, Request, SamplingSpec
 from scheduler_service.state import SchedState
 

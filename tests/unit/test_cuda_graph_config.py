@@ -14,7 +14,7 @@ from model_service import cuda_graphs
 from model_service import engine as engine_mod
 from model_service.config import ModelServiceConfig
 from model_service.cuda_graphs import DEFAULT_BUCKETS, buckets_up_to, capture_decode_graphs
-from radixmesh_server.config import parse_config
+from services.config import parse_config
 from tests.unit.test_model_startup import tiny_folder
 
 ENV = "RADIXMESH_CUDA_GRAPH_MAX_BS"

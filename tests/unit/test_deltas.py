@@ -9,10 +9,10 @@ import pytest
 
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
-from scheduler_service.frontend_link import batch_to_proto
-from scheduler_service.outbox import Outbox
-from tokenizer_service.deltas import unpack_message
-from tokenizer_service.scheduler_link import _MAX_KEY, SchedulerLink
+from scheduler_service.links.frontend import batch_to_proto
+from scheduler_service.sessions.outbox import Outbox
+from tokenizer_service.routing.deltas import unpack_message
+from tokenizer_service.routing.scheduler_link import _MAX_KEY, SchedulerLink
 
 
 def roundtrip(box: Outbox) -> dict:

@@ -1,4 +1,4 @@
-"""radixmesh_server.model_fetch: the gpu overlay's download Job and wait-for-model init
+"""services.model_fetch: the gpu overlay's download Job and wait-for-model init
 containers, without the network (a folder already present is never downloaded again)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh_server.model_fetch import ModelFetchConfig, fetch, wait_for
+from services.model_fetch import ModelFetchConfig, fetch, wait_for
 
 
 def test_wait_returns_once_config_json_appears(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_download_needs_a_repo_unless_waiting() -> None:
 
 def test_wait_cli_times_out_with_exit_code_1(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "radixmesh_server.model_fetch", "--wait"]
+        [sys.executable, "-m", "services.model_fetch", "--wait"]
         + [f"--model-dir={tmp_path / 'none'}", "--wait-timeout-s=0.1"],
         capture_output=True,
         text=True,

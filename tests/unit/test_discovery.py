@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh_server.discovery import Discovery, parse_address_spec
+from services.discovery import Discovery, parse_address_spec
 
 
 def test_parse_specs() -> None:

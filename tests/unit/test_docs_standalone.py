@@ -73,4 +73,4 @@ def test_examples_ship_in_the_client_wheel(tmp_path: Path) -> None:
     for example in EXAMPLES.glob("*.py"):
         assert f"radixmesh/examples/{example.name}" in names
     assert "radixmesh/api.py" in names and "radixmesh_wire/pb/api_pb2.py" in names
-    assert not any(n.startswith(("radixmesh_server/", "radixmesh_bench/")) for n in names)
+    assert not any(n.startswith(("services/", "radixmesh_bench/")) for n in names)

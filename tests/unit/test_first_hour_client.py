@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from radixmesh.api import build_request
 from radixmesh.wrong_port import wrong_service_message
 
-from radixmesh_server.cli import build_parser, generate_kwargs, main, with_heartbeat
+from services.cli import build_parser, generate_kwargs, main, with_heartbeat
 from tokenizer_service.validation import InvalidRequest, check_chat_roles
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -133,8 +133,8 @@ def test_internal_certificate_names_its_role(tmp_path: Path) -> None:
     from cryptography import x509
     from radixmesh.wrong_port import INTERNAL_CERT_NAME, _last_common_name
 
-    from radixmesh_server.pki import make_local_pki
-    from radixmesh_server.transport_config import INTERNAL_SERVER_NAME
+    from services.pki import make_local_pki
+    from services.transport_config import INTERNAL_SERVER_NAME
 
     assert INTERNAL_CERT_NAME.decode() == INTERNAL_SERVER_NAME  # the client's copy is current
     files = make_local_pki(tmp_path, ["scheduler", "model"])

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from radixmesh_server.model_store import resolve_model
 from radixmesh_wire.pb import api_pb2
+from services.model_store import resolve_model
 from tokenizer_service.tokenization import Tokenization
 from tokenizer_service.validation import InvalidRequest, check_text_size, normalize_sampling
 
@@ -70,7 +70,7 @@ def test_long_inputs_are_tokenized_off_the_event_loop(tok: Tokenization) -> None
 
     from tokenizer_service.config import TokenizerConfig
     from tokenizer_service.core import INLINE_TOKENIZE_CHARS, FrontDoor
-    from tokenizer_service.replica_set import ReplicaSet
+    from tokenizer_service.routing.replica_set import ReplicaSet
 
     async def main() -> None:
         cfg = TokenizerConfig(max_input_chars=400_000, scheduler_address="x:1")

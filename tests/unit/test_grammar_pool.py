@@ -17,20 +17,20 @@ from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
 from radixmesh_wire.mask_step_ops import Bind, MaskStepOutcome, MaskStepPlan
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.step_ops import StepOutcome
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.grammar_metrics import grammar_readings
-from scheduler_service.grammar_placement import Placement
-from scheduler_service.grammar_pool import GrammarPool
-from scheduler_service.output_processor import apply_result
-from scheduler_service.policy import SchedulePolicy
-from scheduler_service.prefix_cache import make_prefix_cache
+from scheduler_service.grammar.metrics import grammar_readings
+from scheduler_service.grammar.placement import Placement
+from scheduler_service.grammar.pool import GrammarPool
+from scheduler_service.grammar.step_masks import StepMasks
+from scheduler_service.planner.batch_builder import BatchBuilder
+from scheduler_service.planner.output_processor import apply_result
+from scheduler_service.planner.policy import SchedulePolicy
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.state import SchedState
 from scheduler_service.status import GrammarLost, GrammarUnavailable, Status
-from scheduler_service.step_masks import StepMasks
 
 
 class FakeGrammarLink:

@@ -183,7 +183,7 @@ def test_a_stuck_mask_step_shows_in_liveness(
 ) -> None:
     """A mask step that never ends (a stuck fill) is what the watchdog reports, so liveness
     turns NOT_SERVING and the supervisor restarts the service; an idle one is never stuck."""
-    from radixmesh_server.watchdog import Progress, Watchdog
+    from services.watchdog import Progress, Watchdog
 
     release = threading.Event()
     real_run = servicer.engine.run

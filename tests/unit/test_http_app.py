@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
-from tokenizer_service.http_app import build_app
-from tokenizer_service.http_errors import from_status
-from tokenizer_service.replica_set import ReplicaSet
+from tokenizer_service.http.app import build_app
+from tokenizer_service.http.errors import from_status
+from tokenizer_service.routing.replica_set import ReplicaSet
 from tokenizer_service.tokenization import Tokenization
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tokenizer_service.http_errors import HttpError
-from tokenizer_service.http_sglang import _parse as parse_sglang
-from tokenizer_service.openai_params import parse_chat, parse_completion
+from tokenizer_service.http.errors import HttpError
+from tokenizer_service.http.openai_params import parse_chat, parse_completion
+from tokenizer_service.http.sglang import _parse as parse_sglang
 
 
 def test_chat_fields_reach_sampling() -> None:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: dict[str, Path] = {
     "radixmesh": ROOT / "client" / "radixmesh",
     "radixmesh_wire": ROOT / "radixmesh_wire",
-    "radixmesh_server": ROOT / "radixmesh_server",
+    "services": ROOT / "services",
     "radixmesh_bench": ROOT / "radixmesh_bench",
     "tokenizer_service": ROOT / "tokenizer_service",
     "scheduler_service": ROOT / "scheduler_service",
@@ -135,8 +135,8 @@ def test_no_service_imports_another(graph: Edges) -> None:
 
 
 def test_server_layer_does_not_import_bench_or_services(graph: Edges) -> None:
-    bad = _offending(graph, "radixmesh_server", ("radixmesh_bench", *SERVICES))
-    assert not bad, f"radixmesh_server imports {bad}\n{render(graph)}"
+    bad = _offending(graph, "services", ("radixmesh_bench", *SERVICES))
+    assert not bad, f"services imports {bad}\n{render(graph)}"
 
 
 def test_services_do_not_import_bench_or_dsl(graph: Edges) -> None:
@@ -213,7 +213,7 @@ def test_service_process_loads_no_dsl(svc: str) -> None:
 _CLI_PROBE = """
 import atexit, json, sys
 atexit.register(lambda: print("LOADED=" + json.dumps(sorted(sys.modules))))
-from radixmesh_server.cli import main
+from services.cli import main
 sys.exit(main({argv!r}))
 """
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from radixmesh_server import model_store
-from radixmesh_server.launcher import Launcher, ServiceSpec, StartupFailure, free_port
-from radixmesh_server.log_tail import read_tail
-from radixmesh_server.model_store import ModelError, resolve_model
-from radixmesh_server.ports import port_in_use
+from services import model_store
+from services.launcher import Launcher, ServiceSpec, StartupFailure, free_port
+from services.log_tail import read_tail
+from services.model_store import ModelError, resolve_model
+from services.ports import port_in_use
 from tests.unit.fake_service import CRASH_CODE, CRASH_LINES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ def test_local_paths_are_not_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_replicas_share_their_roles_certificate() -> None:
     """Peers authorise by role, so "scheduler-1" must present the scheduler's certificate
     (a certificate per service name made every second replica's links PERMISSION_DENIED)."""
-    from radixmesh_server.launcher import Launcher, Topology, sequential_ports, topology_specs
+    from services.launcher import Launcher, Topology, sequential_ports, topology_specs
 
     topo = Topology(replicas=2, grammars=2)
     launcher = Launcher(topology_specs(topo, sequential_ports(40000, topo)), internal_tls=True)

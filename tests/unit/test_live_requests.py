@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
-from tokenizer_service.deltas import Update
-from tokenizer_service.live_requests import LiveRequest, LiveTable
-from tokenizer_service.scheduler_link import SchedulerLink, SchedulerLost
+from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.live_requests import LiveRequest, LiveTable
+from tokenizer_service.routing.scheduler_link import SchedulerLink, SchedulerLost
 
 
 def _update(tokens: list[int], rollback: int = 0, **extras: object) -> Update:

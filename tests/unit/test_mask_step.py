@@ -17,7 +17,7 @@ from radixmesh_wire.mask_step import (
 )
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import grammar_pb2 as pb
-from scheduler_service.grammar_ops import GrammarOps
+from scheduler_service.grammar.ops import GrammarOps
 
 
 def test_grammar_ops_plan_and_its_encoding() -> None:

@@ -10,7 +10,7 @@ import sys
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh_server.metrics import Reading, StatsCollector, new_registry
+from services.metrics import Reading, StatsCollector, new_registry
 from tokenizer_service.metrics import FrontDoorMetrics
 
 
@@ -67,7 +67,7 @@ def test_request_timer_counts_each_call_once() -> None:
 def test_json_logs_carry_service_and_request_id() -> None:
     code = (
         "import structlog\n"
-        "from radixmesh_server.logging import configure_logging\n"
+        "from services.logging import configure_logging\n"
         "configure_logging('tokenizer', 'info', json=True)\n"
         "structlog.contextvars.bind_contextvars(rid='r-42')\n"
         "structlog.get_logger().info('submitted', prompt_tokens=3)\n"

@@ -26,9 +26,9 @@ from model_service.config import ModelServiceConfig
 from model_service.engine import build_engine
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.random_configs import config_dict, hf_config
-from radixmesh_server.config import parse_config
-from radixmesh_server.logging import configure_logging
-from radixmesh_server.model_store import ModelError
+from services.config import parse_config
+from services.logging import configure_logging
+from services.model_store import ModelError
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {

@@ -7,21 +7,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.batch_builder import BatchBuilder
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.no_cache import NoCache
+from scheduler_service.cache.prefix_cache import PrefixCache
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.cache.table_cache import TableCache
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.no_cache import NoCache
-from scheduler_service.policy import SchedulePolicy, deprioritize_shared_uncached
-from scheduler_service.prefill_adder import (
+from scheduler_service.planner.batch_builder import BatchBuilder
+from scheduler_service.planner.policy import SchedulePolicy, deprioritize_shared_uncached
+from scheduler_service.planner.prefill_adder import (
     NewTokenRatio,
     admit_prefills,
     decode_reservation,
 )
-from scheduler_service.prefix_cache import PrefixCache
-from scheduler_service.radix_cache import RadixCache
-from scheduler_service.retraction import plan_retraction, retraction_order
+from scheduler_service.planner.retraction import plan_retraction, retraction_order
 from scheduler_service.state import SchedState
-from scheduler_service.table_cache import TableCache
 from tests.unit.queue_item import Item
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.no_cache import NoCache
-from scheduler_service.prefix_cache import PrefixCache, make_prefix_cache, match_limit
-from scheduler_service.radix_cache import RadixCache, intern_tokens
-from scheduler_service.table_cache import TableCache
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.no_cache import NoCache
+from scheduler_service.cache.prefix_cache import PrefixCache, make_prefix_cache, match_limit
+from scheduler_service.cache.radix_cache import RadixCache, intern_tokens
+from scheduler_service.cache.table_cache import TableCache
 
 
 def tree(capacity: int = 32) -> RadixCache:

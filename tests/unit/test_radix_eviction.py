@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.prefill_adder import admit_prefills
-from scheduler_service.prefix_cache import make_prefix_cache
-from scheduler_service.radix_cache import RadixCache
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.planner.prefill_adder import admit_prefills
 from tests.unit.queue_item import Item
 
 

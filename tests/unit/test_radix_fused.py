@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.prefix_cache import CachedPrefix
-from scheduler_service.radix_cache import RadixCache, _Node
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import CachedPrefix
+from scheduler_service.cache.radix_cache import RadixCache, _Node
 
 
 def reference_cache_unfinished(

@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.radix_cache import RadixCache
-from scheduler_service.table_cache import TableCache
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.cache.table_cache import TableCache
 
 CAPACITY = 24
 TOKENS = st.lists(st.integers(0, 2), min_size=0, max_size=9)  # small alphabet: lots of sharing

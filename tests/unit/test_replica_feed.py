@@ -1,4 +1,4 @@
-"""Cache events and load reports reach every front-door session (scheduler_service.replica_feed):
+"""Cache events and load reports reach every front-door session (sessions/replica_feed.py):
 batched with a flush (one feed per flush, the same for every session, also to sessions with
 no output of their own), load only when it changed and at most every few ms (except right
 before idling), a reset when the model is lost, nothing cache-wise with --cache-events off or
@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.cache_publisher import CacheDelta, CachePublisher
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import make_prefix_cache
+from scheduler_service.cache.publisher import CacheDelta, CachePublisher
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.frontend_link import batch_to_proto
+from scheduler_service.links.frontend import batch_to_proto
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.outbox import Batch
-from scheduler_service.prefix_cache import make_prefix_cache
-from scheduler_service.replica_feed import Feed, Load, ReplicaFeed, load_of
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler
+from scheduler_service.sessions.outbox import Batch
+from scheduler_service.sessions.replica_feed import Feed, Load, ReplicaFeed, load_of
 from scheduler_service.state import SchedState
 from tests.unit.test_scheduler_loop import FakeHealth, FakeLink, _until
 

@@ -13,18 +13,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2_grpc
 
-from radixmesh_server.discovery import AddressSpec
-from radixmesh_server.launcher import free_port
-from radixmesh_server.server import Health
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.discovery import AddressSpec
+from services.launcher import free_port
+from services.server import Health
 from tokenizer_service.config import TokenizerConfig
-from tokenizer_service.deltas import Update
-from tokenizer_service.replica_set import ReplicaSet, Ticket
-from tokenizer_service.replica_stats import NoReplicaAnswered, flush_all, gather_stats
-from tokenizer_service.router import Policy, Router
-from tokenizer_service.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
+from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.replica_set import ReplicaSet, Ticket
+from tokenizer_service.routing.replica_stats import NoReplicaAnswered, flush_all, gather_stats
+from tokenizer_service.routing.router import Policy, Router
+from tokenizer_service.routing.scheduler_link import DuplicateRequest, SchedulerLink, SchedulerLost
 
 PROMPT = list(range(1, 41))  # 2 full blocks
 

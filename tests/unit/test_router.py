@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
-from tokenizer_service.replica_view import Load, ReplicaView
-from tokenizer_service.router import (
+from tokenizer_service.routing.replica_view import Load, ReplicaView
+from tokenizer_service.routing.router import (
     Balance,
     Candidate,
     Policy,
@@ -15,7 +15,7 @@ from tokenizer_service.router import (
     prompt_key,
     rendezvous,
 )
-from tokenizer_service.traffic_share import wilson_lower
+from tokenizer_service.routing.traffic_share import wilson_lower
 
 
 def _hashes(ids: list[int], ns: str = "") -> list[int]:

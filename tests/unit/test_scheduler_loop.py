@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from radixmesh_wire.step_ops import StepOps, StepOutcome, WorkerInfo
-from scheduler_service.batch_builder import BatchBuilder
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.outbox import Batch
+from scheduler_service.grammar.step_masks import StepMasks
+from scheduler_service.planner.batch_builder import BatchBuilder
 from scheduler_service.request import Request, SamplingSpec
 from scheduler_service.scheduler import Scheduler, SubmitError
+from scheduler_service.sessions.outbox import Batch
 from scheduler_service.status import Status
-from scheduler_service.step_masks import StepMasks
 
 
 class FakeLink:
@@ -183,6 +183,6 @@ def test_startup_hold_is_bounded() -> None:
 
 
 async def _never(*_: object) -> WorkerInfo:
-    from scheduler_service.model_link import ModelUnavailable
+    from scheduler_service.links.model import ModelUnavailable
 
     raise ModelUnavailable("model service unreachable")

@@ -2,7 +2,7 @@
 
 gRPC cancels calls the asyncio server has not picked up yet beyond `max_pending_requests`
 (default 1,000): 2,000 ShareGPT streams opened at once came back CANCELLED. Our servers raise
-the bound (radixmesh_server.server.SERVER_OPTIONS); this opens 2,500 server streams at once.
+the bound (services.server.SERVER_OPTIONS); this opens 2,500 server streams at once.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from radixmesh_server.server import SERVER_OPTIONS
+from services.server import SERVER_OPTIONS
 
 STREAMS = 2_500
 

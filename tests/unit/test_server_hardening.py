@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from radixmesh_server.server import MAX_MESSAGE_BYTES, SERVER_OPTIONS, StrictDecoding
+from services.server import MAX_MESSAGE_BYTES, SERVER_OPTIONS, StrictDecoding
 
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
@@ -76,7 +76,7 @@ def test_orphan_exits_even_with_a_stuck_loop(tmp_path: Path) -> None:
     child = textwrap.dedent(
         f"""
         import asyncio, pathlib, time
-        from radixmesh_server.server import run_server
+        from services.server import run_server
         async def stuck(health):
             pathlib.Path({str(marker)!r}).write_text("x")
             time.sleep(600)  # the loop is blocked from here on

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tokenizer_service.events import Chunk
-from tokenizer_service.http_sglang import _Meta, _Request
+from tokenizer_service.http.sglang import _Meta, _Request
 
 
 def _parse(frame: bytes) -> Any:

@@ -22,7 +22,7 @@ from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.random_configs import config_dict, hf_config
 from radixmesh_bench.gpu import merge
 from radixmesh_bench.gpu import startup_part as sp
-from radixmesh_server.model_store import ModelError
+from services.model_store import ModelError
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -139,7 +139,7 @@ def test_architecture_cases_through_the_real_service_on_cpu(tmp_path: Path, name
 def test_gpu_architecture_case_expectations_match_the_checks(tmp_path: Path) -> None:
     """The GPU cases' folders, through the same calls the service makes before any weights."""
     from model_service.weights import load_hf_config
-    from radixmesh_server.model_store import resolve_model
+    from services.model_store import resolve_model
 
     gelu, mixtral = gpu_case(tmp_path, "arch_gelu"), gpu_case(tmp_path, "arch_mixtral")
     with pytest.raises(ModelError) as exc:

@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.allocator import SlotAllocator
-from scheduler_service.policy import SchedulePolicy
-from scheduler_service.prefill_adder import admit_prefills
-from scheduler_service.radix_cache import RadixCache
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.planner.policy import SchedulePolicy
+from scheduler_service.planner.prefill_adder import admit_prefills
 from tests.unit.queue_item import Item
 
 

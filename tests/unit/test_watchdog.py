@@ -6,8 +6,8 @@ import asyncio
 
 from grpc_health.v1 import health_pb2
 
-from radixmesh_server.server import LIVENESS, Health
-from radixmesh_server.watchdog import Progress, Watchdog
+from services.server import LIVENESS, Health
+from services.watchdog import Progress, Watchdog
 
 
 def test_idle_is_never_stuck_busy_is_after_the_limit() -> None:

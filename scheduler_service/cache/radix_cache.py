@@ -1,0 +1,640 @@
+"""RadixAttention: a radix tree from token ids to KV slot ids (page size 1), LRU over leaves.
+
+SGLang paper section 3: edges hold token runs, a node splits where a new sequence diverges
+mid-edge, running requests lock the path they use, and eviction removes least-recently-used
+unlocked *leaves* first so shared ancestors live longest (a parent that becomes an unlocked leaf
+is then a candidate itself). Cache and running requests share one slot pool.
+
+Eviction order (``eviction``): ``lru`` (least recently matched/inserted first) or ``lfu`` (fewest
+uses first, ties LRU; a use is a lock, i.e. a request admitted or continued through the node).
+
+Protection (``protect_s`` > 0): every node on an inserted path (a finished, retracted or aborted
+request, a prefill chunk) is *protected* for ``protect_s`` seconds, and ``protected_size`` (its
+unlocked tokens) is left out of the admission budget while other work runs (prefill_adder): a
+program or chat client sends its follow-up call milliseconds after the previous answer, and
+without this a request admitted in that gap evicts exactly the context the follow-up extends
+(the cyclic-LRU pathology of many concurrent sessions). Eviction order itself ignores
+protection: when eviction does run, a dead fresh tail should not outrank a prefix that waiting
+requests matched (measured: tree-of-thought lost 4 % of its hits that way).
+
+Invariants (``check_integrity`` verifies all of them):
+- every non-root node has a non-empty edge, ``len(key) == len(value)``, and is stored in its
+  parent's ``children`` under ``key[0]``;
+- ``lock_ref(n) == direct(n) + sum(lock_ref(c) for c in children(n))`` where ``direct`` counts
+  ``lock(n)`` calls not yet undone; hence a locked node's ancestors are all locked and an
+  unlocked node's whole subtree is unlocked (so it can be evicted leaf by leaf);
+- ``evictable_size`` / ``locked_size`` are the token counts of nodes with ``lock_ref == 0`` /
+  ``> 0``; ``allocator.free_count + evictable + locked + request_owned == capacity``;
+- a tree slot is never free and appears once in the tree;
+- every unlocked leaf has a valid entry in the eviction heap (entries are invalidated lazily);
+- ``protect_until(parent) >= protect_until(child)`` (inserts stamp whole paths), so the
+  protected nodes form a subtree containing the root, and ``evictable - protected_size`` tokens
+  can be evicted leaf-first without touching a protected node.
+
+Observer (``observer``, ``--cache-events``): told of every new leaf, split, evicted leaf and
+reset (``prefix_cache.CacheObserver``), one call per structural change; with none set the hot
+paths pay one ``is None`` test per change and nothing else.
+
+A handle returned by ``match_prefix``/``insert`` keeps meaning "the path ending at this token
+position": splitting always creates the *upper* half as a new node, so existing handles (and
+their locks) stay on the lower half, whose path end is unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from time import monotonic, perf_counter
+from typing import Any
+
+from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.prefix_cache import (
+    EVICTION_POLICIES,
+    CachedPrefix,
+    CacheObserver,
+    CacheStats,
+    MatchResult,
+)
+
+
+class _Node:
+    __slots__ = (
+        "key",
+        "value",
+        "parent",
+        "children",
+        "lock_ref",
+        "direct",
+        "last_access",
+        "dead",
+        "uses",
+        "protect_until",
+    )
+
+    def __init__(self, key: list[int], value: list[int], parent: _Node | None, now: int) -> None:
+        self.key = key  # token ids on the edge from the parent
+        self.value = value  # KV slot of each token on the edge
+        self.parent = parent
+        self.children: dict[int, _Node] = {}  # keyed by the child's first token
+        self.lock_ref = 0  # locks on this node or any descendant
+        self.direct = 0  # locks taken on exactly this node
+        self.last_access = now  # logical clock tick of the latest match/insert through it
+        self.dead = False  # evicted, or dropped by reset(): the handle is stale
+        self.uses = 0  # locks ever taken through this node (the LFU frequency)
+        self.protect_until = 0.0  # held out of the admission budget until this clock() time
+
+    def __repr__(self) -> str:
+        head = self.key[:4]
+        more = "..." if len(self.key) > 4 else ""
+        return f"_Node(len={len(self.key)}, key={head}{more}, lock={self.lock_ref})"
+
+
+_CANONICAL: dict[int, int] = {}
+
+
+def intern_tokens(tokens: Iterable[int]) -> list[int]:
+    """``tokens`` as a list of canonical int objects (one object per distinct id).
+
+    Matching compares token lists; CPython compares list items by identity before value, so
+    lists holding the *same* int objects compare several times faster than lists of equal but
+    distinct ints (which is what unpacking a protobuf gives every request): about 2.5x on LPM
+    ordering of long prompts; correctness never depends on it. Memory is bounded by the
+    vocabulary. The scheduler does not call it today: interning on arrival costs ~10 us per
+    request outside the cache, about what it would save inside (tests/load/radix_replay.py).
+    """
+    canon = _CANONICAL
+    return [canon.setdefault(t, t) for t in tokens]
+
+
+def _lru_key(node: _Node) -> int:
+    return node.last_access
+
+
+def _lfu_key(node: _Node) -> tuple[int, int]:
+    return (node.uses, node.last_access)
+
+
+def _as_list(seq: Sequence[int]) -> list[int]:
+    # Edges are lists; list == tuple is always False, so normalise once per call.
+    return seq if type(seq) is list else list(seq)
+
+
+def _edge_match(key: list[int], toks: list[int], pos: int, n: int) -> int:
+    """How many tokens of the edge ``key`` match ``toks[pos:n]`` (the whole edge in one C-level
+    list compare when it fits, else token by token)."""
+    end = pos + len(key)
+    if end <= n and key == toks[pos:end]:
+        return len(key)
+    return _common_len(key, toks, pos, min(end, n))
+
+
+def _common_len(key: list[int], toks: list[int], start: int, stop: int) -> int:
+    """Length of the common prefix of ``key`` and ``toks[start:stop]``.
+
+    Long edges (thousands of tokens) are common, so this compares slices (C speed) and bisects
+    to the first difference instead of stepping token by token in Python.
+    """
+    n = min(len(key), stop - start)
+    if n <= 0:
+        return 0
+    if key[:n] == toks[start : start + n]:
+        return n
+    lo, hi = 0, n  # key[:lo] matches; key[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if key[lo:mid] == toks[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class RadixCache:
+    """Radix tree prefix cache implementing :class:`~.prefix_cache.PrefixCache`.
+
+    LRU time is a logical clock (one tick per match/insert), so ordering is exact and tests are
+    deterministic; every node on an accessed path gets the same tick, and a parent is always at
+    least as recent as any of its children. Protection uses wall time from ``clock``
+    (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        allocator: SlotAllocator,
+        *,
+        eviction: str = "lru",
+        protect_s: float = 0.0,
+        clock: Callable[[], float] = monotonic,
+        observer: CacheObserver | None = None,
+    ) -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
+        if protect_s < 0:
+            raise ValueError("protect_s must be >= 0")
+        self.allocator = allocator
+        self.stats = CacheStats()
+        self.eviction = eviction
+        self.protect_s = protect_s
+        self._now = clock
+        self._key: Callable[[_Node], Any] = _lfu_key if eviction == "lfu" else _lru_key
+        self._clock = 0
+        self._seq = itertools.count()  # heap tie-breaker: entries never compare nodes
+        self._root = _Node([], [], None, 0)
+        # (eviction key at push time, seq, node); stale entries are skipped when popped.
+        self._heap: list[tuple[object, int, _Node]] = []
+        # Nodes stamped by recent inserts (an ordered set; expired ones pruned lazily).
+        self._protected: dict[_Node, None] = {}
+        self._evictable = 0
+        self._locked = 0
+        self._nodes = 0  # non-root nodes in the tree
+        self.observer = observer
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    @property
+    def locked_size(self) -> int:
+        return self._locked
+
+    @property
+    def free_size(self) -> int:
+        return self.allocator.free_count
+
+    def total_cached(self) -> int:
+        return self._evictable + self._locked
+
+    @property
+    def protected_size(self) -> int:
+        """Evictable tokens still under insert protection (0 with ``protect_s == 0``). Timed
+        as bookkeeping: admission asks it for every candidate."""
+        prot = self._protected
+        if not prot:
+            return 0
+        t0 = perf_counter()
+        now = self._now()
+        total = 0
+        expired = []
+        for node in prot:
+            if node.dead or node.protect_until <= now:
+                expired.append(node)
+            elif node.lock_ref == 0:
+                total += len(node.key)
+        for node in expired:
+            del prot[node]
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return total
+
+    @property
+    def root(self) -> object:
+        return self._root
+
+    # -- match --------------------------------------------------------------------------------
+    def match_prefix(self, tokens: Sequence[int], max_len: int | None = None) -> MatchResult:
+        t0 = perf_counter()
+        toks = _as_list(tokens)
+        n = len(toks)
+        if max_len is not None and max_len < n:
+            n = max(max_len, 0)
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        slots: list[int] = []
+        pos = 0
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n and key == toks[pos:end]:
+                slots += child.value
+                child.last_access = now
+                node = child
+                pos = end
+                continue
+            # The match ends inside this edge: split so the handle covers exactly the match.
+            k = _common_len(key, toks, pos, min(end, n))
+            node = self._split(child, k)
+            node.last_access = now
+            slots += node.value
+            pos += k
+            break
+        if node is not self._root and not node.children and node.lock_ref == 0:
+            self._push(node)  # its LRU time changed
+        st = self.stats
+        st.match_calls += 1
+        st.matched_tokens += pos
+        st.bookkeeping_seconds += perf_counter() - t0
+        return MatchResult(slots, node)
+
+    def _split(self, child: _Node, k: int) -> _Node:
+        """Cut ``child``'s edge after ``k`` tokens; the new upper node is returned."""
+        assert 0 < k < len(child.key)
+        parent = child.parent
+        assert parent is not None
+        upper = _Node(child.key[:k], child.value[:k], parent, child.last_access)
+        # Every lock through child also passes through upper; none is taken on upper itself.
+        upper.lock_ref = child.lock_ref
+        upper.uses = child.uses
+        upper.protect_until = child.protect_until
+        if upper.protect_until:
+            self._protected[upper] = None
+        child.key = child.key[k:]
+        child.value = child.value[k:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        self._nodes += 1
+        if self.observer is not None:
+            self.observer.split(child, upper, k)
+        return upper
+
+    # -- lock ---------------------------------------------------------------------------------
+    def _node(self, node: object) -> _Node:
+        if not isinstance(node, _Node):
+            raise TypeError(f"not a radix cache node: {node!r}")
+        return node
+
+    def lock(self, node: object) -> None:
+        t0 = perf_counter()
+        n = self._node(node)
+        root = self._root
+        if n is not root:
+            if n.dead:
+                raise ValueError(f"lock of a stale node (evicted or reset): {n!r}")
+            n.direct += 1
+            self._lock_up(n, root)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    def _lock_up(self, n: _Node, stop: _Node) -> _Node:
+        """One more lock_ref and use on `n` and its ancestors below `stop` (or the root), moving
+        newly locked tokens from evictable to locked; returns where it stopped."""
+        root = self._root
+        while n is not root and n is not stop:
+            if n.lock_ref == 0:
+                size = len(n.key)
+                self._evictable -= size
+                self._locked += size
+            n.lock_ref += 1
+            n.uses += 1
+            n = n.parent  # type: ignore[assignment]  # only the root has no parent
+        return n
+
+    def unlock(self, node: object) -> None:
+        t0 = perf_counter()
+        self._unlock(self._node(node))
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+
+    def _unlock(self, n: _Node) -> None:
+        root = self._root
+        # A dead locked node can only come from reset(): its accounting is gone, so ignore.
+        if n is not root and not n.dead:
+            if n.direct <= 0:
+                raise ValueError(f"unlock without a matching lock: {n!r}")
+            n.direct -= 1
+            while n is not root:
+                n.lock_ref -= 1
+                if n.lock_ref == 0:
+                    size = len(n.key)
+                    self._evictable += size
+                    self._locked -= size
+                    if not n.children:
+                        self._push(n)
+                n = n.parent  # type: ignore[assignment]
+
+    # -- insert -------------------------------------------------------------------------------
+    def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
+        t0 = perf_counter()
+        toks = _as_list(tokens)
+        sl = _as_list(slots)
+        n = len(toks)
+        if len(sl) != n:
+            raise ValueError(f"insert: {n} tokens but {len(sl)} slots")
+        self._clock += 1
+        now = self._clock
+        node = self._root
+        pos = 0
+        cached = -1
+        path: list[_Node] = []
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                cached = pos
+                node = self._add_leaf(node, toks, sl, pos, now)
+                path.append(node)
+                break
+            key = child.key
+            k = _edge_match(key, toks, pos, n)
+            self._free_duplicates(child.value, sl, pos, k)
+            if k < len(key):
+                child = self._split(child, k)
+            child.last_access = now
+            node = child
+            path.append(child)
+            pos += k
+        if cached < 0:
+            cached = n  # everything was already there
+        self._protect(path)
+        if node is not self._root and not node.children and node.lock_ref == 0:
+            self._push(node)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return cached, node
+
+    def _free_duplicates(self, cached: list[int], sl: list[int], pos: int, k: int) -> None:
+        """The caller computed tokens the tree already holds: free the caller's copies.
+
+        Positions where the caller passes the tree's own slot (its locked prefix) are not
+        duplicates and stay.
+        """
+        mine = sl[pos : pos + k]
+        if mine == (cached if k == len(cached) else cached[:k]):  # usually the caller's own
+            return  # locked prefix: no copies (and no slice of a whole edge to compare)
+        self.allocator.free([s for s, c in zip(mine, cached, strict=False) if s != c])
+
+    def _add_leaf(self, node: _Node, toks: list[int], sl: list[int], pos: int, now: int) -> _Node:
+        """A new leaf under ``node`` for ``toks[pos:]`` in ``sl[pos:]``; its tokens enter the
+        cache as evictable (the caller locks it if it must not be)."""
+        # Edge slices copy, so the caller may keep mutating its own lists.
+        leaf = _Node(toks[pos:], sl[pos:], node, now)
+        node.children[toks[pos]] = leaf
+        self._nodes += 1
+        added = len(toks) - pos
+        self._evictable += added
+        self.stats.inserted_tokens += added
+        if self.observer is not None:
+            self.observer.added(leaf, toks, pos)
+        return leaf
+
+    def _protect(self, path: list[_Node]) -> None:
+        """Insert protection (``--protect-ms``) for a just-inserted path."""
+        if self.protect_s > 0 and path:
+            until = self._now() + self.protect_s
+            prot = self._protected
+            for p in path:  # the whole path: a parent stays at least as protected as a child
+                p.protect_until = until
+                prot[p] = None
+
+    def cache_unfinished(
+        self, tokens: Sequence[int], slots: Sequence[int], old_node: object
+    ) -> CachedPrefix | None:
+        """Insert the computed part of a still-running request and move its lock there.
+
+        Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)`` and all
+        of ``tokens`` belong to the cache (``cached_len == len(tokens)``). ``None`` (nothing
+        changed) if the tree already holds some of ``tokens`` in other slots.
+
+        Equivalent to a check, ``insert``, ``lock(node)``, ``unlock(old_node)``, done in one
+        walk and timed as one op (this runs for every prefilled chunk, so the separate calls'
+        second walk, duplicate-slot slicing and timer pairs were most of its cost).
+        """
+        t0 = perf_counter()
+        toks = _as_list(tokens)
+        sl = _as_list(slots)
+        old = self._node(old_node)
+        n = len(toks)
+        if len(sl) != n:
+            raise ValueError(f"cache_unfinished: {n} tokens but {len(sl)} slots")
+        root = self._root
+        if old is not root and not old.dead and old.direct <= 0:
+            raise ValueError(f"unlock without a matching lock: {old!r}")
+        # Walk without changing anything: a refusal must leave the tree as it was.
+        node = root
+        pos = 0
+        cut = 0  # > 0: the walk ends this many tokens into `child`'s edge (split needed)
+        child: _Node | None = None
+        path: list[_Node] = []
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                break
+            key = child.key
+            k = _edge_match(key, toks, pos, n)
+            val = child.value
+            if (val if k == len(val) else val[:k]) != sl[pos : pos + k]:
+                self.stats.bookkeeping_seconds += perf_counter() - t0
+                return None  # held in other slots: the request keeps its own
+            pos += k
+            if k < len(key):
+                cut = k
+                break
+            path.append(child)
+            node = child
+        self._clock += 1
+        now = self._clock
+        if cut:
+            assert child is not None
+            node = self._split(child, cut)
+            path.append(node)
+        elif pos < n:
+            node = self._add_leaf(node, toks, sl, pos, now)
+            path.append(node)
+        for p in path:
+            p.last_access = now
+        self._protect(path)
+        self._move_lock(node, old)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return CachedPrefix(node, n)
+
+    def _move_lock(self, node: _Node, old: _Node) -> None:
+        """``lock(node)`` then ``unlock(old)``. When ``old`` is on ``node``'s path (always, for
+        cache_unfinished) the two cancel from ``old`` up: only ``uses`` changes there."""
+        root = self._root
+        if node is root:
+            self._unlock(old)
+            return
+        node.direct += 1
+        n = self._lock_up(node, old)
+        if n is root:
+            self._unlock(old)
+            return
+        n.direct -= 1  # `old` keeps its lock_ref: the lock now comes from below
+        while n is not root:
+            n.uses += 1
+            n = n.parent  # type: ignore[assignment]
+
+    # -- evict / alloc ------------------------------------------------------------------------
+    def _push(self, node: _Node) -> None:
+        heap = self._heap
+        heapq.heappush(heap, (self._key(node), next(self._seq), node))
+        # Lazy invalidation lets stale entries pile up under match-heavy load; rebuild when the
+        # heap is much larger than the tree (amortised O(1) per push).
+        if len(heap) > 2 * self._nodes + 256:
+            self._rebuild_heap()
+
+    def _rebuild_heap(self) -> None:
+        key = self._key
+        heap = [
+            (key(n), next(self._seq), n)
+            for n in self._iter_nodes()
+            if not n.children and n.lock_ref == 0
+        ]
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def _evict(self, n: int) -> int:
+        freed = 0
+        heap = self._heap
+        root = self._root
+        free = self.allocator.free
+        key = self._key
+        obs = self.observer
+        node: _Node | None = None
+        while freed < n:
+            if node is None:
+                if not heap:
+                    break
+                t, _, node = heapq.heappop(heap)
+                if node.dead or node.children or node.lock_ref or key(node) != t:
+                    node = None
+                    continue  # stale entry
+            free(node.value)
+            size = len(node.value)
+            freed += size
+            self._evictable -= size
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key[0]]
+            node.dead = True
+            if obs is not None:
+                obs.evicted(node)
+            node.parent = None
+            self._nodes -= 1
+            node = None
+            if parent is not root and not parent.children and parent.lock_ref == 0:
+                # It just became an unlocked leaf. When it would be the very next pop (its key
+                # below every entry's; a tie would go to the older entry) evict it directly:
+                # a finished request's prompt node and output leaf go together without a
+                # push/pop round trip, in exactly the heap's order.
+                if freed < n and (not heap or key(parent) < heap[0][0]):
+                    node = parent
+                else:
+                    self._push(parent)
+                    heap = self._heap  # _push may have rebuilt it
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def evict(self, n: int) -> int:
+        t0 = perf_counter()
+        freed = self._evict(n) if n > 0 else 0
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return freed
+
+    def alloc(self, n: int) -> list[int] | None:
+        t0 = perf_counter()
+        alloc = self.allocator
+        free = alloc.free_count
+        out: list[int] | None
+        if n > free:
+            if n > free + self._evictable:
+                out = None  # cannot succeed: evict nothing
+            else:
+                # Always enough: every unlocked node is reachable leaf-first.
+                self._evict(n - free)
+                out = alloc.alloc(n)
+        else:
+            out = alloc.alloc(n)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return out
+
+    def free_slots(self, slots: Sequence[int]) -> None:
+        self.allocator.free(slots)
+
+    def node_parent(self, node: object) -> object | None:
+        n = self._node(node)
+        return None if n is self._root else n.parent
+
+    # -- reset / introspection ----------------------------------------------------------------
+    def reset(self) -> None:
+        for node in self._iter_nodes():
+            node.dead = True  # handles held by requests become stale; unlock ignores them
+            node.parent = None
+        self._root = _Node([], [], None, 0)
+        self._heap = []
+        self._protected = {}
+        self._evictable = 0
+        self._locked = 0
+        self._nodes = 0
+        self.allocator.reset()
+        if self.observer is not None:
+            self.observer.reset()
+
+    def _iter_nodes(self) -> Iterator[_Node]:
+        """All non-root nodes, depth first."""
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def debug_paths(self) -> Iterator[tuple[object, int, list[int]]]:
+        """Every non-root node with its depth above its edge and its whole root path's keys
+        (tests and integrity checks only; O(tokens x depth))."""
+        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in self._root.children.values()]
+        while stack:
+            node, above = stack.pop()
+            path = above + node.key
+            yield node, len(above), path
+            stack.extend((c, path) for c in node.children.values())
+
+    def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
+        """Every cached prefix -> KV slot of its last token (tests only; O(tokens x depth))."""
+        out: dict[tuple[int, ...], int] = {}
+        stack: list[tuple[_Node, tuple[int, ...]]] = [(c, ()) for c in self._root.children.values()]
+        while stack:
+            node, path = stack.pop()
+            for tok, slot in zip(node.key, node.value, strict=True):
+                path = path + (tok,)
+                out[path] = slot
+            stack.extend((c, path) for c in node.children.values())
+        return out
+
+    def check_integrity(
+        self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True
+    ) -> None:
+        # Kept in its own module (it reads this class's internals) so this one stays readable.
+        from scheduler_service.cache.integrity import check_radix_integrity
+
+        check_radix_integrity(self, request_owned, request_slots, deep=deep)

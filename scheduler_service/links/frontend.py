@@ -1,0 +1,280 @@
+"""The scheduler's gRPC face: front-door sessions (submit/abort in, one packed message of
+output per step out) and GetStats. Protobuf stops here: submissions become `Request`
+dataclasses, outbox `Batch`es become `SchedulerMessage`s."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+
+from radixmesh_wire.cache_blocks import namespace_offset
+from radixmesh_wire.packing import pack_i32
+from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.scheduler import Scheduler, SubmitError
+from scheduler_service.sessions.outbox import Batch, Extra, error_batch
+from scheduler_service.sessions.replica_feed import Feed
+from scheduler_service.status import GrammarUnavailable, Status
+from services.security import require_peer
+
+log = structlog.get_logger(__name__)
+
+_FINISH: dict[str, Any] = {
+    "stop": api_pb2.FINISH_REASON_STOP,
+    "length": api_pb2.FINISH_REASON_LENGTH,
+    "abort": api_pb2.FINISH_REASON_ABORT,
+}
+
+
+def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Request:
+    s, lp = msg.sampling, msg.logprobs
+    spec = SamplingSpec(
+        temperature=s.temperature if s.HasField("temperature") else 1.0,
+        top_p=s.top_p if s.HasField("top_p") else 1.0,
+        top_k=s.top_k if s.HasField("top_k") else -1,
+        min_p=s.min_p if s.HasField("min_p") else 0.0,
+        seed=s.seed,
+        max_new_tokens=s.max_new_tokens if s.HasField("max_new_tokens") else 128,
+        min_new_tokens=s.min_new_tokens,
+        ignore_eos=s.ignore_eos,
+        stop_token_ids=tuple(s.stop_token_ids),
+        return_logprob=lp.return_logprob,
+        top_logprobs=lp.top_logprobs,
+        prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from") else -1,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
+    )
+    kind = s.WhichOneof("constraint")
+    return Request(
+        rid=msg.rid,
+        session=session,
+        prompt=list(msg.input_ids),
+        spec=spec,
+        eos_ids=frozenset(msg.eos_token_ids),
+        output=list(msg.output_ids),
+        resumed_output=len(msg.output_ids),
+        grammar=(kind, getattr(s, kind)) if kind else None,
+        key=msg.key,
+        cache_ns=namespace_offset(msg.cache_namespace),
+    )
+
+
+def batch_to_proto(b: Batch) -> scheduler_pb2.SchedulerMessage:
+    # Two bytes fields for the common case; a message object only per request with extras.
+    msg = scheduler_pb2.SchedulerMessage(
+        keys=pack_i32(b.keys),
+        events=pack_i32(b.events),
+        extras=[_extra_to_proto(ex) for ex in b.extras],
+    )
+    if b.feed is not None:
+        _add_feed(msg, b.feed)
+    return msg
+
+
+def _add_feed(msg: scheduler_pb2.SchedulerMessage, feed: Feed) -> None:
+    if feed.cache is not None:
+        c = feed.cache
+        msg.cache.reset = c.reset
+        msg.cache.added.extend(c.added)
+        msg.cache.removed.extend(c.removed)
+    if feed.load is not None:
+        ld = feed.load
+        msg.load.waiting_requests = ld.waiting_requests
+        msg.load.running_requests = ld.running_requests
+        msg.load.waiting_tokens = ld.waiting_tokens
+        msg.load.running_tokens = ld.running_tokens
+        msg.load.kv_capacity = ld.kv_capacity
+        msg.load.kv_free = ld.kv_free
+
+
+def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:
+    out = scheduler_pb2.DeltaExtras(key=ex.key)
+    if ex.finish:
+        out.finish_reason = _FINISH[ex.finish]
+    if ex.matched_stop_token >= 0:
+        out.matched_stop_token = ex.matched_stop_token
+    if ex.error_code:
+        out.error_code = ex.error_code
+        out.error_message = ex.error_message
+    if ex.cached_tokens >= 0:
+        out.cached_tokens = ex.cached_tokens
+    for tok, lp, top_ids, top_lps in ex.logprobs:
+        out.logprobs.append(
+            api_pb2.TokenLogprob(
+                token_id=tok,
+                logprob=lp,
+                top=[
+                    api_pb2.TopLogprob(token_id=i, logprob=v)
+                    for i, v in zip(top_ids, top_lps, strict=False)
+                ],
+            )
+        )
+    for tok, lp in ex.prompt_logprobs:
+        out.prompt_logprobs.append(api_pb2.TokenLogprob(token_id=tok, logprob=lp))
+    return out
+
+
+def _error(req: Request, code: Status, message: str) -> Batch:
+    return error_batch(req.key, req.rid, int(code), message)
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.sched = scheduler
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sessions_opened = 0
+
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
+        # Read the caller's first message before refusing it: an abort while the client's
+        # write is still in flight reaches the client as INTERNAL, not our status
+        # (grpc/grpc#36066), and a refused role must see PERMISSION_DENIED and why.
+        first = await anext(aiter(request_iterator), None)
+        await require_peer(context, "tokenizer")
+        if first is None or first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
+            return
+        session = first.hello.session_id or uuid.uuid4().hex
+        if session in self.sched.sinks:  # never hand a live session's output to another caller
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                "that session is open on another stream; a front door opens a session once",
+            )
+            return
+        label = self._label(session)
+        out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
+
+        def sink(batch: Batch) -> None:
+            out.put_nowait(batch_to_proto(batch))
+
+        self.sched.sinks[session] = sink
+        # Taken with the sink registered and no await in between: every later change reaches
+        # this session through the sink, after this snapshot.
+        opening = scheduler_pb2.SchedulerMessage()
+        _add_feed(opening, self.sched.feed.opening(self.sched.st))
+        if opening.HasField("cache") or opening.HasField("load"):
+            out.put_nowait(opening)
+        info = self.sched.info
+        yield scheduler_pb2.SchedulerMessage(
+            hello=scheduler_pb2.SchedulerHello(
+                session_id=session,
+                kv_capacity=info.kv_capacity if info else 0,
+                context_length=info.context_length if info else 0,
+                cache_block_tokens=self.sched.feed.block_tokens,
+                instance_id=self.sched.instance_id,
+            )
+        )
+        log.info("frontend_session", session=label, cache_blocks=len(opening.cache.added))
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "submit":
+                        self._submit(msg.submit, session, sink)
+                    elif kind == "abort":
+                        self.sched.abort(msg.abort.rid, session)
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (msg := await out.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            self.sched.drop_session(session)
+            log.info("frontend_session_closed", session=label)
+
+    def _label(self, session: str) -> int:
+        """A session's name in logs: a counter, never the id (which names the stream)."""
+        self._sessions_opened += 1
+        return self._sessions_opened
+
+    def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
+        req = request_from_proto(msg, session)
+        if req.rid in self.sched.by_rid:  # before compiling: the running one stays abortable
+            sink(_error(req, Status.ALREADY_EXISTS, f"request {req.rid!r} is running"))
+            return
+        if req.grammar is None:
+            self._admit(req, sink)
+        else:  # compile first (off the read loop): a bad grammar never reaches the queue
+            task = asyncio.create_task(self._compile_then_admit(req, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
+        try:
+            self.sched.submit(req)
+        except SubmitError as exc:
+            sink(_error(req, exc.code, str(exc)))
+
+    async def _compile_then_admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
+        assert req.grammar is not None
+        try:
+            ok, error = await self.sched.grammar.compile(*req.grammar)
+        except GrammarUnavailable as exc:
+            sink(_error(req, Status.UNAVAILABLE, str(exc)))
+            return
+        if not ok:
+            sink(_error(req, Status.INVALID_ARGUMENT, f"invalid {req.grammar[0]}: {error}"))
+            return
+        self._admit(req, sink)
+
+    async def FlushCache(
+        self, request: scheduler_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FlushCacheResponse:
+        st = self.sched.st
+        if st is None:
+            return scheduler_pb2.FlushCacheResponse(message="the scheduler is not started yet")
+        busy = len(st.waiting) + len(st.running)
+        if busy:
+            return scheduler_pb2.FlushCacheResponse(
+                message=f"{busy} requests are waiting or running; flush when idle"
+            )
+        freed = st.cache.evict(st.cache.evictable_size)
+        self.sched.wake.set()  # an idle loop flushes once: front doors hear of the evictions
+        log.info("cache_flushed", evicted_tokens=freed)
+        return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
+
+    async def GetStats(
+        self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Stats:
+        await require_peer(context, "tokenizer")
+        st = self.sched.st
+        if st is None:
+            return api_pb2.Stats()
+        c, s = st.cache, st.stats
+        cap = c.allocator.capacity
+        return api_pb2.Stats(
+            queue_length=len(st.waiting),
+            running_requests=len(st.running),
+            kv_capacity=cap,
+            kv_free=c.free_size,
+            kv_evictable=c.evictable_size,
+            kv_locked=c.locked_size,
+            kv_request_owned=st.request_owned(),
+            token_usage=1 - c.free_size / cap if cap else 0,
+            cache_hit_rate=s.cache_hit_rate,
+            prompt_tokens=s.prompt_tokens,
+            cached_prompt_tokens=s.cached_prompt_tokens,
+            generated_tokens=s.generated_tokens,
+            evicted_tokens=c.stats.evicted_tokens,
+            finished_requests=s.finished_requests,
+            retractions=s.retractions,
+            steps=s.steps,
+            radix_seconds=c.stats.bookkeeping_seconds,
+            mask_wait_seconds=s.mask_wait_seconds,
+            jump_forwards=s.jump_forwards,
+            jump_forward_tokens=s.jump_forward_tokens,
+        )

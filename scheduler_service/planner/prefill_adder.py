@@ -1,0 +1,227 @@
+"""Admission of waiting requests into the running batch (SGLang paper Algorithm 1).
+
+For each candidate in policy order: match its prefix (at most ``len(tokens) - 1`` tokens, and at
+most ``prefix_limit``), lock the matched node (its tokens move from evictable to locked, which
+is Algorithm 1's ``delta``), and admit it if its whole remaining prompt plus its own expected
+decode fits in::
+
+    budget = free + evictable - reserved - committed
+
+where ``reserved`` is the expected future decode of the running batch (remaining
+``max_new_tokens`` x ``new_token_ratio``; see :func:`decode_reservation` and
+:class:`NewTokenRatio`) and ``committed`` is what earlier admissions this step (and the in-flight
+chunked request) claimed. While the batch has other work (something running or already admitted
+this step), ``cache.protected_size`` is left out of ``evictable``: freshly inserted context
+whose follow-up request is likely milliseconds away is not given to an unrelated request
+(a request that matched it has locked it, so it no longer counts as protected). With nothing
+else to run, protection never holds a request back: the model is not left idle.
+
+Admission stops at the first candidate that does not fit, so a large request is never starved
+by smaller ones behind it in policy order.
+
+Per step at most ``chunk_budget`` prompt tokens are prefilled: the last admitted request may be
+*chunked* (fewer tokens this step than it has left), and it continues in later steps through
+``chunked_remaining``; at most one request is chunked at a time. The continuation is sure of
+half the budget (rounded up; it always progresses) and new admissions come next, each only if
+its whole prompt fits; whatever they leave goes back to the continuation. So a short request
+that arrives during a long prompt's prefill waits one step, not the whole prefill. All slots of
+a step are allocated with one ``cache.alloc`` after selection, so the eviction it triggers can
+never hit a prefix selected this step (they are all locked by then).
+
+Ownership after :func:`admit_prefills` returns, per admitted request:
+- ``match.slots``: cache-owned, protected by the lock the adder took on ``match.node``;
+- ``new_slots``: request-owned KV slots for ``tokens[match.length : match.length + n_tokens]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Generic
+
+from scheduler_service.cache.prefix_cache import MatchResult, PrefixCache, match_limit
+from scheduler_service.planner.policy import W
+from scheduler_service.planner.retraction import RunningLike
+
+DEFAULT_CLIP_MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedPrefill(Generic[W]):
+    """One admitted request: prefill ``tokens[prefix_len:end]`` into ``new_slots`` this step."""
+
+    item: W
+    match: MatchResult
+    new_slots: list[int]
+    n_tokens: int
+
+    @property
+    def prefix_len(self) -> int:
+        return self.match.length
+
+    @property
+    def end(self) -> int:
+        """Tokens with KV after this step."""
+        return self.match.length + self.n_tokens
+
+    @property
+    def chunked(self) -> bool:
+        """True when prompt tokens remain for later steps (continue via chunked_remaining)."""
+        return self.end < len(self.item.tokens)
+
+
+@dataclass(slots=True)
+class PrefillPlan(Generic[W]):
+    """What to prefill this step.
+
+    ``continuation_slots``: slots for the next chunk of the in-flight chunked request
+    (``[]`` when there is none, ``None`` when it could not be allocated: memory is short, and
+    the caller should retract). ``stop_reason`` says why admission stopped: ``"drained"`` (no
+    more candidates), ``"max_running"``, ``"chunk_budget"``, ``"memory"``, ``"chunked"`` (the
+    last admitted request is chunked) or ``"continuation_blocked"``.
+    """
+
+    admitted: list[AdmittedPrefill[W]]
+    continuation_slots: list[int] | None
+    stop_reason: str
+
+    @property
+    def tokens_this_step(self) -> int:
+        cont = len(self.continuation_slots) if self.continuation_slots else 0
+        return cont + sum(a.n_tokens for a in self.admitted)
+
+
+def decode_reservation(
+    running: Iterable[RunningLike], ratio: float, clip: int = DEFAULT_CLIP_MAX_NEW_TOKENS
+) -> float:
+    """Expected future decode slots of the running batch: sum of remaining x ratio.
+
+    ``max_new_tokens`` is clipped (SGLang: 4096) so one huge limit does not block admission.
+    """
+    total = 0
+    for r in running:
+        rem = min(r.max_new_tokens - r.output_len, clip)
+        if rem > 0:
+            total += rem
+    return total * ratio
+
+
+class NewTokenRatio:
+    """Estimated fraction of a request's remaining ``max_new_tokens`` it will still generate.
+
+    Most requests stop (EOS) well before their limit, so reserving the full limit would admit
+    too few. Like SGLang the estimate starts conservative (``init`` 0.7), decays linearly to
+    ``minimum`` (0.1) over ``decay_steps`` decode steps while nothing goes wrong, and jumps back
+    up when a retraction shows it was too optimistic.
+    """
+
+    FLOOR = 0.1
+
+    def __init__(self, init: float = 0.7, minimum: float = FLOOR, decay_steps: int = 600) -> None:
+        if not 0.0 <= minimum <= init <= 1.0:
+            raise ValueError("need 0 <= minimum <= init <= 1")
+        self.init = init
+        self.minimum = minimum
+        self._decay = (init - minimum) / max(decay_steps, 1)
+        self.value = init
+
+    def step(self) -> float:
+        """Call once per decode step."""
+        self.value = max(self.minimum, self.value - self._decay)
+        return self.value
+
+    def on_retract(self, observed: float | None = None) -> float:
+        """After a retraction: back to at least ``init`` (or the ``observed`` generated fraction
+        of the running batch, if higher), never above 1."""
+        target = self.init if observed is None else max(self.init, observed)
+        self.value = min(1.0, max(self.value, target))
+        return self.value
+
+
+def admit_prefills(
+    candidates: Iterable[W],
+    cache: PrefixCache,
+    *,
+    chunk_budget: int,
+    max_running: int,
+    num_running: int,
+    reserved_tokens: float = 0.0,
+    new_token_ratio: float = 0.7,
+    chunked_remaining: int = 0,
+    clip_max_new_tokens: int = DEFAULT_CLIP_MAX_NEW_TOKENS,
+) -> PrefillPlan[W]:
+    """Select, lock and allocate this step's prefills (see the module docstring).
+
+    ``num_running``: requests already running (the in-flight chunked one included);
+    ``reserved_tokens``: their expected future decode (:func:`decode_reservation`);
+    ``chunked_remaining``: prompt tokens the in-flight chunked request still has to prefill
+    (0 if none); it is served first, ahead of new admissions, and not part of
+    ``reserved_tokens``. Each admitted item's ``match`` is refreshed (earlier matches may be
+    stale after evictions).
+    """
+    chunk_left = chunk_budget
+    committed = 0.0
+    cont = 0
+    if chunked_remaining > 0:
+        cont = min(chunked_remaining, chunk_left - chunk_left // 2)
+        if cont > cache.free_size + cache.evictable_size:
+            return PrefillPlan([], None, "continuation_blocked")
+        committed = float(chunked_remaining)  # all of it will need slots in coming steps
+        chunk_left -= cont
+    picked: list[tuple[W, MatchResult, int]] = []
+    reason = "drained"
+    for w in candidates:
+        if num_running + len(picked) >= max_running:
+            reason = "max_running"
+            break
+        if chunk_left <= 0:
+            reason = "chunk_budget"
+            break
+        toks = w.tokens
+        if not toks:
+            raise ValueError("cannot admit a request with no tokens")
+        m = cache.match_prefix(toks, match_limit(len(toks), w.prefix_limit))
+        w.match = m
+        cache.lock(m.node)
+        extend = len(toks) - m.length
+        need = extend + min(w.max_new_tokens, clip_max_new_tokens) * new_token_ratio
+        usable = cache.evictable_size
+        if num_running or picked or cont:  # other work exists: never idle the model for this
+            usable -= cache.protected_size
+        budget = cache.free_size + usable - reserved_tokens - committed
+        if need > budget:
+            cache.unlock(m.node)
+            reason = "memory"
+            break
+        n = min(extend, chunk_left)
+        if n < extend and chunked_remaining > 0:  # one chunked request at a time
+            cache.unlock(m.node)
+            reason = "chunk_budget"
+            break
+        committed += need
+        chunk_left -= n
+        picked.append((w, m, n))
+        if n < extend:
+            reason = "chunked"
+            break
+    if chunked_remaining > cont and chunk_left > 0:  # the budget new admissions left
+        more = min(chunked_remaining - cont, chunk_left)
+        if cont + more <= cache.free_size + cache.evictable_size:
+            cont += more
+    total = cont + sum(n for _, _, n in picked)
+    slots = cache.alloc(total)
+    while slots is None and picked:
+        # Budget arithmetic should make this unreachable; stay safe if a caller's numbers lie.
+        _, m, n = picked.pop()
+        cache.unlock(m.node)
+        total -= n
+        reason = "memory"
+        slots = cache.alloc(total)
+    if slots is None:
+        return PrefillPlan([], None, "continuation_blocked")
+    admitted: list[AdmittedPrefill[W]] = []
+    pos = cont
+    for w, m, n in picked:
+        admitted.append(AdmittedPrefill(w, m, slots[pos : pos + n], n))
+        pos += n
+    return PrefillPlan(admitted, slots[:cont], reason)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
+import pytest
+import radixmesh.retry
 from radixmesh.api import build_request
 from radixmesh.retry import NO_RETRY, Resumable, RetryPolicy
 
@@ -51,3 +55,68 @@ def test_retry_budget_is_no_deadline() -> None:
     _, timeout = call.next_request()
     assert timeout is None
     assert call.retry_after(grpc.StatusCode.UNAVAILABLE) is None
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The retry module's `time.monotonic` is the fake clock (as it was before `clock=`)."""
+    fake = FakeClock()
+    monkeypatch.setattr(radixmesh.retry, "time", SimpleNamespace(monotonic=fake))
+    return fake
+
+
+def test_retry_budget_counts_from_the_last_delivered_token(clock: FakeClock) -> None:
+    """Issue 26 item 4: a stream older than `total_s` that keeps delivering is still resumed
+    when the front door dies; the budget runs from its last token, not from the call's start."""
+    policy = RetryPolicy(total_s=120.0, initial_backoff_s=0.5)
+    call = Resumable(build_request("hi"), policy, None)
+    call.next_request()
+    for step in range(30):  # 300 s of tokens, one every 10 s
+        clock.now += 10.0
+        call.on_chunk(api_pb2.GenerateChunk(token_ids=[step]))
+    clock.now += 1.0  # the front door dies 301 s into the call, 1 s after the last token
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) == 0.5
+    resumed, _ = call.next_request()
+    assert list(resumed.resume_output_ids) == list(range(30))
+    # No token for 117 s more: 118 s + the 1.0 s backoff is still inside the 120 s budget.
+    clock.now += 117.0
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) == 1.0
+    call.next_request()
+    clock.now += 2.5  # 120.5 s after the last token: the outage has outlived the budget
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) is None
+
+
+def test_attempts_and_backoff_start_over_after_progress_but_no_retry_stays_off(
+    clock: FakeClock,
+) -> None:
+    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.1)
+    call = Resumable(build_request("hi"), policy, None)
+    call.next_request()
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) == 0.1
+    call.next_request()
+    call.on_chunk(api_pb2.GenerateChunk(token_ids=[5]))  # the second attempt delivered
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) == 0.1  # backoff restarted
+    call.next_request()
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) is None  # 2 attempts since progress
+    never = Resumable(build_request("hi"), NO_RETRY, None, clock=FakeClock())
+    never.next_request()
+    never.on_chunk(api_pb2.GenerateChunk(token_ids=[1]))
+    assert never.retry_after(grpc.StatusCode.UNAVAILABLE) is None
+
+
+def test_an_injected_clock_drives_the_budget() -> None:
+    clock = FakeClock()
+    call = Resumable(build_request("hi"), RetryPolicy(total_s=10.0), None, clock=clock)
+    call.next_request()
+    clock.now += 9.9
+    assert call.retry_after(grpc.StatusCode.UNAVAILABLE) is None  # 9.9 + 0.2 backoff >= 10

@@ -243,8 +243,11 @@ async def _aerror(
 
 
 class _Connection:
-    """What both clients hold: the endpoint, the default timeout, the retry policy and a way
-    to open a blocking channel with the caller's credentials."""
+    """What both clients hold and how they are built: the endpoint, the default timeout, the
+    retry policy, the channel (each client opens its own kind: `_open_channel`), its stub, and
+    a way to open a blocking channel with the caller's credentials."""
+
+    channel: Any
 
     def __init__(
         self,
@@ -261,6 +264,11 @@ class _Connection:
         self.timeout = timeout
         self.retry = retry if retry is not None else RetryPolicy()
         self._credentials: dict[str, Any] = {"api_key": api_key, "tls": tls}
+        self.channel = self._open_channel()
+        self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
+
+    def _open_channel(self) -> Any:
+        raise NotImplementedError
 
     def _open_sync(self) -> grpc.Channel:
         return open_channel(self.endpoint, _OPTIONS, **self._credentials)
@@ -269,17 +277,10 @@ class _Connection:
 class Client(_Connection):
     """Blocking client. Thread-safe: one channel, calls from any thread."""
 
-    def __init__(
-        self,
-        endpoint: str = DEFAULT_ENDPOINT,
-        timeout: float | None = None,
-        api_key: str | None = None,
-        tls: bool | str | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        super().__init__(endpoint, timeout, api_key, tls, retry)
-        self.channel = self._open_sync()
-        self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
+    channel: grpc.Channel
+
+    def _open_channel(self) -> grpc.Channel:
+        return self._open_sync()
 
     def close(self) -> None:
         self.channel.close()
@@ -373,17 +374,10 @@ class Client(_Connection):
 class AsyncClient(_Connection):
     """asyncio client; create it inside a running event loop."""
 
-    def __init__(
-        self,
-        endpoint: str = DEFAULT_ENDPOINT,
-        timeout: float | None = None,
-        api_key: str | None = None,
-        tls: bool | str | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        super().__init__(endpoint, timeout, api_key, tls, retry)
-        self.channel = open_aio_channel(endpoint, _OPTIONS, api_key=api_key, tls=tls)
-        self.stub = api_pb2_grpc.RadixMeshStub(self.channel)
+    channel: grpc.aio.Channel
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        return open_aio_channel(self.endpoint, _OPTIONS, **self._credentials)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -8,11 +8,12 @@ for ordering and error semantics.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, overload
+from typing import Any
 
 from radixmesh.lang.errors import BackendError
+from radixmesh.lang.forks import BranchGroup
 from radixmesh.lang.interpreter import StreamExecutor
 from radixmesh.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, flatten
 from radixmesh.lang.meta import MetaInfo
@@ -200,51 +201,13 @@ class ProgramState:
         return f"ProgramState(stream={self._executor.id})"
 
 
-class ForkGroup(Sequence[ProgramState]):
-    """The branches of one `fork`; `join` merges them back into the parent."""
+class ForkGroup(BranchGroup[ProgramState]):
+    """The branches of one `fork` (indexing, `+=`, `values`: `forks.BranchGroup`); `join`
+    merges them back into the parent."""
 
     def __init__(self, parent: StreamExecutor, states: list[ProgramState]) -> None:
+        super().__init__(states)
         self._parent = parent
-        self._states = states
-
-    @overload
-    def __getitem__(self, index: int) -> ProgramState: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[ProgramState]: ...
-    def __getitem__(self, index: int | slice) -> ProgramState | list[ProgramState]:
-        return self._states[index]
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def __setitem__(self, index: int, value: ProgramState) -> None:
-        """Completes `forks[i] += x` (Python stores the branch back); branches are fixed."""
-        if value is not self._states[index]:
-            raise TypeError("fork branches cannot be replaced; append to them with +=")
-
-    def __iadd__(
-        self, other: Expr | str | Sequence[Expr | str] | Callable[[int], Expr | str]
-    ) -> ForkGroup:
-        """Appends `other` to every branch, element i to branch i for a sequence, or
-        `other(i)` to branch i for a function."""
-        if isinstance(other, Expr | str):
-            for state in self._states:
-                state += other
-            return self
-        if callable(other):
-            for i, state in enumerate(self._states):
-                state += other(i)
-            return self
-        items = list(other)
-        if len(items) != len(self._states):
-            raise ValueError(f"{len(items)} items for {len(self._states)} branches")
-        for state, item in zip(self._states, items, strict=True):
-            state += item
-        return self
-
-    def values(self, name: str) -> list[Any]:
-        """Variable `name` of every branch (waits)."""
-        return [s[name] for s in self._states]
 
     def join(self, mode: str = "gather_variable") -> None:
         """Ends the branches. "gather": each variable set in the branches becomes, in the

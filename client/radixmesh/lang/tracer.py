@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn, overload
+from typing import Any, NoReturn
 
 from radixmesh.lang.compiler import GraphNode, ProgramGraph
 from radixmesh.lang.errors import TracingError
+from radixmesh.lang.forks import BranchGroup
 from radixmesh.lang.ir import (
     Argument,
     Expr,
@@ -142,43 +143,13 @@ class TracerState:
         return None
 
 
-class TracerForkGroup(Sequence[TracerState]):
+class TracerForkGroup(BranchGroup[TracerState]):
+    """A traced fork's branches (`forks.BranchGroup`); `join` records a Join node."""
+
     def __init__(self, parent: TracerState, fork_id: int, states: list[TracerState]) -> None:
+        super().__init__(states)
         self._parent = parent
         self._fork_id = fork_id
-        self._states = states
-
-    @overload
-    def __getitem__(self, index: int) -> TracerState: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[TracerState]: ...
-    def __getitem__(self, index: int | slice) -> TracerState | list[TracerState]:
-        return self._states[index]
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def __setitem__(self, index: int, value: TracerState) -> None:
-        if value is not self._states[index]:
-            raise TypeError("fork branches cannot be replaced; append to them with +=")
-
-    def __iadd__(
-        self, other: Expr | str | Sequence[Expr | str] | Callable[[int], Expr | str]
-    ) -> TracerForkGroup:
-        if isinstance(other, Expr | str):
-            items = [other] * len(self)
-        elif callable(other):
-            items = [other(i) for i in range(len(self))]
-        else:
-            items = list(other)
-        if len(items) != len(self):
-            raise ValueError(f"{len(items)} items for {len(self)} branches")
-        for state, item in zip(self._states, items, strict=True):
-            state += item
-        return self
-
-    def values(self, name: str) -> list[Variable]:
-        return [s[name] for s in self._states]
 
     def join(self, mode: str = "gather_variable") -> None:
         mode = join_mode(mode)

@@ -234,6 +234,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def FlushCache(
         self, request: scheduler_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.FlushCacheResponse:
+        # Only a front door flushes (its admin-scoped /flush_cache): any other certificate of
+        # the deployment's CA could otherwise empty every tenant's cache.
+        await require_peer(context, "tokenizer")
         st = self.sched.st
         if st is None:
             return scheduler_pb2.FlushCacheResponse(message="the scheduler is not started yet")

@@ -17,7 +17,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
@@ -149,7 +149,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             nan_fill=e.nan_fill,
         )
 
-    def _launch(self, ops: StepOps) -> InFlight:
+    def launch(self, ops: StepOps) -> InFlight:
         """On the step thread, so the check sees the state the launch will change."""
         validate_step(ops, self.engine.runner.requests, self.limits)
         return self.engine.runner.launch(ops)
@@ -192,115 +192,143 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             return
         sid = first.open.session_id
         self.session_gen += 1
-        gen = self.session_gen
         self.session_id = sid
         self._session_call = context
-        ended = asyncio.Event()  # the call is over, whatever the reader saw
-        context.add_done_callback(lambda _ctx: ended.set())
+        session = StepSession(self, self.session_gen, request_iterator, context)
+        replies = session.serve(sid)
+        try:
+            async for reply in replies:
+                yield reply
+        finally:  # gRPC closing this handler at a yield must run the session's close now
+            await replies.aclose()
+
+    async def close_session(self, gen: int) -> None:
+        """A session's end: free the pool for the next one, unless a newer session took it."""
+        if gen == self.session_gen:
+            self.session_id = None
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.executor, self.engine.runner.reset)
+        log.info("session_closed", generation=gen)
+
+
+class StepSession:
+    """One open step stream: reads steps ahead into a queue, launches them in order on the
+    servicer's step thread, finishes them in order on its wait thread, and replies in step
+    order. Late masks go through this session's mailbox. Owns nothing beyond the stream: the
+    servicer keeps which session holds the pool (`session_id`, `session_gen`)."""
+
+    def __init__(
+        self,
+        servicer: ModelWorkerServicer,
+        gen: int,
+        requests: AsyncIterator[model_pb2.StepRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        self.sv = servicer
+        self.gen = gen
+        self.requests = requests
+        self.runner = servicer.engine.runner
+        self.mailbox = MaskMailbox(servicer.mask_wait_s)
+        self.queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
+        self.ended = asyncio.Event()  # the call is over, whatever the reader saw
+        context.add_done_callback(lambda _ctx: self.ended.set())
+
+    async def serve(self, sid: str) -> AsyncGenerator[model_pb2.StepReply, None]:
+        sv = self.sv
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.executor, self.engine.runner.reset)
-        log.info("session_opened", generation=gen)
-        yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=self.info()))
-
-        runner = self.engine.runner
-        mailbox = MaskMailbox(self.mask_wait_s)
-        runner.mask_source = mailbox.wait
-        queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                async for msg in request_iterator:
-                    kind = msg.WhichOneof("kind")
-                    if kind == "step":
-                        if msg.step.masks_follow:
-                            mailbox.expect(msg.step.step_id)
-                        await queue.put(msg.step)
-                    elif kind == "masks":
-                        mailbox.deliver(msg.masks)
-            finally:
-                mailbox.close()
-                await queue.put(None)
-
-        async def run(step: model_pb2.Step) -> model_pb2.StepReply:
-            self.progress.begin()
-            try:
-                ops = decode_step(step)
-                t0 = time.perf_counter()
-                fl = await loop.run_in_executor(self.executor, self._launch, ops)
-                self.progress.beat()
-                out = await loop.run_in_executor(self.waiter, runner.finish, fl)
-                if self.metrics is not None:
-                    self.metrics.observe(time.perf_counter() - t0, _rows(ops))
-            except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
-                mailbox.discard(step.step_id)
-                if self.metrics is not None:
-                    self.metrics.failed()
-                kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
-                log.error(
-                    kind,
-                    step=step.step_id,
-                    error=repr(exc),
-                    exc_info=not isinstance(exc, StepError),
-                )
-                return model_pb2.StepReply(
-                    result=model_pb2.StepResult(
-                        step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
-                    )
-                )
-            finally:
-                self.progress.end()
-            return model_pb2.StepReply(result=encode_output(out))
-
-        reader = asyncio.create_task(read())
-        ended_wait = asyncio.ensure_future(ended.wait())
+        await loop.run_in_executor(sv.executor, self.runner.reset)
+        log.info("session_opened", generation=self.gen)
+        yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=sv.info()))
+        self.runner.mask_source = self.mailbox.wait
+        reader = asyncio.create_task(self._read())
+        ended_wait = asyncio.ensure_future(self.ended.wait())
         running: deque[asyncio.Task[model_pb2.StepReply]] = deque()  # in step order
         next_step: asyncio.Task[model_pb2.Step | None] | None = None
         try:
             while True:
                 if next_step is None:
-                    next_step = asyncio.ensure_future(queue.get())
+                    next_step = asyncio.ensure_future(self.queue.get())
                 wanted: set[asyncio.Future] = {next_step, ended_wait}
                 if running:
                     wanted.add(running[0])
                 await asyncio.wait(wanted, return_when=asyncio.FIRST_COMPLETED)
-                if ended.is_set():
+                if self.ended.is_set():
                     break
                 if running and running[0].done():
                     yield running.popleft().result()
                     continue
                 step = next_step.result()
                 next_step = None
-                if step is None or gen != self.session_gen:
+                if step is None or self.gen != sv.session_gen:
                     break
-                running.append(asyncio.create_task(run(step)))
+                running.append(asyncio.create_task(self._run(step)))
         finally:
             if next_step is not None:
                 next_step.cancel()
             ended_wait.cancel()
             reader.cancel()
-            mailbox.close()
+            self.mailbox.close()
             # The close runs in its own task, shielded: gRPC cancels this handler when the
             # scheduler vanishes (kill -9), and a second cancellation landing inside the close
             # once left `session_id` set for good, so every later scheduler was refused.
-            closing = asyncio.ensure_future(self._close_session(gen, reader, list(running)))
+            closing = asyncio.ensure_future(self._close(reader, list(running)))
             await asyncio.shield(closing)
 
-    async def _close_session(
-        self,
-        gen: int,
-        reader: asyncio.Task[None],
-        running: list[asyncio.Task[model_pb2.StepReply]],
+    async def _read(self) -> None:
+        try:
+            async for msg in self.requests:
+                kind = msg.WhichOneof("kind")
+                if kind == "step":
+                    if msg.step.masks_follow:
+                        self.mailbox.expect(msg.step.step_id)
+                    await self.queue.put(msg.step)
+                elif kind == "masks":
+                    self.mailbox.deliver(msg.masks)
+        finally:
+            self.mailbox.close()
+            await self.queue.put(None)
+
+    async def _run(self, step: model_pb2.Step) -> model_pb2.StepReply:
+        sv = self.sv
+        loop = asyncio.get_running_loop()
+        sv.progress.begin()
+        try:
+            ops = decode_step(step)
+            t0 = time.perf_counter()
+            fl = await loop.run_in_executor(sv.executor, sv.launch, ops)
+            sv.progress.beat()
+            out = await loop.run_in_executor(sv.waiter, self.runner.finish, fl)
+            if sv.metrics is not None:
+                sv.metrics.observe(time.perf_counter() - t0, _rows(ops))
+        except Exception as exc:  # noqa: BLE001 - one bad step must not end the session
+            self.mailbox.discard(step.step_id)
+            if sv.metrics is not None:
+                sv.metrics.failed()
+            kind = "step_rejected" if isinstance(exc, StepError) else "step_crashed"
+            log.error(
+                kind,
+                step=step.step_id,
+                error=repr(exc),
+                exc_info=not isinstance(exc, StepError),
+            )
+            return model_pb2.StepReply(
+                result=model_pb2.StepResult(
+                    step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"
+                )
+            )
+        finally:
+            sv.progress.end()
+        return model_pb2.StepReply(result=encode_output(out))
+
+    async def _close(
+        self, reader: asyncio.Task[None], running: list[asyncio.Task[model_pb2.StepReply]]
     ) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await reader
         for task in running:  # let launched work end before the state is reset
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
-        if gen == self.session_gen:
-            self.session_id = None
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, self.engine.runner.reset)
-        log.info("session_closed", generation=gen)
+        await self.sv.close_session(self.gen)
 
 
 def _rows(ops: StepOps) -> int:

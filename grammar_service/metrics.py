@@ -6,37 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
 from grammar_service.compile_cache import CacheStats
-from services.metrics import (
-    LATENCY_BUCKETS,
-    STEP_BUCKETS,
-    Reading,
-    StatsCollector,
-    name,
-    new_registry,
-)
+from services.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics
 
 
-class GrammarMetrics:
+class GrammarMetrics(ServiceMetrics):
     def __init__(self, stats: CacheStats, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or new_registry()
-        r = self.registry
+        super().__init__(registry)
         self._stats = stats
-        self.compile_time = Histogram(
-            name("grammar_compile_seconds"),
+        self.compile_time = self.histogram(
+            "grammar_compile_seconds",
             "Time to compile one grammar (cache misses only).",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.mask_time = Histogram(
-            name("grammar_mask_seconds"),
+        self.mask_time = self.histogram(
+            "grammar_mask_seconds",
             "Service time of one mask step (all rows of a scheduler step).",
-            buckets=STEP_BUCKETS,
-            registry=r,
+            STEP_BUCKETS,
         )
-        r.register(StatsCollector(self._read))
+        self.readings(self._read)
 
     def _read(self) -> Iterator[Reading]:
         s = self._stats

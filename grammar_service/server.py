@@ -38,7 +38,6 @@ from grammar_service.steps import (
 from grammar_service.tokenizer_source import load_tokenizer
 from radixmesh_wire.pb import grammar_pb2 as pb
 from radixmesh_wire.pb import grammar_pb2_grpc as pb_grpc
-from services.metrics import serve_metrics
 from services.security import require_peer
 from services.watchdog import Progress, Watchdog
 
@@ -253,7 +252,7 @@ async def serve(config: GrammarConfig) -> None:
     if config.metrics_port:
         servicer.metrics = GrammarMetrics(servicer.cache.stats)
         servicer.cache.on_compiled = servicer.metrics.compile_time.observe
-        serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, "grammar")
+        servicer.metrics.serve(config.host, config.metrics_port, "grammar")
     log.info(
         "grammar_ready",
         backend=servicer.backend,

@@ -34,10 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     if cfg.metrics_port:
         from model_service.metrics import ModelMetrics
-        from services.metrics import serve_metrics
 
         servicer.metrics = ModelMetrics(int(engine.runner.pool.capacity))
-        serve_metrics(servicer.metrics.registry, cfg.host, cfg.metrics_port, "model")
+        servicer.metrics.serve(cfg.host, cfg.metrics_port, "model")
 
     def register(server, health):  # type: ignore[no-untyped-def]
         model_pb2_grpc.add_ModelWorkerServicer_to_server(servicer, server)

@@ -5,34 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
-from services.metrics import (
-    BATCH_BUCKETS,
-    STEP_BUCKETS,
-    Reading,
-    StatsCollector,
-    name,
-    new_registry,
-)
+from services.metrics import BATCH_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics
 
 
-class ModelMetrics:
+class ModelMetrics(ServiceMetrics):
     def __init__(self, kv_capacity: int, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or new_registry()
-        r = self.registry
-        self.forward = Histogram(
-            name("model_forward_seconds"),
+        super().__init__(registry)
+        self.forward = self.histogram(
+            "model_forward_seconds",
             "One step on the worker: launched until its sampled tokens are read back.",
-            buckets=STEP_BUCKETS,
-            registry=r,
+            STEP_BUCKETS,
         )
-        self.rows = Histogram(
-            name("model_batch_size"), "Rows of one forward step.", buckets=BATCH_BUCKETS, registry=r
-        )
-        self.steps = Counter(name("model_steps"), "Steps run, by outcome.", ["outcome"], registry=r)
+        self.rows = self.histogram("model_batch_size", "Rows of one forward step.", BATCH_BUCKETS)
+        self.steps = self.counter("model_steps", "Steps run, by outcome.", ["outcome"])
         self._kv_capacity = kv_capacity
-        r.register(StatsCollector(self._read))
+        self.readings(self._read)
 
     def observe(self, seconds: float, rows: int) -> None:
         self.forward.observe(seconds)

@@ -3,7 +3,7 @@ that must not take a router's word for where requests went.
 
 Parsing is prometheus-client's own text-format parser; this module only indexes the samples
 by (sample name, labels) and fetches pages. Counters appear under their sample names, i.e.
-with the `_total` suffix (`radixmesh:finished_requests_total`).
+with the `_total` suffix (`radixmesh_finished_requests_total`).
 """
 
 from __future__ import annotations

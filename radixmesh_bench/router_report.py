@@ -3,7 +3,7 @@
 - Hit rate comes from the responses alone: sum(cached_tokens) / sum(prompt_tokens) over the
   measured requests, whatever the router or the schedulers claim.
 - Requests per replica come from each scheduler's own /metrics counters (the difference of
-  `radixmesh:finished_requests_total` across the measured run), never from the router.
+  `radixmesh_finished_requests_total` across the measured run), never from the router.
 - Balance is max / mean of those counts (1.0: perfectly even).
 - The goals are issue 16's: cache_aware's hit rate within 5 % of the single replica's, at least
   twice round_robin's on GSP with 4 replicas, max/mean at most 1.25 on the uniform workload,
@@ -19,11 +19,11 @@ from typing import Any
 from radixmesh_bench.prom_text import Samples
 from radixmesh_bench.stack import pct
 
-FINISHED = "radixmesh:finished_requests_total"
-EVICTED = "radixmesh:evicted_tokens_total"
-ROUTED = "radixmesh:router_decisions_total"  # front doors', labels replica and reason
-PROMPT = "radixmesh:prompt_tokens_total"
-CACHED = "radixmesh:cached_tokens_total"
+FINISHED = "radixmesh_finished_requests_total"
+EVICTED = "radixmesh_evicted_tokens_total"
+ROUTED = "radixmesh_router_decisions_total"  # front doors', labels replica and reason
+PROMPT = "radixmesh_prompt_tokens_total"
+CACHED = "radixmesh_cached_tokens_total"
 
 HIT_VS_SINGLE = 0.95  # cache_aware / single replica hit rate, at least
 HIT_VS_ROUND_ROBIN = 2.0  # cache_aware / round_robin on GSP with GSP_REPLICAS, at least

@@ -10,7 +10,6 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import Scheduler
 from services.config import parse_config
 from services.logging import configure_logging
-from services.metrics import StatsCollector, serve_metrics
 from services.security import configure_internal
 from services.server import Listen, run, run_server
 from services.watchdog import Watchdog
@@ -28,8 +27,8 @@ def main(argv: list[str] | None = None) -> None:
             sched.metrics = SchedulerMetrics(
                 lambda: sched.st, cfg.max_running, cache_blocks=sched.feed.published_blocks
             )
-            sched.metrics.registry.register(StatsCollector(lambda: grammar_readings(sched.grammar)))
-            serve_metrics(sched.metrics.registry, cfg.host, cfg.metrics_port, "scheduler")
+            sched.metrics.readings(lambda: grammar_readings(sched.grammar))
+            sched.metrics.serve(cfg.host, cfg.metrics_port, "scheduler")
 
         def register(server, health):  # type: ignore[no-untyped-def]
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(sched), server)

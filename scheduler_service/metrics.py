@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
 from scheduler_service.state import SchedState
 from services.metrics import (
@@ -14,13 +14,11 @@ from services.metrics import (
     LATENCY_BUCKETS,
     STEP_BUCKETS,
     Reading,
-    StatsCollector,
-    name,
-    new_registry,
+    ServiceMetrics,
 )
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(ServiceMetrics):
     def __init__(
         self,
         state: Callable[[], SchedState | None],
@@ -28,29 +26,24 @@ class SchedulerMetrics:
         registry: CollectorRegistry | None = None,
         cache_blocks: Callable[[], int] | None = None,
     ) -> None:
-        self.registry = registry or new_registry()
+        super().__init__(registry)
         self._state = state
         self._max_running = max_running
         self._cache_blocks = cache_blocks  # blocks published to the front doors
-        self.queue_time = Histogram(
-            name("queue_time_seconds"),
+        self.queue_time = self.histogram(
+            "queue_time_seconds",
             "Time a request waited in the queue before its first admission.",
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            LATENCY_BUCKETS,
         )
-        self.step_time = Histogram(
-            name("scheduler_step_seconds"),
+        self.step_time = self.histogram(
+            "scheduler_step_seconds",
             "Round trip of one step: sent to the model service until its result is applied.",
-            buckets=STEP_BUCKETS,
-            registry=self.registry,
+            STEP_BUCKETS,
         )
-        self.batch_size = Histogram(
-            name("scheduler_batch_size"),
-            "Rows (requests) in one step.",
-            buckets=BATCH_BUCKETS,
-            registry=self.registry,
+        self.batch_size = self.histogram(
+            "scheduler_batch_size", "Rows (requests) in one step.", BATCH_BUCKETS
         )
-        self.registry.register(StatsCollector(self._read))
+        self.readings(self._read)
 
     def observe_step(self, seconds: float, rows: int) -> None:
         self.step_time.observe(seconds)

@@ -3,7 +3,13 @@ Prometheus text format on `--metrics-port` by prometheus-client's own HTTP threa
 
 Multi-process safety is by construction: every service is its own OS process with its own
 registry and its own port, so no shared-directory multiprocess mode is needed. Names follow
-SGLang's (`sglang:num_running_reqs` ...) with a `radixmesh:` prefix where SGLang has one.
+SGLang's (`sglang:num_running_reqs` ...) with a plain `radixmesh_` prefix: a colon is reserved
+for recording rules, and a Prometheus that asks for OpenMetrics with `escaping=underscores`
+(3.x) would store `radixmesh_x` samples under a `radixmesh:x` HELP/TYPE, so a colon name is
+stored under a name no dashboard asks for. Plain names are the same in every exposition format.
+
+`ServiceMetrics` is the one set-up every service's metrics class stands on: a fresh registry,
+named histograms / counters / gauges, scrape-time readings, and serving on `--metrics-port`.
 
 Hot paths stay cheap: counters that services already keep in plain dataclasses are read at
 scrape time by a `StatsCollector` (no per-token work at all); histograms are observed once
@@ -12,13 +18,16 @@ per step or once per request, never per token of every request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import structlog
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
+    Gauge,
     GCCollector,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
     start_http_server,
@@ -28,7 +37,7 @@ from prometheus_client.registry import Collector
 
 log = structlog.get_logger(__name__)
 
-PREFIX = "radixmesh:"
+PREFIX = "radixmesh_"
 
 # Latency buckets (seconds): SGLang's TTFT/E2E spread, from 1 ms to 10 min.
 LATENCY_BUCKETS = (
@@ -109,6 +118,32 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int, service: st
         raise SystemExit(f"{service}: cannot serve metrics on {host}:{port}: {exc}") from exc
     log.info("metrics_listening", address=f"{host}:{port}", path="/metrics")
     return True
+
+
+class ServiceMetrics:
+    """The shared part of every service's metrics: one registry with the process collectors,
+    metric constructors that apply the `radixmesh_` prefix, and scrape-time readings."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or new_registry()
+
+    def histogram(
+        self, short: str, help_: str, buckets: Sequence[float], labels: Sequence[str] = ()
+    ) -> Histogram:
+        return Histogram(name(short), help_, labels, buckets=buckets, registry=self.registry)
+
+    def counter(self, short: str, help_: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name(short), help_, labels, registry=self.registry)
+
+    def gauge(self, short: str, help_: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name(short), help_, labels, registry=self.registry)
+
+    def readings(self, read: Callable[[], Iterable[Reading]]) -> None:
+        """Adds values read at scrape time (see `StatsCollector`)."""
+        self.registry.register(StatsCollector(read))
+
+    def serve(self, host: str, port: int, service: str) -> bool:
+        return serve_metrics(self.registry, host, port, service)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import structlog
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from services.config import parse_config
 from services.logging import configure_logging
-from services.metrics import serve_metrics
 from services.model_store import ModelError, resolve_model
 from services.security import configure_internal
 from services.server import Listen, run, run_server
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     async def serve() -> None:
         metrics = FrontDoorMetrics()
         metrics.watch_replicas(replicas)
-        serve_metrics(metrics.registry, cfg.host, cfg.metrics_port, "tokenizer")
+        metrics.serve(cfg.host, cfg.metrics_port, "tokenizer")
         core = FrontDoor(cfg, tok, replicas, metrics)
 
         def register(server, health):  # type: ignore[no-untyped-def]

@@ -8,64 +8,52 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from services.metrics import (
-    LATENCY_BUCKETS,
-    STEP_BUCKETS,
-    Reading,
-    StatsCollector,
-    name,
-    new_registry,
-)
+from services.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics
 
 if TYPE_CHECKING:
     from tokenizer_service.routing.replica_set import ReplicaSet
+    from tokenizer_service.routing.replica_view import Load
 
 
-class FrontDoorMetrics:
+class FrontDoorMetrics(ServiceMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or new_registry()
-        r = self.registry
-        self.inflight = Gauge(
-            name("frontdoor_inflight_streams"), "Generate streams open now.", registry=r
+        super().__init__(registry)
+        self.inflight = self.gauge("frontdoor_inflight_streams", "Generate streams open now.")
+        self.requests = self.counter("num_requests", "Generate calls received.")
+        self.success = self.counter(
+            "request_success", "Generate calls that completed, by finish reason.", ["finish_reason"]
         )
-        self.requests = Counter(name("num_requests"), "Generate calls received.", registry=r)
-        self.success = Counter(
-            name("request_success"),
-            "Generate calls that completed, by finish reason.",
-            ["finish_reason"],
-            registry=r,
-        )
-        self.failure = Counter(
-            name("request_failure"),
+        self.failure = self.counter(
+            "request_failure",
             "Generate calls that ended with an error status or a client cancel, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.prompt_tokens = Counter(
-            name("frontdoor_prompt_tokens"), "Prompt tokens of completed calls.", registry=r
+        # Series a dashboard queries exist from the start (at 0), not from their first event.
+        for reason in ("stop", "length"):
+            self.success.labels(reason)
+        self.failure.labels("cancelled")
+        self.prompt_tokens = self.counter(
+            "frontdoor_prompt_tokens", "Prompt tokens of completed calls."
         )
-        self.generation_tokens = Counter(
-            name("frontdoor_generation_tokens"), "Tokens returned by completed calls.", registry=r
+        self.generation_tokens = self.counter(
+            "frontdoor_generation_tokens", "Tokens returned by completed calls."
         )
-        self.ttft = Histogram(
-            name("time_to_first_token_seconds"),
+        self.ttft = self.histogram(
+            "time_to_first_token_seconds",
             "Time from the call's arrival to its first output token.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.itl = Histogram(
-            name("inter_token_latency_seconds"),
+        self.itl = self.histogram(
+            "inter_token_latency_seconds",
             "Time between output tokens (one sample per delta: its gap over its tokens).",
-            buckets=STEP_BUCKETS,
-            registry=r,
+            STEP_BUCKETS,
         )
-        self.e2e = Histogram(
-            name("e2e_request_latency_seconds"),
+        self.e2e = self.histogram(
+            "e2e_request_latency_seconds",
             "Time from the call's arrival to its last response.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
 
     def start(self) -> RequestTimer:
@@ -74,7 +62,7 @@ class FrontDoorMetrics:
     def watch_replicas(self, replicas: ReplicaSet) -> None:
         """Routing decisions and per-replica state, read from the replica set at scrape time
         (routing itself does no metric work)."""
-        self.registry.register(StatsCollector(lambda: replica_readings(replicas)))
+        self.readings(lambda: replica_readings(replicas))
 
 
 def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
@@ -108,6 +96,35 @@ def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
         )
         for short, help_, value in gauges:
             yield Reading(f"router_replica_{short}", "gauge", help_, float(value), lab)
+        yield from _reported(v.reported, lab)
+
+
+def _reported(load: Load | None, lab: tuple[tuple[str, str], ...]) -> Iterator[Reading]:
+    """The replica's own last LoadReport, under the scheduler's names with a `replica` label,
+    so the one address a user knows shows what SGLang's `/metrics` shows."""
+    if load is None:
+        return
+    used = 1.0 - load.kv_free / load.kv_capacity if load.kv_capacity else 0.0
+    gauges = (
+        (
+            "num_running_reqs",
+            "Requests running on the replica (its last load report).",
+            load.running_requests,
+        ),
+        (
+            "num_queue_reqs",
+            "Requests waiting on the replica (its last load report).",
+            load.waiting_requests,
+        ),
+        (
+            "cache_hit_rate",
+            "The replica's prefix-cache hit rate (its last load report).",
+            load.cache_hit_rate,
+        ),
+        ("token_usage", "Fraction of the replica's KV not free or evictable (last report).", used),
+    )
+    for short, help_, value in gauges:
+        yield Reading(f"replica_{short}", "gauge", help_, float(value), lab)
 
 
 class RequestTimer:

@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aradixmesh/v1/grammar.proto\x12\x0cradixmesh.v1\"\x14\n\x12GrammarInfoRequest\"\xb1\x01\n\x0bGrammarInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rbitmask_words\x18\x03 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x15\n\rcache_entries\x18\x05 \x01(\x04\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x06 \x01(\x04\x12\x10\n\x08sessions\x18\x07 \x01(\r\x12\x10\n\x08matchers\x18\x08 \x01(\r\"D\n\x0bGrammarSpec\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.radixmesh.v1.GrammarKind\x12\x0c\n\x04text\x18\x02 \x01(\t\"<\n\x0e\x43ompileRequest\x12*\n\x07grammar\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.GrammarSpec\"M\n\x0c\x43ompileReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\"\x1f\n\tOpenMasks\x12\x12\n\nsession_id\x18\x01 \x01(\t\"Y\n\x04\x42ind\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12*\n\x07grammar\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.GrammarSpec\x12\x15\n\rreplay_tokens\x18\x03 \x01(\x0c\".\n\x08Rollback\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xfc\x01\n\x08MaskStep\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x17\n\x0frelease_handles\x18\x02 \x01(\x0c\x12!\n\x05\x62inds\x18\x03 \x03(\x0b\x32\x12.radixmesh.v1.Bind\x12)\n\trollbacks\x18\x04 \x03(\x0b\x32\x16.radixmesh.v1.Rollback\x12\x16\n\x0e\x61\x63\x63\x65pt_handles\x18\x05 \x01(\x0c\x12\x15\n\raccept_counts\x18\x06 \x01(\x0c\x12\x15\n\raccept_tokens\x18\x07 \x01(\x0c\x12\x14\n\x0cmask_handles\x18\x08 \x01(\x0c\x12\x1c\n\x14jump_forward_handles\x18\t \x01(\x0c\"f\n\x0bMaskRequest\x12\'\n\x04open\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.OpenMasksH\x00\x12&\n\x04step\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.MaskStepH\x00\x42\x06\n\x04kind\"=\n\x0bJumpForward\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08rollback\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\x0c\"\xab\x01\n\x07MaskRow\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12,\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x1a.radixmesh.v1.MaskEncoding\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x0f\n\x07\x63\x61n_end\x18\x05 \x01(\x08\x12/\n\x0cjump_forward\x18\x06 \x01(\x0b\x32\x19.radixmesh.v1.JumpForward\"k\n\x08RowError\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12,\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1e.radixmesh.v1.GrammarErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\"\x82\x01\n\x0eMaskStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12&\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x16.radixmesh.v1.RowError\x12\x12\n\nservice_ms\x18\x04 \x01(\x01\"J\n\x0bMasksOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x04info\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.GrammarInfo\"p\n\tMaskReply\x12+\n\x06opened\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.MasksOpenedH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.MaskStepResultH\x00\x42\x06\n\x04kind*x\n\x0bGrammarKind\x12\x1c\n\x18GRAMMAR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18GRAMMAR_KIND_JSON_SCHEMA\x10\x01\x12\x16\n\x12GRAMMAR_KIND_REGEX\x10\x02\x12\x15\n\x11GRAMMAR_KIND_EBNF\x10\x03*z\n\x0cMaskEncoding\x12\x16\n\x12MASK_ENCODING_NONE\x10\x00\x12\x19\n\x15MASK_ENCODING_BITMASK\x10\x01\x12\x19\n\x15MASK_ENCODING_ALLOWED\x10\x02\x12\x1c\n\x18MASK_ENCODING_DISALLOWED\x10\x03*\xe9\x01\n\x10GrammarErrorCode\x12\x1d\n\x19GRAMMAR_ERROR_UNSPECIFIED\x10\x00\x12 \n\x1cGRAMMAR_ERROR_UNKNOWN_HANDLE\x10\x01\x12\x1f\n\x1bGRAMMAR_ERROR_ALREADY_BOUND\x10\x02\x12\x19\n\x15GRAMMAR_ERROR_COMPILE\x10\x03\x12 \n\x1cGRAMMAR_ERROR_TOKEN_REJECTED\x10\x04\x12\x1a\n\x16GRAMMAR_ERROR_ROLLBACK\x10\x05\x12\x1a\n\x16GRAMMAR_ERROR_INTERNAL\x10\x06\x32\xde\x01\n\x07Grammar\x12M\n\x0eGetGrammarInfo\x12 .radixmesh.v1.GrammarInfoRequest\x1a\x19.radixmesh.v1.GrammarInfo\x12\x43\n\x07\x43ompile\x12\x1c.radixmesh.v1.CompileRequest\x1a\x1a.radixmesh.v1.CompileReply\x12?\n\x05Masks\x12\x19.radixmesh.v1.MaskRequest\x1a\x17.radixmesh.v1.MaskReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aradixmesh/v1/grammar.proto\x12\x0cradixmesh.v1\"\x14\n\x12GrammarInfoRequest\"\xb1\x01\n\x0bGrammarInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rbitmask_words\x18\x03 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x15\n\rcache_entries\x18\x05 \x01(\x04\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x06 \x01(\x04\x12\x10\n\x08sessions\x18\x07 \x01(\r\x12\x10\n\x08matchers\x18\x08 \x01(\r\"D\n\x0bGrammarSpec\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.radixmesh.v1.GrammarKind\x12\x0c\n\x04text\x18\x02 \x01(\t\"<\n\x0e\x43ompileRequest\x12*\n\x07grammar\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.GrammarSpec\"M\n\x0c\x43ompileReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x12\n\ncompile_ms\x18\x04 \x01(\x01\"\x1f\n\tOpenMasks\x12\x12\n\nsession_id\x18\x01 \x01(\t\"f\n\x04\x42ind\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12*\n\x07grammar\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.GrammarSpec\x12\x15\n\rreplay_tokens\x18\x03 \x01(\x0c\x12\x0b\n\x03rid\x18\x04 \x01(\t\".\n\x08Rollback\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xfc\x01\n\x08MaskStep\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x17\n\x0frelease_handles\x18\x02 \x01(\x0c\x12!\n\x05\x62inds\x18\x03 \x03(\x0b\x32\x12.radixmesh.v1.Bind\x12)\n\trollbacks\x18\x04 \x03(\x0b\x32\x16.radixmesh.v1.Rollback\x12\x16\n\x0e\x61\x63\x63\x65pt_handles\x18\x05 \x01(\x0c\x12\x15\n\raccept_counts\x18\x06 \x01(\x0c\x12\x15\n\raccept_tokens\x18\x07 \x01(\x0c\x12\x14\n\x0cmask_handles\x18\x08 \x01(\x0c\x12\x1c\n\x14jump_forward_handles\x18\t \x01(\x0c\"f\n\x0bMaskRequest\x12\'\n\x04open\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.OpenMasksH\x00\x12&\n\x04step\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.MaskStepH\x00\x42\x06\n\x04kind\"=\n\x0bJumpForward\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08rollback\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\x0c\"\xab\x01\n\x07MaskRow\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12,\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x1a.radixmesh.v1.MaskEncoding\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x0f\n\x07\x63\x61n_end\x18\x05 \x01(\x08\x12/\n\x0cjump_forward\x18\x06 \x01(\x0b\x32\x19.radixmesh.v1.JumpForward\"k\n\x08RowError\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12,\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1e.radixmesh.v1.GrammarErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\"\x82\x01\n\x0eMaskStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12&\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x16.radixmesh.v1.RowError\x12\x12\n\nservice_ms\x18\x04 \x01(\x01\"J\n\x0bMasksOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x04info\x18\x02 \x01(\x0b\x32\x19.radixmesh.v1.GrammarInfo\"p\n\tMaskReply\x12+\n\x06opened\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.MasksOpenedH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.MaskStepResultH\x00\x42\x06\n\x04kind*x\n\x0bGrammarKind\x12\x1c\n\x18GRAMMAR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18GRAMMAR_KIND_JSON_SCHEMA\x10\x01\x12\x16\n\x12GRAMMAR_KIND_REGEX\x10\x02\x12\x15\n\x11GRAMMAR_KIND_EBNF\x10\x03*z\n\x0cMaskEncoding\x12\x16\n\x12MASK_ENCODING_NONE\x10\x00\x12\x19\n\x15MASK_ENCODING_BITMASK\x10\x01\x12\x19\n\x15MASK_ENCODING_ALLOWED\x10\x02\x12\x1c\n\x18MASK_ENCODING_DISALLOWED\x10\x03*\xe9\x01\n\x10GrammarErrorCode\x12\x1d\n\x19GRAMMAR_ERROR_UNSPECIFIED\x10\x00\x12 \n\x1cGRAMMAR_ERROR_UNKNOWN_HANDLE\x10\x01\x12\x1f\n\x1bGRAMMAR_ERROR_ALREADY_BOUND\x10\x02\x12\x19\n\x15GRAMMAR_ERROR_COMPILE\x10\x03\x12 \n\x1cGRAMMAR_ERROR_TOKEN_REJECTED\x10\x04\x12\x1a\n\x16GRAMMAR_ERROR_ROLLBACK\x10\x05\x12\x1a\n\x16GRAMMAR_ERROR_INTERNAL\x10\x06\x32\xde\x01\n\x07Grammar\x12M\n\x0eGetGrammarInfo\x12 .radixmesh.v1.GrammarInfoRequest\x1a\x19.radixmesh.v1.GrammarInfo\x12\x43\n\x07\x43ompile\x12\x1c.radixmesh.v1.CompileRequest\x1a\x1a.radixmesh.v1.CompileReply\x12?\n\x05Masks\x12\x19.radixmesh.v1.MaskRequest\x1a\x17.radixmesh.v1.MaskReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.grammar_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRAMMARKIND']._serialized_start=1657
-  _globals['_GRAMMARKIND']._serialized_end=1777
-  _globals['_MASKENCODING']._serialized_start=1779
-  _globals['_MASKENCODING']._serialized_end=1901
-  _globals['_GRAMMARERRORCODE']._serialized_start=1904
-  _globals['_GRAMMARERRORCODE']._serialized_end=2137
+  _globals['_GRAMMARKIND']._serialized_start=1670
+  _globals['_GRAMMARKIND']._serialized_end=1790
+  _globals['_MASKENCODING']._serialized_start=1792
+  _globals['_MASKENCODING']._serialized_end=1914
+  _globals['_GRAMMARERRORCODE']._serialized_start=1917
+  _globals['_GRAMMARERRORCODE']._serialized_end=2150
   _globals['_GRAMMARINFOREQUEST']._serialized_start=44
   _globals['_GRAMMARINFOREQUEST']._serialized_end=64
   _globals['_GRAMMARINFO']._serialized_start=67
@@ -51,25 +51,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENMASKS']._serialized_start=457
   _globals['_OPENMASKS']._serialized_end=488
   _globals['_BIND']._serialized_start=490
-  _globals['_BIND']._serialized_end=579
-  _globals['_ROLLBACK']._serialized_start=581
-  _globals['_ROLLBACK']._serialized_end=627
-  _globals['_MASKSTEP']._serialized_start=630
-  _globals['_MASKSTEP']._serialized_end=882
-  _globals['_MASKREQUEST']._serialized_start=884
-  _globals['_MASKREQUEST']._serialized_end=986
-  _globals['_JUMPFORWARD']._serialized_start=988
-  _globals['_JUMPFORWARD']._serialized_end=1049
-  _globals['_MASKROW']._serialized_start=1052
-  _globals['_MASKROW']._serialized_end=1223
-  _globals['_ROWERROR']._serialized_start=1225
-  _globals['_ROWERROR']._serialized_end=1332
-  _globals['_MASKSTEPRESULT']._serialized_start=1335
-  _globals['_MASKSTEPRESULT']._serialized_end=1465
-  _globals['_MASKSOPENED']._serialized_start=1467
-  _globals['_MASKSOPENED']._serialized_end=1541
-  _globals['_MASKREPLY']._serialized_start=1543
-  _globals['_MASKREPLY']._serialized_end=1655
-  _globals['_GRAMMAR']._serialized_start=2140
-  _globals['_GRAMMAR']._serialized_end=2362
+  _globals['_BIND']._serialized_end=592
+  _globals['_ROLLBACK']._serialized_start=594
+  _globals['_ROLLBACK']._serialized_end=640
+  _globals['_MASKSTEP']._serialized_start=643
+  _globals['_MASKSTEP']._serialized_end=895
+  _globals['_MASKREQUEST']._serialized_start=897
+  _globals['_MASKREQUEST']._serialized_end=999
+  _globals['_JUMPFORWARD']._serialized_start=1001
+  _globals['_JUMPFORWARD']._serialized_end=1062
+  _globals['_MASKROW']._serialized_start=1065
+  _globals['_MASKROW']._serialized_end=1236
+  _globals['_ROWERROR']._serialized_start=1238
+  _globals['_ROWERROR']._serialized_end=1345
+  _globals['_MASKSTEPRESULT']._serialized_start=1348
+  _globals['_MASKSTEPRESULT']._serialized_end=1478
+  _globals['_MASKSOPENED']._serialized_start=1480
+  _globals['_MASKSOPENED']._serialized_end=1554
+  _globals['_MASKREPLY']._serialized_start=1556
+  _globals['_MASKREPLY']._serialized_end=1668
+  _globals['_GRAMMAR']._serialized_start=2153
+  _globals['_GRAMMAR']._serialized_end=2375
 # @@protoc_insertion_point(module_scope)

@@ -104,14 +104,16 @@ class OpenMasks(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class Bind(_message.Message):
-    __slots__ = ("handle", "grammar", "replay_tokens")
+    __slots__ = ("handle", "grammar", "replay_tokens", "rid")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     REPLAY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RID_FIELD_NUMBER: _ClassVar[int]
     handle: int
     grammar: GrammarSpec
     replay_tokens: bytes
-    def __init__(self, handle: _Optional[int] = ..., grammar: _Optional[_Union[GrammarSpec, _Mapping]] = ..., replay_tokens: _Optional[bytes] = ...) -> None: ...
+    rid: str
+    def __init__(self, handle: _Optional[int] = ..., grammar: _Optional[_Union[GrammarSpec, _Mapping]] = ..., replay_tokens: _Optional[bytes] = ..., rid: _Optional[str] = ...) -> None: ...
 
 class Rollback(_message.Message):
     __slots__ = ("handle", "num_tokens")

@@ -79,7 +79,7 @@ class RequestSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., return_logprob: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs_from: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop_ids: _Optional[bytes] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias_ids: _Optional[bytes] = ..., logit_bias_values: _Optional[bytes] = ..., penalty_history: _Optional[bytes] = ...) -> None: ...
 
 class Admit(_message.Message):
-    __slots__ = ("handle", "sampling", "output_offset", "prefix_slots", "input_ids", "slots", "sample")
+    __slots__ = ("handle", "sampling", "output_offset", "prefix_slots", "input_ids", "slots", "sample", "rid")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class Admit(_message.Message):
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    RID_FIELD_NUMBER: _ClassVar[int]
     handle: int
     sampling: RequestSampling
     output_offset: int
@@ -94,7 +95,8 @@ class Admit(_message.Message):
     input_ids: bytes
     slots: bytes
     sample: bool
-    def __init__(self, handle: _Optional[int] = ..., sampling: _Optional[_Union[RequestSampling, _Mapping]] = ..., output_offset: _Optional[int] = ..., prefix_slots: _Optional[bytes] = ..., input_ids: _Optional[bytes] = ..., slots: _Optional[bytes] = ..., sample: _Optional[bool] = ...) -> None: ...
+    rid: str
+    def __init__(self, handle: _Optional[int] = ..., sampling: _Optional[_Union[RequestSampling, _Mapping]] = ..., output_offset: _Optional[int] = ..., prefix_slots: _Optional[bytes] = ..., input_ids: _Optional[bytes] = ..., slots: _Optional[bytes] = ..., sample: _Optional[bool] = ..., rid: _Optional[str] = ...) -> None: ...
 
 class Extend(_message.Message):
     __slots__ = ("handle", "input_ids", "slots", "sample")

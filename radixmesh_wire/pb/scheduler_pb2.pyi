@@ -89,20 +89,22 @@ class CacheEvents(_message.Message):
     def __init__(self, reset: _Optional[bool] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free")
+    __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free", "cache_hit_rate")
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     waiting_requests: int
     running_requests: int
     waiting_tokens: int
     running_tokens: int
     kv_capacity: int
     kv_free: int
-    def __init__(self, waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ...) -> None: ...
+    cache_hit_rate: float
+    def __init__(self, waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., cache_hit_rate: _Optional[float] = ...) -> None: ...
 
 class DeltaExtras(_message.Message):
     __slots__ = ("key", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message")

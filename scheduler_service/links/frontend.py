@@ -92,6 +92,7 @@ def _add_feed(msg: scheduler_pb2.SchedulerMessage, feed: Feed) -> None:
         msg.load.running_tokens = ld.running_tokens
         msg.load.kv_capacity = ld.kv_capacity
         msg.load.kv_free = ld.kv_free
+        msg.load.cache_hit_rate = ld.cache_hit_rate
 
 
 def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:

@@ -47,6 +47,7 @@ class Load:
     running_tokens: int  # running requests' prompt still to prefill + output budget left
     kv_capacity: int
     kv_free: int  # free + evictable: what admission can still use
+    cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache, since start
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,7 @@ def load_of(st: SchedState, blocks: WaitingBlocks | None = None) -> Load:
         running_tokens=running_tokens,
         kv_capacity=c.allocator.capacity,
         kv_free=c.free_size + c.evictable_size,
+        cache_hit_rate=st.stats.cache_hit_rate,
     )
 
 

@@ -282,9 +282,9 @@ def test_containers_pass_their_probes_and_serve_a_request(
         port = next(p["containerPort"] for p in loc.c.spec["ports"] if "metrics" in p["name"])
         with urllib.request.urlopen(f"http://127.0.0.1:{pm(port)}/metrics", timeout=5) as r:
             text = r.read().decode()
-        assert "# TYPE radixmesh:" in text, loc.c.where
+        assert "# TYPE radixmesh_" in text, loc.c.where
         if loc.c.spec["name"] == "frontdoor":
-            assert re.search(r"^radixmesh:num_requests_total 3\.0$", text, re.M), text[:2000]
+            assert re.search(r"^radixmesh_num_requests_total 3\.0$", text, re.M), text[:2000]
 
     # JSON logs with the service name on every line, and the request id on the call's lines.
     front = next(loc for loc in locals_ if loc.c.spec["name"] == "frontdoor")

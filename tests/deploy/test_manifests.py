@@ -241,8 +241,9 @@ def _code_metric_names() -> set[str]:
     names = set()
     for path in ROOT.glob("*/metrics.py"):
         text = path.read_text()
-        names |= {"radixmesh:" + n for n in re.findall(r'name\(\s*"([a-z0-9_]+)"', text)}
-        names |= {"radixmesh:" + n for n in re.findall(r'Reading\(\s*"([a-z0-9_]+)"', text)}
+        made = re.findall(r'(?:name|histogram|counter|gauge)\(\s*"([a-z0-9_]+)"', text)
+        names |= {"radixmesh_" + n for n in made}
+        names |= {"radixmesh_" + n for n in re.findall(r'Reading\(\s*"([a-z0-9_]+)"', text)}
     return names
 
 
@@ -254,9 +255,9 @@ def test_queue_depth_autoscaling_uses_a_metric_the_scheduler_exports() -> None:
     )
     metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric == "radixmesh_num_queue_reqs"
-    assert "radixmesh:num_queue_reqs" in _code_metric_names()
+    assert "radixmesh_num_queue_reqs" in _code_metric_names()
     rules = (ROOT / "deploy/k8s/monitoring/prometheus-adapter-rules.yaml").read_text()
-    assert "radixmesh:num_queue_reqs" in rules and metric in rules
+    assert "radixmesh_num_queue_reqs" in rules and metric in rules
 
 
 def test_dashboard_only_uses_metrics_the_code_exports() -> None:
@@ -266,7 +267,7 @@ def test_dashboard_only_uses_metrics_the_code_exports() -> None:
     used = {
         re.sub(r"_(total|bucket|sum|count)$", "", m)
         for e in exprs
-        for m in re.findall(r"radixmesh:[a-z0-9_]+", e)
+        for m in re.findall(r"radixmesh[:_][a-z0-9_]+", e)
     }
     known = _code_metric_names()
     assert len(used) >= 15 and used <= known, used - known

@@ -83,7 +83,7 @@ def _metrics(stack: Stack, name: str) -> dict[tuple[str, tuple[str, ...]], float
 
 def _mask_steps(stack: Stack, name: str) -> float:
     """Mask steps served so far by grammar service `name`."""
-    return _metrics(stack, name).get(("radixmesh:grammar_mask_seconds_count", ()), 0.0)
+    return _metrics(stack, name).get(("radixmesh_grammar_mask_seconds_count", ()), 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +124,9 @@ def test_two_grammar_services_share_requests_and_match_one_service(
     after = [_mask_steps(gstack2, g) for g in ("grammar-0", "grammar-1")]
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
     sched = _metrics(gstack2, "scheduler")  # the scheduler's view: both connected, both used
-    assert sched[("radixmesh:grammar_services_connected", ())] == 2
+    assert sched[("radixmesh_grammar_services_connected", ())] == 2
     for g in ("grammar-0", "grammar-1"):
-        rows = sched[("radixmesh:grammar_mask_rows_total", (gstack2.address(g),))]
+        rows = sched[("radixmesh_grammar_mask_rows_total", (gstack2.address(g),))]
         assert rows > 0, g
     for (name, kw), res, ref in zip(_requests(), got, reference, strict=True):
         checker.check(BY_NAME[name], res, kw["max_new_tokens"])

@@ -44,22 +44,22 @@ from services.launcher import Launcher
 ROOT = Path(__file__).resolve().parents[2]
 
 PAGE = """\
-# HELP radixmesh:finished_requests_total Requests finished.
-# TYPE radixmesh:finished_requests_total counter
-radixmesh:finished_requests_total 17.0
-# HELP radixmesh:num_queue_reqs Requests waiting for admission.
-# TYPE radixmesh:num_queue_reqs gauge
-radixmesh:num_queue_reqs 3.0
-# HELP radixmesh:routed_requests_total Requests routed.
-# TYPE radixmesh:routed_requests_total counter
-radixmesh:routed_requests_total{policy="cache_aware",replica="b"} 5.0
-radixmesh:routed_requests_total{replica="a",policy="cache_aware"} 2.0
-# HELP radixmesh:queue_time_seconds Queue time.
-# TYPE radixmesh:queue_time_seconds histogram
-radixmesh:queue_time_seconds_bucket{le="0.1"} 4.0
-radixmesh:queue_time_seconds_bucket{le="+Inf"} 6.0
-radixmesh:queue_time_seconds_count 6.0
-radixmesh:queue_time_seconds_sum 1.25
+# HELP radixmesh_finished_requests_total Requests finished.
+# TYPE radixmesh_finished_requests_total counter
+radixmesh_finished_requests_total 17.0
+# HELP radixmesh_num_queue_reqs Requests waiting for admission.
+# TYPE radixmesh_num_queue_reqs gauge
+radixmesh_num_queue_reqs 3.0
+# HELP radixmesh_routed_requests_total Requests routed.
+# TYPE radixmesh_routed_requests_total counter
+radixmesh_routed_requests_total{policy="cache_aware",replica="b"} 5.0
+radixmesh_routed_requests_total{replica="a",policy="cache_aware"} 2.0
+# HELP radixmesh_queue_time_seconds Queue time.
+# TYPE radixmesh_queue_time_seconds histogram
+radixmesh_queue_time_seconds_bucket{le="0.1"} 4.0
+radixmesh_queue_time_seconds_bucket{le="+Inf"} 6.0
+radixmesh_queue_time_seconds_count 6.0
+radixmesh_queue_time_seconds_sum 1.25
 """
 
 
@@ -67,16 +67,16 @@ radixmesh:queue_time_seconds_sum 1.25
 def test_parse_a_fixed_page() -> None:
     s = parse(PAGE)
     assert value(s, FINISHED) == 17.0
-    assert value(s, "radixmesh:num_queue_reqs") == 3.0
+    assert value(s, "radixmesh_num_queue_reqs") == 3.0
     # Label order on the page does not matter.
-    assert value(s, "radixmesh:routed_requests_total", {"replica": "a", "policy": "cache_aware"})
+    assert value(s, "radixmesh_routed_requests_total", {"replica": "a", "policy": "cache_aware"})
     assert (
-        s[("radixmesh:routed_requests_total", (("policy", "cache_aware"), ("replica", "b")))] == 5
+        s[("radixmesh_routed_requests_total", (("policy", "cache_aware"), ("replica", "b")))] == 5
     )
-    assert value(s, "radixmesh:queue_time_seconds_bucket", {"le": "+Inf"}) == 6.0
-    assert value(s, "radixmesh:queue_time_seconds_sum") == 1.25
-    with pytest.raises(KeyError, match="no sample radixmesh:nope"):
-        value(s, "radixmesh:nope")
+    assert value(s, "radixmesh_queue_time_seconds_bucket", {"le": "+Inf"}) == 6.0
+    assert value(s, "radixmesh_queue_time_seconds_sum") == 1.25
+    with pytest.raises(KeyError, match="no sample radixmesh_nope"):
+        value(s, "radixmesh_nope")
 
 
 def test_parse_reads_the_schedulers_own_counters() -> None:

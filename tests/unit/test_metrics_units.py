@@ -33,11 +33,11 @@ def test_stats_collector_reads_live_values_with_labels() -> None:
     )
     box["n"] = 7  # read at scrape time, not at registration
     fams = _families(reg)
-    w = fams["radixmesh:widgets"]
+    w = fams["radixmesh_widgets"]
     assert w.type == "counter"
     got = {(s.name, s.labels["kind"]): s.value for s in w.samples if s.name.endswith("_total")}
-    assert got == {("radixmesh:widgets_total", "a"): 7.0, ("radixmesh:widgets_total", "b"): 1.0}
-    assert fams["radixmesh:level"].type == "gauge"
+    assert got == {("radixmesh_widgets_total", "a"): 7.0, ("radixmesh_widgets_total", "b"): 1.0}
+    assert fams["radixmesh_level"].type == "gauge"
 
 
 def test_request_timer_counts_each_call_once() -> None:
@@ -54,14 +54,14 @@ def test_request_timer_counts_each_call_once() -> None:
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples
     }
-    assert samples[("radixmesh:frontdoor_inflight_streams", ())] == 0
-    assert samples[("radixmesh:request_success_total", (("finish_reason", "length"),))] == 1
-    fail = "radixmesh:request_failure_total"
+    assert samples[("radixmesh_frontdoor_inflight_streams", ())] == 0
+    assert samples[("radixmesh_request_success_total", (("finish_reason", "length"),))] == 1
+    fail = "radixmesh_request_failure_total"
     assert samples[(fail, (("reason", "cancelled"),))] == 1
     assert samples[(fail, (("reason", "invalid_argument"),))] == 1
-    assert samples[("radixmesh:time_to_first_token_seconds_count", ())] == 1
-    assert samples[("radixmesh:inter_token_latency_seconds_count", ())] == 1
-    assert samples[("radixmesh:frontdoor_generation_tokens_total", ())] == 3
+    assert samples[("radixmesh_time_to_first_token_seconds_count", ())] == 1
+    assert samples[("radixmesh_inter_token_latency_seconds_count", ())] == 1
+    assert samples[("radixmesh_frontdoor_generation_tokens_total", ())] == 3
 
 
 def test_json_logs_carry_service_and_request_id() -> None:

@@ -221,9 +221,9 @@ def test_metrics_gauge_counts_the_published_blocks() -> None:
     slots = st.cache.alloc(40)
     assert slots is not None
     st.cache.insert(PROMPT, slots)
-    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 2
+    assert metrics.registry.get_sample_value("radixmesh_cache_blocks") == 2
     st.cache.evict(40)
-    assert metrics.registry.get_sample_value("radixmesh:cache_blocks") == 0
+    assert metrics.registry.get_sample_value("radixmesh_cache_blocks") == 0
     assert ReplicaFeed(None).published_blocks() == 0
 
 

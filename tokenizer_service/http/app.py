@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from tokenizer_service.auth import ApiKeys
 from tokenizer_service.config import TokenizerConfig
@@ -92,8 +92,11 @@ def build_app(
         return error_response(err)
 
     async def metrics(request: web.Request) -> web.Response:
-        body = generate_latest(core.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        # The format the scraper asks for (OpenMetrics or text), as prometheus-client's own
+        # server on --metrics-port answers; plain names read the same in both.
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encode(core.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.add_routes(
         [

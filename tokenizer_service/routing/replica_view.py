@@ -40,6 +40,7 @@ class Load:
     running_tokens: int = 0
     kv_capacity: int = 0
     kv_free: int = 0
+    cache_hit_rate: float = 0.0
 
     @property
     def tokens(self) -> int:

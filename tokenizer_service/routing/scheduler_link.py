@@ -300,6 +300,7 @@ def _load(m: scheduler_pb2.LoadReport) -> Load:
         running_tokens=m.running_tokens,
         kv_capacity=m.kv_capacity,
         kv_free=m.kv_free,
+        cache_hit_rate=m.cache_hit_rate,
     )
 
 

@@ -44,7 +44,13 @@ from scheduler_service.sessions.replica_feed import ReplicaFeed
 from scheduler_service.startup_hold import StartupHold
 from scheduler_service.state import SchedState
 from scheduler_service.status import Status
-from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
+from scheduler_service.submit_validation import (
+    SubmitError,
+    SubmitLimits,
+    check_unique,
+    validate_form,
+    validate_submit,
+)
 from services.server import Health
 from services.watchdog import Progress
 
@@ -87,9 +93,11 @@ class Scheduler:
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        # What needs no model fails at once, also while submissions are held for one.
+        validate_form(req, self.cfg.max_top_logprobs)
         st = self.st
         if st is None:
-            self.early.add(req)  # validated and queued when the model first connects
+            self.early.add(req)  # validated fully and queued when the model first connects
             return
         if self.hold_expired:
             raise SubmitError(
@@ -97,19 +105,11 @@ class Scheduler:
                 f"the model service has been unreachable for more than {self.cfg.model_hold_s:g}"
                 " s; retry later",
             )
-        if req.rid in self.by_rid:
-            raise SubmitError(Status.ALREADY_EXISTS, f"request {req.rid!r} is running")
+        box = st.outboxes.get(req.session)
+        check_unique(req, self.by_rid, box.live if box is not None else ())
         info = self.info
         assert info is not None
-        validate_submit(
-            req,
-            SubmitLimits(
-                vocab_size=int(info.vocab_size),
-                context_length=st.context_length,
-                kv_capacity=st.cache.allocator.capacity,
-                max_top_logprobs=self.cfg.max_top_logprobs,
-            ),
-        )
+        validate_submit(req, self._limits(st, info))
         req.end_with_grammar(info.eos_token_ids)
         if len(st.waiting) >= self.cfg.max_queue:
             raise SubmitError(
@@ -118,10 +118,19 @@ class Scheduler:
             )
         self.by_rid[req.rid] = req
         req.outbox = st.outbox(req.session)
-        req.outbox.live += 1
+        req.outbox.live.add(req.key)
         st.waiting.append(req)
+        log.debug("request_queued", rid=req.rid, prompt_tokens=len(req.prompt))
         self.wake.set()
         self.out.submitted(req)
+
+    def _limits(self, st: SchedState, info: WorkerInfo) -> SubmitLimits:
+        return SubmitLimits(
+            vocab_size=int(info.vocab_size),
+            context_length=st.context_length,
+            kv_capacity=st.cache.allocator.capacity,
+            max_top_logprobs=self.cfg.max_top_logprobs,
+        )
 
     def abort(self, rid: str, session: str | None = None) -> bool:
         """Abort `rid`; with `session`, only if that session submitted it (ids are the
@@ -173,7 +182,7 @@ class Scheduler:
                 continue  # released meanwhile (its release goes nowhere), or reused
             ops.accepts.pop(h, None)
             ops.rollbacks.pop(h, None)
-            ops.bind(h, r.grammar[0], r.grammar[1], r.output)
+            ops.bind(h, r.grammar[0], r.grammar[1], r.output, rid=r.rid)
         self.wake.set()
 
     async def _run_model(self, health: Health) -> None:
@@ -279,6 +288,8 @@ class Scheduler:
             st.cache.reset()  # new session: the worker's KV pool content is gone
             st.handles.reset()
             st.pending_release.clear()
+        st.context_length = info.context_length
+        self._revalidate_waiting(st, info)
         budget = ChunkBudget.resolve(
             self.cfg.chunk_tokens, self.cfg.decode_chunk_tokens, info.device
         )
@@ -289,6 +300,17 @@ class Scheduler:
                 self.submit(r)
             except SubmitError as exc:
                 self._refuse(r, exc)
+
+    def _revalidate_waiting(self, st: SchedState, info: WorkerInfo) -> None:
+        """Held work was validated against the previous model: one with a smaller window or
+        pool could never admit some of it, which would then wait forever. Those fail now."""
+        lim = self._limits(st, info)
+        for r in list(st.waiting):
+            try:
+                validate_submit(r, lim)
+            except SubmitError as exc:
+                st.waiting.remove(r)
+                self._fail(r, exc.code, f"the model service came back with other limits: {exc}")
 
     def _refuse(self, r: Request, exc: SubmitError) -> None:
         """End a request that never reached the queue: its whole output is the error."""

@@ -14,7 +14,7 @@ import time
 
 from scheduler_service.request import Request
 from scheduler_service.status import Status
-from scheduler_service.submit_validation import SubmitError
+from scheduler_service.submit_validation import SubmitError, check_unique
 
 
 class StartupHold:
@@ -38,8 +38,9 @@ class StartupHold:
                 f"the model service has not connected in {self.hold_s:g} s since the scheduler"
                 " started (--model-hold-s); retry later",
             )
-        if req.rid in self.reqs:
-            raise SubmitError(Status.ALREADY_EXISTS, f"request {req.rid!r} is running")
+        check_unique(
+            req, self.reqs, {r.key for r in self.reqs.values() if r.session == req.session}
+        )
         if len(self.reqs) >= self.max_count:
             raise SubmitError(
                 Status.RESOURCE_EXHAUSTED,

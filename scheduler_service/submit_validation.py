@@ -4,12 +4,20 @@ The front door validates public requests, but it is not the only client of the S
 anything that reaches the step builder must be servable, because a bad row there fails (or,
 before this module, killed) every request of the step. Every rule answers with a status and
 a message a person can act on. Pure: no protobuf, no scheduler state beyond `SubmitLimits`.
+
+Three layers, so nothing that can never be served waits in the queue:
+- `validate_form`: what needs no model (ids, key, sampling ranges): checked at once, also
+  while submissions are held for a model that has not connected yet;
+- `check_unique`: a request id that is running, or a session key that a live request of the
+  same session holds (its output would be mixed with the other's), is ALREADY_EXISTS;
+- `validate_submit`: the form plus the connected model's vocabulary, context window and KV
+  pool; run again on every waiting request when a model with other limits connects.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from scheduler_service.request import Request
@@ -48,24 +56,62 @@ def _check_ids(what: str, ids: Iterable[int], vocab: int) -> None:
         )
 
 
-def validate_submit(req: Request, lim: SubmitLimits) -> None:
-    """Raise SubmitError unless `req` can be served by a model with these limits."""
+def validate_form(req: Request, max_top_logprobs: int) -> None:
+    """Raise SubmitError unless `req` is well formed, whatever model serves it."""
     if not req.rid:
         raise _invalid("the request id is empty")
     if not 0 < req.key <= _MAX_I32:
         raise _invalid(f"the session key must be in [1, {_MAX_I32}], got {req.key}")
     if not req.prompt:
         raise _invalid("input_ids is empty: a request needs at least one prompt token")
+    _check_sampling(req, max_top_logprobs)
+    if len(req.output) > req.spec.max_new_tokens:
+        raise _invalid(
+            f"output_ids ({len(req.output)} tokens) exceed max_new_tokens "
+            f"({req.spec.max_new_tokens})"
+        )
+
+
+def check_unique(req: Request, running: Mapping[str, Request], live_keys: Container[int]) -> None:
+    """ALREADY_EXISTS if `req.rid` is running (in any session) or `req.key` belongs to a live
+    request of its own session (the outbox's keys: the key names a request's output)."""
+    if req.rid in running:
+        raise SubmitError(
+            Status.ALREADY_EXISTS,
+            f"request {req.rid!r} is running: abort it first or use another request id",
+        )
+    if req.key in live_keys:
+        raise SubmitError(
+            Status.ALREADY_EXISTS,
+            f"session key {req.key} is in use by a live request of this session: give each "
+            "live request its own key (a key may be reused once its request has ended)",
+        )
+
+
+def validate_submit(req: Request, lim: SubmitLimits) -> None:
+    """Raise SubmitError unless `req` can be served by a model with these limits."""
+    validate_form(req, lim.max_top_logprobs)
     vocab = lim.vocab_size
     _check_ids("input_ids", req.prompt, vocab)
     _check_ids("output_ids", req.output, vocab)
     _check_ids("eos_token_ids", req.eos_ids, vocab)
     _check_ids("stop_token_ids", req.spec.stop_token_ids, vocab)
-    _check_sampling(req, lim)
+    _check_vocab_sampling(req, lim)
     _check_lengths(req, lim)
 
 
-def _check_sampling(req: Request, lim: SubmitLimits) -> None:
+def _check_vocab_sampling(req: Request, lim: SubmitLimits) -> None:
+    s = req.spec
+    if s.top_logprobs > lim.vocab_size:
+        raise _invalid(f"top_logprobs={s.top_logprobs} exceeds the vocabulary ({lim.vocab_size})")
+    for tok, _bias in s.logit_bias:
+        if not 0 <= tok < lim.vocab_size:
+            raise _invalid(
+                f"logit_bias names token {tok}, outside the vocabulary [0, {lim.vocab_size})"
+            )
+
+
+def _check_sampling(req: Request, max_top_logprobs: int) -> None:
     s = req.spec
     if not (math.isfinite(s.temperature) and s.temperature >= 0):
         raise _invalid(f"temperature must be finite and >= 0, got {s.temperature}")
@@ -81,15 +127,15 @@ def _check_sampling(req: Request, lim: SubmitLimits) -> None:
         raise _invalid(
             f"min_new_tokens={s.min_new_tokens} must be in [0, max_new_tokens={s.max_new_tokens}]"
         )
-    if not 0 <= s.top_logprobs <= min(lim.max_top_logprobs, lim.vocab_size):
-        raise _invalid(f"top_logprobs={s.top_logprobs} must be in [0, {lim.max_top_logprobs}]")
+    if not 0 <= s.top_logprobs <= max_top_logprobs:
+        raise _invalid(f"top_logprobs={s.top_logprobs} must be in [0, {max_top_logprobs}]")
     for name in ("presence_penalty", "frequency_penalty"):
         if not math.isfinite(getattr(s, name)):
             raise _invalid(f"{name} must be finite, got {getattr(s, name)}")
     if not (math.isfinite(s.repetition_penalty) and s.repetition_penalty > 0):
         raise _invalid(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty}")
     for tok, bias in s.logit_bias:
-        if not 0 <= tok < lim.vocab_size or not math.isfinite(bias):
+        if tok < 0 or not math.isfinite(bias):
             raise _invalid(f"logit_bias entry ({tok}, {bias}): ids in [0, vocab), finite biases")
     p = s.prompt_logprobs_from
     if p != -1 and not 0 <= p < len(req.prompt):
@@ -100,11 +146,6 @@ def _check_sampling(req: Request, lim: SubmitLimits) -> None:
 
 
 def _check_lengths(req: Request, lim: SubmitLimits) -> None:
-    if len(req.output) > req.spec.max_new_tokens:
-        raise _invalid(
-            f"output_ids ({len(req.output)} tokens) exceed max_new_tokens "
-            f"({req.spec.max_new_tokens})"
-        )
     fill = len(req.fill)
     ctx = lim.context_length
     # One position must stay free for the next token, unless nothing more is generated.

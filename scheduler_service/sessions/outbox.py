@@ -49,8 +49,9 @@ class Batch:
 
 
 class Outbox:
-    """One front-door session's pending output. `live` counts the session's requests that
-    can still produce output (submitted, not yet ended by a flushed finish or error)."""
+    """One front-door session's pending output. `live` holds the keys of the session's
+    requests that can still produce output (submitted, not yet ended by a flushed finish or
+    error): a submission under one of them is refused (submit_validation.check_unique)."""
 
     __slots__ = ("session", "keys", "events", "extras", "live")
 
@@ -59,7 +60,7 @@ class Outbox:
         self.keys: list[int] = []
         self.events: list[int] = []
         self.extras: dict[int, Extra] = {}
-        self.live = 0
+        self.live: set[int] = set()
 
     def __bool__(self) -> bool:
         return bool(self.keys or self.extras)

@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import structlog
+
 from scheduler_service.request import Request
 from scheduler_service.sessions.outbox import Batch
 from scheduler_service.sessions.replica_feed import Feed, ReplicaFeed
 from scheduler_service.state import SchedState
+
+log = structlog.get_logger(__name__)
 
 Sink = Callable[[Batch], None]  # one session's output of one flush
 
@@ -40,10 +44,18 @@ class SessionOutput:
                 continue
             batch = box.drain()
             for ex in batch.extras:
-                if ex.ended and by_rid.pop(ex.rid, None) is not None:
-                    box.live -= 1
+                r = by_rid.pop(ex.rid, None) if ex.ended else None
+                if r is not None:
+                    log.debug(
+                        "request_ended",
+                        rid=ex.rid,
+                        finish=ex.finish or "error",
+                        error_code=ex.error_code,
+                        output_tokens=len(r.output),
+                    )
+                    box.live.discard(ex.key)
                     self.feed.release(ex.rid)
-            if box.live <= 0:  # a later submit of this session opens a fresh outbox
+            if not box.live:  # a later submit of this session opens a fresh outbox
                 del st.outboxes[session]
             sink = self.sinks.get(session)
             if sink is not None:

@@ -3,14 +3,20 @@ passes (the front door is not the only client of the Session stream)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import pytest
 
+from radixmesh_wire.step_ops import WorkerInfo
+from scheduler_service.config import SchedulerConfig
 from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.scheduler import Scheduler
+from scheduler_service.sessions.outbox import Batch
 from scheduler_service.status import Status
 from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
+from tests.unit.test_scheduler_loop import FakeHealth, FakeLink, _until
 
 LIM = SubmitLimits(vocab_size=1000, context_length=100, kv_capacity=500, max_top_logprobs=20)
 
@@ -80,3 +86,112 @@ def test_kv_capacity_bound() -> None:
     with pytest.raises(SubmitError, match="exceeds the KV capacity of 50 tokens"):
         validate_submit(_req(prompt=[1] * 45, max_new_tokens=6), small)
     validate_submit(_req(prompt=[1] * 45, max_new_tokens=5), small)
+
+
+# -- the scheduler's use of them (issue 26 item 6) ---------------------------------------------
+
+
+class _Link(FakeLink):
+    """A model service whose sessions report the given WorkerInfos in turn; each session after
+    the first opens only once `gate` is set (the model is away meanwhile)."""
+
+    def __init__(self, *infos: WorkerInfo) -> None:
+        super().__init__()
+        self.infos = list(infos)
+        self.gate = asyncio.Event()
+
+    async def connect(self) -> WorkerInfo:
+        if self.sessions:
+            await self.gate.wait()
+        self.sessions += 1
+        self.closed = asyncio.Event()
+        return self.infos[min(self.sessions, len(self.infos)) - 1]
+
+
+def _info(kv: int, ctx: int) -> WorkerInfo:
+    return WorkerInfo("fake", kv, ctx, 100, False, eos_token_ids=(2,), device="cpu")
+
+
+def _sub(rid: str, key: int, n_prompt: int = 3, new: int = 3) -> Request:
+    return Request(
+        rid=rid,
+        session="s",
+        prompt=[1] * n_prompt,
+        spec=SamplingSpec(temperature=0, max_new_tokens=new, ignore_eos=True),
+        eos_ids=frozenset({2}),
+        key=key,
+    )
+
+
+def _extras(out: list[Batch], key: int) -> list[Any]:
+    return [ex for b in out for ex in b.extras if ex.key == key]
+
+
+def test_a_live_key_is_refused_and_free_again_once_its_request_ended() -> None:
+    async def scenario() -> tuple[list[Batch], SubmitError]:
+        sched = Scheduler(SchedulerConfig())
+        sched.link = _Link(_info(256, 64))  # type: ignore[assignment]
+        out: list[Batch] = []
+        sched.sinks["s"] = out.append
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: sched.link.connected)
+        sched.submit(_sub("a", 5))
+        with pytest.raises(SubmitError) as dup:
+            sched.submit(_sub("b", 5))  # same key, another id: both once were accepted
+        await _until(lambda: any(ex.finish for ex in _extras(out, 5)))
+        sched.submit(_sub("c", 5))  # `a` ended: its key is free again
+        await _until(lambda: sum(bool(ex.finish) for ex in _extras(out, 5)) == 2)
+        task.cancel()
+        return out, dup.value
+
+    out, dup = asyncio.run(scenario())
+    assert dup.code == Status.ALREADY_EXISTS
+    assert "session key 5 is in use" in str(dup)
+    assert [ex.rid for ex in _extras(out, 5) if ex.finish] == ["a", "c"]
+    assert all(not ex.error_code for ex in _extras(out, 5))
+
+
+def test_held_submissions_are_checked_at_once_where_no_model_is_needed() -> None:
+    sched = Scheduler(SchedulerConfig())  # no model session yet: submissions are held
+    sched.submit(_sub("a", 1))
+    for bad, code, needle in (
+        (_sub("a", 2), Status.ALREADY_EXISTS, "is running"),
+        (_sub("b", 1), Status.ALREADY_EXISTS, "session key 1"),
+        (_sub("c", 3, n_prompt=0), Status.INVALID_ARGUMENT, "input_ids is empty"),
+        (_sub("d", 0), Status.INVALID_ARGUMENT, "session key"),
+    ):
+        with pytest.raises(SubmitError) as err:
+            sched.submit(bad)
+        assert err.value.code == code and needle in str(err.value)
+    assert len(sched.early) == 1
+
+
+def test_waiting_work_that_a_returning_model_cannot_serve_fails_fast() -> None:
+    """The model comes back with a smaller window and pool: a request queued meanwhile that
+    fit the old model fails with INVALID_ARGUMENT (before: it waited forever, never admitted),
+    and one that still fits is served."""
+
+    async def scenario() -> list[Batch]:
+        sched = Scheduler(SchedulerConfig())
+        link = _Link(_info(256, 128), _info(64, 48))
+        sched.link = link  # type: ignore[assignment]
+        out: list[Batch] = []
+        sched.sinks["s"] = out.append
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: link.connected)
+        link.closed.set()  # the model is lost; the scheduler holds new work meanwhile
+        await _until(lambda: sched.down_since is not None)
+        sched.submit(_sub("big", 1, n_prompt=100))  # fits 128 / 256, not 48 / 64
+        sched.submit(_sub("small", 2))
+        link.gate.set()
+        await _until(lambda: bool(_extras(out, 1)) and any(ex.finish for ex in _extras(out, 2)))
+        task.cancel()
+        return out
+
+    out = asyncio.run(scenario())
+    (big,) = _extras(out, 1)
+    assert big.error_code == Status.INVALID_ARGUMENT
+    assert "came back with other limits" in big.error_message
+    assert "context window is 48" in big.error_message
+    assert not [k for b in out for k in b.keys if k == 1]  # no token of it
+    assert [ev for b in out for k, ev in zip(b.keys, b.events, strict=True) if k == 2] == [7] * 3

@@ -31,6 +31,7 @@ def test_backend_methods_match_the_protocol(cls: type[AttentionBackend]) -> None
     assert cls.name in ("reference", "flashinfer")
 
 
+@pytest.mark.integration  # starts a process
 def test_flashinfer_module_imports_without_flashinfer() -> None:
     """In a fresh interpreter where `import flashinfer` fails (as on a CPU-only install)."""
     code = (

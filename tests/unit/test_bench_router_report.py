@@ -299,6 +299,7 @@ def test_size_flags_override_the_scale() -> None:
     assert ns.skewed_hot_fraction == 0.5 and ns.replicas == "1,2,4"
 
 
+@pytest.mark.integration  # starts a process
 def test_help_through_the_radixmesh_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", "router", "--help"],

@@ -43,6 +43,7 @@ def test_download_needs_a_repo_unless_waiting() -> None:
     ModelFetchConfig(wait=True).validate()
 
 
+@pytest.mark.integration  # starts a process
 def test_wait_cli_times_out_with_exit_code_1(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "services.model_fetch", "--wait"]

@@ -11,6 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "client" / "radixmesh" / "examples"
 SKIP_DIRS = {".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
@@ -55,6 +57,7 @@ def test_readme_lists_every_example() -> None:
     assert "python -m radixmesh.examples.NAME" in readme
 
 
+@pytest.mark.integration  # starts a process
 def test_examples_ship_in_the_client_wheel(tmp_path: Path) -> None:
     # Build from a copy (setuptools writes build/ and egg-info next to the sources); the
     # client's pyproject takes radixmesh_wire from ../radixmesh_wire.

@@ -194,6 +194,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
+@pytest.mark.integration  # starts a process
 @pytest.mark.parametrize("svc", SERVICES)
 def test_service_process_loads_no_dsl(svc: str) -> None:
     code = _SERVICE_PROBE.format(pkg=svc, projects=tuple(PACKAGES))
@@ -218,6 +219,7 @@ sys.exit(main({argv!r}))
 """
 
 
+@pytest.mark.integration  # starts a process
 @pytest.mark.parametrize(
     "argv", [["--help"], ["generate", "--help"], ["serve", "--help"], ["certs", "--help"]]
 )

@@ -61,6 +61,7 @@ def test_port_check_refuses_before_starting_anything(busy_port: int) -> None:
     assert launcher._log_dir is None  # and no log folder made
 
 
+@pytest.mark.integration  # starts a process
 def test_real_service_that_cannot_bind_names_the_address(busy_port: int) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "scheduler_service", "--port", str(busy_port)],
@@ -74,6 +75,7 @@ def test_real_service_that_cannot_bind_names_the_address(busy_port: int) -> None
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.integration  # starts a process
 def test_dying_service_tail_and_log_path_on_stderr_without_log_dir(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -97,6 +99,7 @@ def test_dying_service_tail_and_log_path_on_stderr_without_log_dir(
     shutil.rmtree(log.parent)  # the temporary folder the launcher made
 
 
+@pytest.mark.integration  # starts a process
 def test_supervise_stops_restarting_a_repeated_startup_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,6 +125,7 @@ def test_supervise_stops_restarting_a_repeated_startup_failure(
     assert read_tail(tmp_path / "grammar.log", lines=100).count(CRASH_LINES[-1]) == 3
 
 
+@pytest.mark.integration  # starts a process
 def test_start_up_progress_names_each_service(tmp_path: Path) -> None:
     launcher = _launcher(
         ServiceSpec("grammar", FAKE, free_port(), ["serve"]),

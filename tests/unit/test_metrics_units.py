@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,6 +65,7 @@ def test_request_timer_counts_each_call_once() -> None:
     assert samples[("radixmesh_frontdoor_generation_tokens_total", ())] == 3
 
 
+@pytest.mark.integration  # starts a process
 def test_json_logs_carry_service_and_request_id() -> None:
     code = (
         "import structlog\n"

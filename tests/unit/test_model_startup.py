@@ -130,6 +130,7 @@ def test_check_architecture_accepts_llama_qwen2_and_the_random_8b() -> None:
         preflight.check_architecture(SimpleNamespace(**TINY, use_sliding_window=True))
 
 
+@pytest.mark.integration  # starts a process
 def test_other_model_type_fails_cleanly_as_a_process(tmp_path: Path) -> None:
     folder = tiny_folder(tmp_path, weights=False, model_type="mistral")
     proc = subprocess.run(

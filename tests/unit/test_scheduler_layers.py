@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import scheduler_service
 import tokenizer_service
 from tests.unit.test_import_graph import gc_held, parse_quietly
@@ -87,6 +89,7 @@ def test_only_links_and_main_speak_the_wire() -> None:
     assert offenders == {}
 
 
+@pytest.mark.integration  # starts a process
 def test_wire_free_parts_load_no_protobuf_or_grpc() -> None:
     mods = [
         "scheduler_service." + ".".join(p.relative_to(SCHED).with_suffix("").parts)

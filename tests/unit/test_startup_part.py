@@ -127,6 +127,8 @@ def test_kv_before_weights_skips_where_free_memory_is_unknown(
 
 
 # -- the cases as processes on CPU ------------------------------------------------------------
+@pytest.mark.integration  # starts the model service
+@pytest.mark.slow  # a real start-up per case: the longest of these tests
 @pytest.mark.parametrize("name", ["arch_gelu", "arch_mixtral"])
 def test_architecture_cases_through_the_real_service_on_cpu(tmp_path: Path, name: str) -> None:
     case = {c.name: c for c in sp.failure_cases(tmp_path, "cpu")}[name]
@@ -159,6 +161,7 @@ print(repr(flashinfer_available()))
 """
 
 
+@pytest.mark.integration  # starts a process
 def test_flashinfer_shadow_makes_flashinfer_unavailable_with_its_reason(tmp_path: Path) -> None:
     shadow = sp.write_flashinfer_shadow(tmp_path / "shadow")
     env = sp.shadow_env({**os.environ, "PYTHONPATH": str(ROOT)}, shadow)
@@ -310,6 +313,7 @@ def test_merge_renders_the_startup_table(tmp_path: Path) -> None:
     assert "## Other" not in text
 
 
+@pytest.mark.integration  # starts a process
 def test_part_is_registered_and_imports_without_cuda() -> None:
     from radixmesh_bench.gpu import run
 

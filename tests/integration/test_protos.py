@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # starts processes or real servers
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -16,6 +16,8 @@ from grammar_service.compile_pool import CompilePool
 from grammar_service.kinds import GrammarError, GrammarKind
 from grammar_service.tokenizer_source import default_tokenizer_dir, load_tokenizer
 
+pytestmark = pytest.mark.integration  # starts processes or real servers
+
 JSON = GrammarKind.JSON_SCHEMA
 REGEX = GrammarKind.REGEX
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.server import SERVER_OPTIONS
+
+pytestmark = pytest.mark.integration  # starts processes or real servers
 
 STREAMS = 2_500
 

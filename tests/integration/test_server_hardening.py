@@ -19,6 +19,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from services.server import MAX_MESSAGE_BYTES, SERVER_OPTIONS, StrictDecoding
 
+pytestmark = pytest.mark.integration  # starts processes or real servers
+
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
 

@@ -102,38 +102,56 @@ def validate_subset(value: Any, schema: dict[str, Any], path: str = "$") -> list
     known |= {"maxLength", "pattern", "items", "minItems", "maxItems"}
     if unknown := set(schema) - known:
         return [f"{path}: validator does not support {sorted(unknown)}"]
-    errs: list[str] = []
     t = schema.get("type")
     if t is not None:
         number = t in ("integer", "number")
         if not isinstance(value, _TYPES[t]) or (number and isinstance(value, bool)):
             return [f"{path}: not {t}: {value!r}"]
+    errs: list[str] = []
     if "enum" in schema and value not in schema["enum"]:
         errs.append(f"{path}: {value!r} not in enum")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errs.append(f"{path}: {value} < minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errs.append(f"{path}: {value} > maximum {schema['maximum']}")
+        errs += _number_errors(value, schema, path)
     if isinstance(value, str):
-        if len(value) > schema.get("maxLength", len(value)):
-            errs.append(f"{path}: longer than {schema['maxLength']}")
-        if len(value) < schema.get("minLength", 0):
-            errs.append(f"{path}: shorter than {schema['minLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errs.append(f"{path}: {value!r} does not match {schema['pattern']}")
+        errs += _string_errors(value, schema, path)
     if isinstance(value, list):
-        if len(value) > schema.get("maxItems", len(value)):
-            errs.append(f"{path}: more than {schema['maxItems']} items")
-        if len(value) < schema.get("minItems", 0):
-            errs.append(f"{path}: fewer than {schema['minItems']} items")
-        for i, item in enumerate(value):
-            errs += validate_subset(item, schema.get("items", {}), f"{path}[{i}]")
+        errs += _list_errors(value, schema, path)
     if isinstance(value, dict):
         errs += [f"{path}: missing {k}" for k in schema.get("required", []) if k not in value]
         for k, sub in schema.get("properties", {}).items():
             if k in value:
                 errs += validate_subset(value[k], sub, f"{path}.{k}")
+    return errs
+
+
+def _number_errors(value: float, schema: dict[str, Any], path: str) -> list[str]:
+    errs = []
+    if "minimum" in schema and value < schema["minimum"]:
+        errs.append(f"{path}: {value} < minimum {schema['minimum']}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errs.append(f"{path}: {value} > maximum {schema['maximum']}")
+    return errs
+
+
+def _string_errors(value: str, schema: dict[str, Any], path: str) -> list[str]:
+    errs = []
+    if len(value) > schema.get("maxLength", len(value)):
+        errs.append(f"{path}: longer than {schema['maxLength']}")
+    if len(value) < schema.get("minLength", 0):
+        errs.append(f"{path}: shorter than {schema['minLength']}")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        errs.append(f"{path}: {value!r} does not match {schema['pattern']}")
+    return errs
+
+
+def _list_errors(value: list[Any], schema: dict[str, Any], path: str) -> list[str]:
+    errs = []
+    if len(value) > schema.get("maxItems", len(value)):
+        errs.append(f"{path}: more than {schema['maxItems']} items")
+    if len(value) < schema.get("minItems", 0):
+        errs.append(f"{path}: fewer than {schema['minItems']} items")
+    for i, item in enumerate(value):
+        errs += validate_subset(item, schema.get("items", {}), f"{path}[{i}]")
     return errs
 
 

@@ -19,8 +19,11 @@ import argparse
 import json
 import math
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+Row = list[str]
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
@@ -255,87 +258,187 @@ def _constrained(d: dict[str, Any]) -> list[str]:
     return render_tables(d, _fmt, _table)
 
 
+def _perf_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    return [
+        d["part"],
+        r.get("system", ""),
+        r.get("variant", ""),
+        r.get("path", ""),
+        _fmt(r.get("batch")),
+        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+        _fmt(r.get("tok_s")),
+        _fmt(r.get("decode_step_ms_median"), 2),
+        _fmt(r.get("graph_replay_gpu_ms"), 2),
+        _fmt(r.get("prefill_ms"), 1),
+        _fmt(r.get("roofline_fraction"), 2),
+        _fmt(d.get("copy_bandwidth_GBps"), 0),
+        dev,
+        date,
+    ]
+
+
+def _latency_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    return [
+        d["part"],
+        r.get("path", ""),
+        str(r.get("workload", "")),
+        _fmt(r.get("batch")),
+        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
+        _fmt(r.get("tok_s")),
+        _fmt(r.get("ttft_ms_p50"), 1),
+        _fmt(r.get("ttft_ms_p99"), 1),
+        _fmt(r.get("itl_ms_p50"), 2),
+        _fmt(r.get("itl_ms_p99"), 2),
+        _fmt(r.get("overhead_vs_in_process"), 3),
+        _fmt(r.get("worker_busy_ms_per_step"), 2),
+        _fmt(r.get("wall_ms_per_step"), 2),
+        _idle(r),
+        dev,
+        date,
+    ]
+
+
+def _numerics_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    return [
+        d["part"],
+        r.get("system", ""),
+        r.get("variant", ""),
+        _fmt(r.get("rel_err")),
+        _fmt(r.get("rel_err_prefill")),
+        _fmt(r.get("rel_err_decode")),
+        _fmt(r.get("ratio_vs_hf_bf16"), 3),
+        _fmt(r.get("nan")),
+        _fmt(r.get("argmax_agree"), 3),
+        _fmt(r.get("pass")),
+        dev,
+        date,
+    ]
+
+
+def _other_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
+    return [
+        d["part"],
+        r.get("system", ""),
+        r.get("variant", ""),
+        _fmt(r.get("returncode")),
+        str(r.get("summary", "")),
+        dev,
+        date,
+    ]
+
+
+def _rows_of(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[tuple[str, Row]]:
+    """The (section, row) pairs one result row contributes to (a stack row is in two)."""
+    if r.get("table") == "serving":
+        return [("serving", _serving_row(d, r, dev, date))]
+    if r.get("table") == "startup":
+        return [("startup", _startup_row(r, dev, date))]
+    if "tok_s" in r:
+        out = [("perf", _perf_row(d, r, dev, date))]
+        if "itl_ms_p50" in r:
+            out.append(("lat", _latency_row(d, r, dev, date)))
+        return out
+    if "rel_err" in r:
+        return [("nums", _numerics_row(d, r, dev, date))]
+    return [("other", _other_row(d, r, dev, date))]
+
+
+PERF_HEADER = [
+    "part",
+    "system",
+    "variant",
+    "path",
+    "batch",
+    "in/out",
+    "tok/s",
+    "decode ms/step",
+    "GPU fwd ms",
+    "prefill ms",
+    "roofline",
+    "copy GB/s",
+    "device",
+    "date",
+]
+PERF_NOTE = (
+    "roofline: (weight bytes / copy bandwidth measured in the same run) / "
+    "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
+    "events (the rest of a step is host work)."
+)
+LATENCY_HEADER = [
+    "part",
+    "path",
+    "workload",
+    "batch",
+    "in/out",
+    "tok/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "overhead",
+    "busy ms/step",
+    "wall ms/step",
+    "GPU idle",
+    "device",
+    "date",
+]
+LATENCY_NOTE = (
+    "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
+    "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
+    "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
+    "1 - busy / wall (the worker waits on scheduler and transport between "
+    "steps). In-process TTFT is the step that admits every request; its ITL "
+    "samples are decode steps."
+)
+SERVING_NOTE = (
+    "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
+    "tokens / wall (computed: those not served from the cache). hit rate: cached "
+    "/ prompt tokens from GetStats (offline optimum). radix share: radix "
+    "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
+    "max(bandwidth floor, compute floor) for the steps taken / wall "
+    "(radixmesh_bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
+    "estimated per batch."
+)
+NUMERICS_HEADER = [
+    "part",
+    "system",
+    "variant",
+    "rel err",
+    "prefill",
+    "decode",
+    "ratio vs HF bf16",
+    "NaN",
+    "argmax agree",
+    "pass",
+    "device",
+    "date",
+]
+STARTUP_HEADER = ["case", "what", "exit", "seconds", "judged", "message", "device", "date"]
+STARTUP_NOTE = (
+    "exit 2 and one `startup_failed` line naming the problem and the fix, except "
+    "flashinfer_missing: the stack serves on the reference attention (exit: the "
+    "launcher's after Ctrl-C; seconds: until ready). docs/gpu.md, Start-up errors."
+)
+OTHER_HEADER = ["part", "system", "what", "rc", "summary", "device", "date"]
+
+
+def _section(title: str, header: list[str], rows: list[Row], after: list[str]) -> list[str]:
+    """A titled table and the lines after it; nothing without rows."""
+    if not rows:
+        return []
+    return [f"## {title}", "", *_table(header, rows), *after]
+
+
 def render(docs: list[dict[str, Any]]) -> str:
-    perf, nums, other, lat, serving, startup = [], [], [], [], [], []
+    rows: dict[str, list[Row]] = defaultdict(list)
     for d in docs:
         if d.get("part") == "constrained":  # its own tables, below
             continue
         date = str(d.get("date", ""))[:10]
         dev = str(d.get("device", "")).split(" (")[0]
         for r in d["rows"]:
-            if r.get("table") == "serving":
-                serving.append(_serving_row(d, r, dev, date))
-            elif r.get("table") == "startup":
-                startup.append(_startup_row(r, dev, date))
-            elif "tok_s" in r:
-                perf.append(
-                    [
-                        d["part"],
-                        r.get("system", ""),
-                        r.get("variant", ""),
-                        r.get("path", ""),
-                        _fmt(r.get("batch")),
-                        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-                        _fmt(r.get("tok_s")),
-                        _fmt(r.get("decode_step_ms_median"), 2),
-                        _fmt(r.get("graph_replay_gpu_ms"), 2),
-                        _fmt(r.get("prefill_ms"), 1),
-                        _fmt(r.get("roofline_fraction"), 2),
-                        _fmt(d.get("copy_bandwidth_GBps"), 0),
-                        dev,
-                        date,
-                    ]
-                )
-                if "itl_ms_p50" in r:
-                    lat.append(
-                        [
-                            d["part"],
-                            r.get("path", ""),
-                            str(r.get("workload", "")),
-                            _fmt(r.get("batch")),
-                            f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-                            _fmt(r.get("tok_s")),
-                            _fmt(r.get("ttft_ms_p50"), 1),
-                            _fmt(r.get("ttft_ms_p99"), 1),
-                            _fmt(r.get("itl_ms_p50"), 2),
-                            _fmt(r.get("itl_ms_p99"), 2),
-                            _fmt(r.get("overhead_vs_in_process"), 3),
-                            _fmt(r.get("worker_busy_ms_per_step"), 2),
-                            _fmt(r.get("wall_ms_per_step"), 2),
-                            _idle(r),
-                            dev,
-                            date,
-                        ]
-                    )
-            elif "rel_err" in r:
-                nums.append(
-                    [
-                        d["part"],
-                        r.get("system", ""),
-                        r.get("variant", ""),
-                        _fmt(r.get("rel_err")),
-                        _fmt(r.get("rel_err_prefill")),
-                        _fmt(r.get("rel_err_decode")),
-                        _fmt(r.get("ratio_vs_hf_bf16"), 3),
-                        _fmt(r.get("nan")),
-                        _fmt(r.get("argmax_agree"), 3),
-                        _fmt(r.get("pass")),
-                        dev,
-                        date,
-                    ]
-                )
-            else:
-                other.append(
-                    [
-                        d["part"],
-                        r.get("system", ""),
-                        r.get("variant", ""),
-                        _fmt(r.get("returncode")),
-                        str(r.get("summary", "")),
-                        dev,
-                        date,
-                    ]
-                )
+            for key, row in _rows_of(d, r, dev, date):
+                rows[key].append(row)
     lines: list[str] = [
         "# GPU results",
         "",
@@ -343,123 +446,34 @@ def render(docs: list[dict[str, Any]]) -> str:
         "this one; see docs/gpu.md.",
         "",
     ]
-    if perf:
-        lines += ["## Throughput", ""]
-        lines += _table(
-            [
-                "part",
-                "system",
-                "variant",
-                "path",
-                "batch",
-                "in/out",
-                "tok/s",
-                "decode ms/step",
-                "GPU fwd ms",
-                "prefill ms",
-                "roofline",
-                "copy GB/s",
-                "device",
-                "date",
-            ],
-            perf,
-        )
-        lines += [
-            "",
-            "roofline: (weight bytes / copy bandwidth measured in the same run) / "
-            "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
-            "events (the rest of a step is host work).",
-            "",
-        ]
-    if lat:
-        lines += ["## Latency: in-process vs through the gRPC stack", ""]
-        lines += _table(
-            [
-                "part",
-                "path",
-                "workload",
-                "batch",
-                "in/out",
-                "tok/s",
-                "TTFT p50 ms",
-                "TTFT p99 ms",
-                "ITL p50 ms",
-                "ITL p99 ms",
-                "overhead",
-                "busy ms/step",
-                "wall ms/step",
-                "GPU idle",
-                "device",
-                "date",
-            ],
-            lat,
-        )
-        lines += [
-            "",
-            "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
-            "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
-            "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
-            "1 - busy / wall (the worker waits on scheduler and transport between "
-            "steps). In-process TTFT is the step that admits every request; its ITL "
-            "samples are decode steps.",
-            "",
-        ]
-    if serving:
-        lines += ["## Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)", ""]
-        lines += _table(SERVING_HEADER, serving)
-        lines += [
-            "",
-            "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
-            "tokens / wall (computed: those not served from the cache). hit rate: cached "
-            "/ prompt tokens from GetStats (offline optimum). radix share: radix "
-            "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
-            "max(bandwidth floor, compute floor) for the steps taken / wall "
-            "(radixmesh_bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
-            "estimated per batch.",
-            *_serving_notes(docs),
-            "",
-        ]
+    lines += _section("Throughput", PERF_HEADER, rows["perf"], ["", PERF_NOTE, ""])
+    lines += _section(
+        "Latency: in-process vs through the gRPC stack",
+        LATENCY_HEADER,
+        rows["lat"],
+        ["", LATENCY_NOTE, ""],
+    )
+    lines += _section(
+        "Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)",
+        SERVING_HEADER,
+        rows["serving"],
+        ["", SERVING_NOTE, *_serving_notes(docs), ""],
+    )
     for d in docs:
         if d.get("part") == "profile":
             lines += _profile(d)
         elif d.get("part") == "constrained":
             lines += _constrained(d)
-    if nums:
-        lines += ["## Numerics (teacher-forced logits vs HF fp32)", ""]
-        lines += _table(
-            [
-                "part",
-                "system",
-                "variant",
-                "rel err",
-                "prefill",
-                "decode",
-                "ratio vs HF bf16",
-                "NaN",
-                "argmax agree",
-                "pass",
-                "device",
-                "date",
-            ],
-            nums,
-        )
-        lines += ["", "pass: ratio <= 1.5 and no NaN (docs/architecture.md).", ""]
-    if startup:
-        lines += ["## Start-up errors (part startup)", ""]
-        lines += _table(
-            ["case", "what", "exit", "seconds", "judged", "message", "device", "date"], startup
-        )
-        lines += [
-            "",
-            "exit 2 and one `startup_failed` line naming the problem and the fix, except "
-            "flashinfer_missing: the stack serves on the reference attention (exit: the "
-            "launcher's after Ctrl-C; seconds: until ready). docs/gpu.md, Start-up errors.",
-            "",
-        ]
-    if other:
-        lines += ["## Other", ""]
-        lines += _table(["part", "system", "what", "rc", "summary", "device", "date"], other)
-        lines.append("")
+    lines += _section(
+        "Numerics (teacher-forced logits vs HF fp32)",
+        NUMERICS_HEADER,
+        rows["nums"],
+        ["", "pass: ratio <= 1.5 and no NaN (docs/architecture.md).", ""],
+    )
+    lines += _section(
+        "Start-up errors (part startup)", STARTUP_HEADER, rows["startup"], ["", STARTUP_NOTE, ""]
+    )
+    lines += _section("Other", OTHER_HEADER, rows["other"], [""])
     errs = [(d["part"], e) for d in docs for e in d.get("errors", [])]
     if errs:
         lines += ["## Errors", ""] + [f"- {p}: {e}" for p, e in errs] + [""]

@@ -51,6 +51,7 @@ from scheduler_service.submit_validation import (
     validate_form,
     validate_submit,
 )
+from services.reconnect import reconnect_forever
 from services.server import Health
 from services.watchdog import Progress
 
@@ -186,9 +187,10 @@ class Scheduler:
         self.wake.set()
 
     async def _run_model(self, health: Health) -> None:
-        backoff = 0.1
         last_error = ""
-        while True:
+
+        async def attempt() -> bool:
+            nonlocal last_error
             try:
                 info = await self.link.connect()
             except ModelUnavailable as exc:
@@ -196,33 +198,35 @@ class Scheduler:
                     last_error = str(exc)
                     log.warning("model_connect_failed", error=last_error)
                 await health.set_ready(False, str(exc))
-                await self._wait_down(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff, last_error = 0.1, ""
-            self._on_connected(info)
-            if self.down_since is not None:
-                held = len(self.st.waiting) if self.st else 0
-                log.info(
-                    "model_back", down_s=round(time.monotonic() - self.down_since, 2), held=held
-                )
-            self.down_since, self.hold_expired = None, False
-            await health.set_ready(True, "model connected")
-            try:
-                await self._loop()
-            except ModelUnavailable as exc:
-                await health.set_ready(False, str(exc))
-                self._on_model_lost(str(exc))
-                await self.link.close()
-            except Exception as exc:  # noqa: BLE001 - a bug must not end the service
-                # Steps in flight no longer match our state: fail the work in hand, then start
-                # a fresh model session (the worker drops its state) and keep serving.
-                log.exception(
-                    "scheduler_step_crashed", error=repr(exc), rids=sorted(self.by_rid)[:32]
-                )
-                await health.set_ready(False, f"scheduler step crashed, resetting: {exc!r}")
-                self._fail_all(Status.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}")
-                await self.link.close()
+                return False
+            last_error = ""
+            await self._serve_model(info, health)
+            return True
+
+        # A lost session is reconnected at once; failed connects back off (waking for aborts).
+        await reconnect_forever(attempt, wait=self._wait_down, pause_after_success=False)
+
+    async def _serve_model(self, info: WorkerInfo, health: Health) -> None:
+        """One model session, from connected to lost (or reset after a scheduler bug)."""
+        self._on_connected(info)
+        if self.down_since is not None:
+            held = len(self.st.waiting) if self.st else 0
+            log.info("model_back", down_s=round(time.monotonic() - self.down_since, 2), held=held)
+        self.down_since, self.hold_expired = None, False
+        await health.set_ready(True, "model connected")
+        try:
+            await self._loop()
+        except ModelUnavailable as exc:
+            await health.set_ready(False, str(exc))
+            self._on_model_lost(str(exc))
+            await self.link.close()
+        except Exception as exc:  # noqa: BLE001 - a bug must not end the service
+            # Steps in flight no longer match our state: fail the work in hand, then start
+            # a fresh model session (the worker drops its state) and keep serving.
+            log.exception("scheduler_step_crashed", error=repr(exc), rids=sorted(self.by_rid)[:32])
+            await health.set_ready(False, f"scheduler step crashed, resetting: {exc!r}")
+            self._fail_all(Status.INTERNAL, f"scheduler error: {type(exc).__name__}: {exc}")
+            await self.link.close()
 
     def _on_model_lost(self, reason: str) -> None:
         st = self.st

@@ -27,6 +27,7 @@ from radixmesh_wire.mask_step import (
 )
 from radixmesh_wire.pb import grammar_pb2, grammar_pb2_grpc
 from scheduler_service.status import GrammarLost, GrammarUnavailable
+from services.reconnect import reconnect_forever
 from services.server import channel
 
 log = structlog.get_logger(__name__)
@@ -74,23 +75,25 @@ class GrammarLink:
 
     async def run(self) -> None:
         """Keep one Masks session open; reconnect with backoff."""
-        backoff = 0.1
-        while True:
-            try:
-                await self._session()
-                backoff = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning("grammar_link_down", address=self.address, code=exc.code().name)
-            was_up = self.up.is_set()
-            self.up.clear()
-            while self._pending:
-                fut, _ = self._pending.popleft()
-                if not fut.done():
-                    fut.set_exception(GrammarLost(f"grammar service {self.address} lost"))
-            if was_up:
-                self.on_down()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+        await reconnect_forever(self._attempt)
+
+    async def _attempt(self) -> bool:
+        """One Masks session to its end, then fail what it had pending; False when it failed."""
+        ok = True
+        try:
+            await self._session()
+        except grpc.aio.AioRpcError as exc:
+            ok = False
+            log.warning("grammar_link_down", address=self.address, code=exc.code().name)
+        was_up = self.up.is_set()
+        self.up.clear()
+        while self._pending:
+            fut, _ = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(GrammarLost(f"grammar service {self.address} lost"))
+        if was_up:
+            self.on_down()
+        return ok
 
     async def close(self) -> None:
         """Forget this service (removed from the address spec); its run task is cancelled by

@@ -26,6 +26,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.reconnect import reconnect_forever
 from services.server import READINESS, channel
 from tokenizer_service.routing.deltas import Update, unpack_message
 from tokenizer_service.routing.live_requests import LiveRequest, LiveTable
@@ -179,34 +180,34 @@ class SchedulerLink:
             del self.keys[rid]
 
     async def run(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                await self._session()
-                backoff = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning(
-                    "scheduler_link_down",
-                    replica=self.address,
-                    code=exc.code().name,
-                    details=exc.details(),
-                )
-            was_connected = self.connected.is_set()
-            if was_connected:
-                self.down_since = time.monotonic()
-                log.warning("scheduler_lost", replica=self.address, live=len(self.live))
-            self.connected.clear()
-            if was_connected and self.on_state is not None:
-                await self.on_state(self)  # may move the live requests to another replica
-            if self.refusing and len(self.live):
-                self.live.fail_all(
-                    SchedulerLost(
-                        f"the scheduler has been unreachable for more than {self.hold_s:g} s"
-                    )
-                )
-                self.keys.clear()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+        await reconnect_forever(self._attempt)
+
+    async def _attempt(self) -> bool:
+        """One session to its end, then what its loss means; False when it failed."""
+        ok = True
+        try:
+            await self._session()
+        except grpc.aio.AioRpcError as exc:
+            ok = False
+            log.warning(
+                "scheduler_link_down",
+                replica=self.address,
+                code=exc.code().name,
+                details=exc.details(),
+            )
+        was_connected = self.connected.is_set()
+        if was_connected:
+            self.down_since = time.monotonic()
+            log.warning("scheduler_lost", replica=self.address, live=len(self.live))
+        self.connected.clear()
+        if was_connected and self.on_state is not None:
+            await self.on_state(self)  # may move the live requests to another replica
+        if self.refusing and len(self.live):
+            self.live.fail_all(
+                SchedulerLost(f"the scheduler has been unreachable for more than {self.hold_s:g} s")
+            )
+            self.keys.clear()
+        return ok
 
     async def _session(self) -> None:
         async with channel(self.address) as chan:

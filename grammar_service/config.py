@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.config import field
-from services.transport_config import TransportConfig
+from services.service_config import ServiceConfig
 
 
 @dataclass
-class GrammarConfig(TransportConfig):
+class GrammarConfig(ServiceConfig):
     """RadixMesh grammar service: compiled-grammar cache, per-request matchers, masks."""
 
     host: str = field("127.0.0.1", "address to listen on")
@@ -42,11 +42,6 @@ class GrammarConfig(TransportConfig):
     error_ttl_s: float = field(10.0, "seconds a compile error stays cached (0: not cached)")
     max_rollback_tokens: int = field(-1, "tokens a matcher may roll back (-1: unlimited)")
     jump_forward_window: int = field(8, "accepted tokens retokenized with a jump-forward string")
-    shutdown_grace_s: float = field(
-        35.0,
-        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
-        "their callers leave); keep it above the front door's grace",
-    )
     jump_forward_max_bytes: int = field(512, "longest forced string one jump-forward proposes")
     jump_forward_max_steps: int = field(
         64, "mask fills one jump-forward search may do (it proposes what it found by then)"
@@ -56,9 +51,6 @@ class GrammarConfig(TransportConfig):
         "liveness turns NOT_SERVING when a mask step has run this long (a stuck fill): the "
         "supervisor restarts the service and schedulers replay their requests elsewhere",
     )
-    log_level: str = field("info", "log level")
-    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
-    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if self.max_cache_entries < 1:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from services.config import field
 from services.discovery import parse_address_spec
-from services.transport_config import TransportConfig
+from services.service_config import ServiceConfig
 
 
 @dataclass
-class SchedulerConfig(TransportConfig):
+class SchedulerConfig(ServiceConfig):
     """RadixMesh scheduler: radix cache, waiting queue, continuous batching."""
 
     host: str = field("127.0.0.1", "address to listen on")
@@ -100,14 +100,6 @@ class SchedulerConfig(TransportConfig):
         64, "largest top_logprobs a submission may ask for (>= the front door's limit)"
     )
     debug_invariants: bool = field(False, "check the KV accounting invariant after every step")
-    shutdown_grace_s: float = field(
-        35.0,
-        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
-        "their callers leave); keep it above the front door's grace",
-    )
-    log_level: str = field("info", "log level")
-    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
-    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if self.chunk_tokens < 0 or self.decode_chunk_tokens < 0:

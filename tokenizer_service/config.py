@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.config import field
-from services.transport_config import TransportConfig
+from services.service_config import ServiceConfig
 
 
 @dataclass
-class TokenizerConfig(TransportConfig):
+class TokenizerConfig(ServiceConfig):
     """RadixMesh front door: tokenization, chat templates, detokenization, client streams."""
 
     host: str = field("127.0.0.1", "address to listen on")
@@ -85,6 +85,3 @@ class TokenizerConfig(TransportConfig):
     )
     max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
     tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
-    log_level: str = field("info", "log level")
-    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
-    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])

@@ -187,6 +187,8 @@ class GrammarServicer(pb_grpc.GrammarServicer):
         StepFormatError for a malformed step."""
         t0 = time.perf_counter()
         ops = parse_step(step)
+        for b in ops.binds:  # one line per matcher bound, naming its request
+            log.debug("bind", rid=b.rid, handle=b.handle, replay=len(b.replay), error=b.error)
         compiled = await self._compile_binds(ops)  # bounded by --compile-timeout-s
         progress = self.progress
         if progress is not None:

@@ -61,6 +61,7 @@ class BindOp:
     key: GrammarKey | None  # None: the kind was invalid (reported as a COMPILE error)
     replay: list[int]
     error: str = ""
+    rid: str = ""  # the request's id, for log lines about it
 
 
 @dataclass(slots=True)
@@ -97,7 +98,8 @@ def parse_step(msg: pb.MaskStep) -> StepOps:
             error = ""
         except ValueError as exc:
             key, error = None, str(exc)
-        ops.binds.append(BindOp(b.handle, key, _ints(b.replay_tokens, "replay_tokens"), error))
+        replay = _ints(b.replay_tokens, "replay_tokens")
+        ops.binds.append(BindOp(b.handle, key, replay, error, b.rid))
     ops.rollbacks = [(r.handle, r.num_tokens) for r in msg.rollbacks]
     handles = _handles(msg.accept_handles, "accept_handles")
     tokens = _ints(msg.accept_tokens, "accept_tokens")

@@ -69,6 +69,7 @@ def encode_mask_step(plan: MaskStepPlan) -> pb.MaskStep:
                 handle=b.handle,
                 grammar=grammar_spec(b.kind, b.text),
                 replay_tokens=pack_i32(b.replay),
+                rid=b.rid,
             )
             for b in plan.binds
         ],

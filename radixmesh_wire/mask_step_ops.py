@@ -18,6 +18,7 @@ class Bind:
     kind: str  # json_schema, regex or ebnf
     text: str
     replay: list[int]  # tokens the request already accepted (a re-bind after a restart)
+    rid: str = ""  # the request's id: the grammar service's log lines about it name it
 
 
 @dataclass

@@ -89,6 +89,7 @@ def encode_step(ops: StepOps) -> model_pb2.Step:
             input_ids=pack_i32(a.input_ids),
             slots=pack_i32(a.slots),
             sample=a.sample,
+            rid=a.rid,
         )
     for e in ops.extends:
         msg.extends.add(
@@ -139,6 +140,7 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
                 input_ids=unpack_i32(a.input_ids),
                 slots=unpack_i32(a.slots),
                 sample=a.sample,
+                rid=a.rid,
             )
         )
     for e in msg.extends:

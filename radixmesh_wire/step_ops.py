@@ -63,6 +63,7 @@ class AdmitOp:
     input_ids: list[int]
     slots: list[int]
     sample: bool
+    rid: str = ""  # the request's id: the model service's log lines about it name it
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ replica set's business (routing, failover): the core holds only its `Ticket`.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,14 +178,20 @@ class FrontDoor:
         rid = inp.rid or uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(rid=rid)
         timer = self.metrics.start()
+        done: Complete | None = None
+        outcome = "cancelled"  # the consumer went away before the end
         try:
             async for ev in self._generate(inp, rid, prepared, timer):
+                if isinstance(ev, Complete):
+                    done, outcome = ev, "ok"
                 yield ev
         except GenerateError as exc:
             timer.failed(exc.status.name.lower())
+            outcome = exc.status.name.lower()
             raise
         finally:
             timer.close()
+            _log_end(rid, inp.tenant, outcome, done, timer)
 
     async def _generate(
         self,
@@ -264,10 +272,32 @@ class FrontDoor:
 
     async def run(self, inp: GenerateInput) -> Complete:
         """The whole result of a non-streaming request."""
-        async for ev in self.generate(inp):
-            if isinstance(ev, Complete):
-                return ev
+        # aclosing: the request has ended (and logged its line) when this returns
+        async with aclosing(self.generate(inp)) as events:
+            async for ev in events:
+                if isinstance(ev, Complete):
+                    return ev
         raise GenerateError(grpc.StatusCode.INTERNAL, "the request ended without a result")
+
+
+def _log_end(
+    rid: str, tenant: str, outcome: str, done: Complete | None, timer: RequestTimer
+) -> None:
+    """The one info line per request: who, how much, how it ended and how long it took."""
+    now = time.perf_counter()
+    ttft = round(timer.first - timer.t0, 4) if timer.first else None
+    log.info(
+        "request_done",
+        rid=rid,
+        tenant=tenant,
+        outcome=outcome,
+        finish_reason=done.finish_reason if done else None,
+        prompt_tokens=done.prompt_tokens if done else None,
+        output_tokens=done.completion_tokens if done else None,
+        cached_tokens=done.cached_tokens if done else None,
+        ttft_s=ttft,
+        total_s=round(now - timer.t0, 4),
+    )
 
 
 def _wire_rid(rid: str, tenant: str) -> str:

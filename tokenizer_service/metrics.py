@@ -131,11 +131,12 @@ class RequestTimer:
     """One Generate call. Invariant: exactly one of `succeeded` / `failed` counts it, and the
     in-flight gauge goes up in the constructor and down in `close` (the handler's finally)."""
 
-    __slots__ = ("m", "t0", "last", "ended", "closed")
+    __slots__ = ("m", "t0", "first", "last", "ended", "closed")
 
     def __init__(self, m: FrontDoorMetrics) -> None:
         self.m = m
         self.t0 = time.perf_counter()
+        self.first = 0.0  # time of the first token delta (0: none yet)
         self.last = 0.0  # time of the latest token delta (0: none yet)
         self.ended = False
         self.closed = False
@@ -147,6 +148,7 @@ class RequestTimer:
             return
         now = time.perf_counter()
         if self.last == 0.0:
+            self.first = now
             self.m.ttft.observe(now - self.t0)
         else:
             self.m.itl.observe((now - self.last) / n)

@@ -16,12 +16,16 @@ from radixmesh_wire.mask_step_ops import Bind, MaskStepPlan
 class GrammarOps:
     def __init__(self) -> None:
         self.binds: dict[int, tuple[str, str, list[int]]] = {}
+        self.rids: dict[int, str] = {}  # a bind's request id, for the grammar service's logs
         self.accepts: dict[int, list[int]] = {}
         self.releases: list[int] = []
         self.rollbacks: dict[int, int] = {}
 
-    def bind(self, handle: int, kind: str, text: str, replay: Sequence[int] = ()) -> None:
+    def bind(
+        self, handle: int, kind: str, text: str, replay: Sequence[int] = (), rid: str = ""
+    ) -> None:
         self.binds[handle] = (kind, text, list(replay))
+        self.rids[handle] = rid
 
     def accept(self, handle: int, token: int) -> None:
         self.accepts.setdefault(handle, []).append(token)
@@ -35,11 +39,13 @@ class GrammarOps:
     def release(self, handle: int) -> None:
         self.accepts.pop(handle, None)
         self.rollbacks.pop(handle, None)
+        self.rids.pop(handle, None)
         if self.binds.pop(handle, None) is None:  # bound by an earlier step: tell the service
             self.releases.append(handle)
 
     def clear(self) -> None:
         self.binds.clear()
+        self.rids.clear()
         self.accepts.clear()
         self.releases.clear()
         self.rollbacks.clear()
@@ -54,7 +60,10 @@ class GrammarOps:
         plan = MaskStepPlan(
             step_id,
             releases=self.releases,
-            binds=[Bind(h, kind, text, replay) for h, (kind, text, replay) in self.binds.items()],
+            binds=[
+                Bind(h, kind, text, replay, self.rids.get(h, ""))
+                for h, (kind, text, replay) in self.binds.items()
+            ],
             rollbacks=[(h, n) for h, n in self.rollbacks.items() if n],
             accepts=self.accepts,
             want=list(want),
@@ -62,4 +71,5 @@ class GrammarOps:
         )
         # New containers, not clear(): the plan keeps the old ones.
         self.binds, self.accepts, self.releases, self.rollbacks = {}, {}, [], {}
+        self.rids = {}
         return plan

@@ -288,7 +288,7 @@ class BatchBuilder:
                 st.on_admit(time.perf_counter() - r.submitted_at)
         st.running[r.handle] = r
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
-            st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output)
+            st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output, rid=r.rid)
         ext = self._extend_op(plan, r, slots)
         plan.ops.admits.append(
             AdmitOp(
@@ -299,6 +299,7 @@ class BatchBuilder:
                 input_ids=ext.input_ids,
                 slots=ext.slots,
                 sample=ext.sample,
+                rid=r.rid,
             )
         )
 

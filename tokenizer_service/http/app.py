@@ -5,6 +5,7 @@ liveness (/health) and readiness (/ready, /health/ready)."""
 from __future__ import annotations
 
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -15,13 +16,43 @@ from prometheus_client.exposition import choose_encoder
 from tokenizer_service.auth import ApiKeys
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.core import FrontDoor
-from tokenizer_service.http.errors import MAX_BODY, TENANT, HttpError, error_response
+from tokenizer_service.http.errors import (
+    MAX_BODY,
+    REQUEST_ID,
+    REQUEST_ID_HEADER,
+    REQUEST_ID_RULE,
+    TENANT,
+    HttpError,
+    error_response,
+    valid_request_id,
+)
 from tokenizer_service.http.openai import OpenAIApi
 from tokenizer_service.http.sglang import SGLangApi
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _request_id(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One id per HTTP request, the client's `X-Request-Id` or a new one, returned in the
+    same header (a streamed response gets it in sse.open_stream)."""
+    rid = request.headers.get(REQUEST_ID_HEADER)
+    if rid is None:
+        rid = uuid.uuid4().hex
+    elif not valid_request_id(rid):
+        err = HttpError(
+            400,
+            f"{REQUEST_ID_HEADER} must be {REQUEST_ID_RULE}",
+            param=REQUEST_ID_HEADER,
+        )
+        return error_response(err)
+    request[REQUEST_ID] = rid
+    resp = await handler(request)
+    if not resp.prepared:
+        resp.headers[REQUEST_ID_HEADER] = rid
+    return resp
 
 
 @web.middleware
@@ -71,7 +102,7 @@ def _auth(keys: ApiKeys) -> Middleware:
 def build_app(
     core: FrontDoor, cfg: TokenizerConfig, model_path: str, keys: ApiKeys | None = None
 ) -> web.Application:
-    middlewares: list[Middleware] = [_errors, _auth(keys or ApiKeys({}))]
+    middlewares: list[Middleware] = [_request_id, _errors, _auth(keys or ApiKeys({}))]
     app = web.Application(middlewares=middlewares, client_max_size=cfg.http_max_body_bytes)
     app[MAX_BODY] = cfg.http_max_body_bytes
     names = [cfg.served_model_name or core.tok.model_name]

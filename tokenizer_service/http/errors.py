@@ -27,6 +27,19 @@ _HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
 
 MAX_BODY = web.AppKey("max_body_bytes", int)
 TENANT = web.RequestKey("tenant", str)  # the caller's tenant, set by the auth middleware
+# The request's id: the client's `X-Request-Id` or a new one (app.py's middleware); it names
+# the core request (several, `-1`, `-2` ..., for n > 1 or a prompt list), and every log line.
+REQUEST_ID = web.RequestKey("request_id", str)
+REQUEST_ID_HEADER = "X-Request-Id"
+MAX_REQUEST_ID = 128
+REQUEST_ID_RULE = f"1 to {MAX_REQUEST_ID} visible ASCII characters without quotes or backslashes"
+
+
+def valid_request_id(rid: str) -> bool:
+    """Request ids reach every service's logs: short, visible ASCII, no spaces or quotes."""
+    return 0 < len(rid) <= MAX_REQUEST_ID and all(
+        33 <= ord(c) < 127 and c not in "\"'\\" for c in rid
+    )
 
 
 class HttpError(Exception):

@@ -17,11 +17,20 @@ from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Complete, Event
 
 
+def name_inputs(rid: str, inputs: list[GenerateInput]) -> None:
+    """The HTTP request's id names its generations: itself for one, `rid-0`, `rid-1`, ...
+    for several (each core request needs its own id; all share the prefix a log search
+    finds)."""
+    for i, inp in enumerate(inputs):
+        inp.rid = rid if len(inputs) == 1 else f"{rid}-{i}"
+
+
 async def prefill_once(core: FrontDoor, inp: GenerateInput) -> tuple[list[int], int]:
     """Validates `inp` as the choices will be, caches its prompt; returns (prompt ids, prompt
     tokens that were already cached before this request)."""
     ids, _ = await core.prepare(inp)
     pre = GenerateInput(
+        rid=f"{inp.rid}-prefill" if inp.rid else "",
         input_ids=ids,
         sampling=api_pb2.SamplingParams(max_new_tokens=0, temperature=0),
         tenant=inp.tenant,  # the choices must find it in their own cache namespace
@@ -40,7 +49,8 @@ def choice_inputs(inp: GenerateInput, ids: list[int], n: int) -> list[GenerateIn
         s.CopyFrom(inp.sampling)
         if s.HasField("seed"):
             s.seed = (s.seed + i) % (1 << 63)
-        out.append(replace(inp, text=None, messages=None, input_ids=ids, sampling=s))
+        rid = f"{inp.rid}-{i}" if inp.rid else ""
+        out.append(replace(inp, rid=rid, text=None, messages=None, input_ids=ids, sampling=s))
     return out
 
 

@@ -17,13 +17,20 @@ from aiohttp import web
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.http.errors import (
+    REQUEST_ID,
     TENANT,
     HttpError,
     error_response,
     from_status,
     read_json,
 )
-from tokenizer_service.http.fanout import choice_inputs, merged, prefill_once, run_all
+from tokenizer_service.http.fanout import (
+    choice_inputs,
+    merged,
+    name_inputs,
+    prefill_once,
+    run_all,
+)
 from tokenizer_service.http.openai_params import OpenAIRequest, parse_chat, parse_completion
 from tokenizer_service.http.sse import DONE, frame, open_stream
 
@@ -71,6 +78,8 @@ class OpenAIApi:
             model = self._model(req.model)
             for inp in req.inputs:
                 inp.tenant = request.get(TENANT, "")
+            rid = request.get(REQUEST_ID) or uuid.uuid4().hex
+            name_inputs(rid, req.inputs)
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
             inputs, cached = await self._inputs(req)
@@ -79,7 +88,7 @@ class OpenAIApi:
         except GenerateError as exc:
             return error_response(from_status(exc.status, exc.message))
         log.debug("openai_request", chat=chat, n=len(inputs), user=req.user)
-        shape = _Shape(self.core, req, model, chat, cached)
+        shape = _Shape(self.core, req, model, chat, cached, rid)
         if req.stream:
             return await self._stream(request, inputs, shape)
         try:
@@ -152,14 +161,20 @@ class _Shape:
     """OpenAI's response objects for one request."""
 
     def __init__(
-        self, core: FrontDoor, req: OpenAIRequest, model: str, chat: bool, cached: int | None
+        self,
+        core: FrontDoor,
+        req: OpenAIRequest,
+        model: str,
+        chat: bool,
+        cached: int | None,
+        rid: str,
     ) -> None:
         self.core = core
         self.req = req
         self.model = model
         self.chat = chat
         self.cached = cached  # prompt cache hit before the prefill of n > 1
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ("chatcmpl-" if chat else "cmpl-") + rid  # the request id of the logs
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
 

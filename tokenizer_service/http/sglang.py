@@ -21,13 +21,16 @@ from radixmesh_wire.pb import api_pb2
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
 from tokenizer_service.http.errors import (
+    REQUEST_ID,
+    REQUEST_ID_RULE,
     TENANT,
     HttpError,
     error_response,
     from_status,
     read_json,
+    valid_request_id,
 )
-from tokenizer_service.http.fanout import merged, run_all
+from tokenizer_service.http.fanout import merged, name_inputs, run_all
 from tokenizer_service.http.openai_params import Body, sampling_params
 from tokenizer_service.http.sse import DONE, frame, open_stream
 from tokenizer_service.routing.replica_stats import NoReplicaAnswered, flush_all, gather_stats
@@ -51,6 +54,7 @@ class SGLangApi:
         return [
             web.post("/generate", self.generate),
             web.get("/get_model_info", self.model_info),
+            web.get("/model_info", self.model_info),  # SGLang >= 0.5's name (bench_serving)
             web.get("/server_info", self.server_info),
             web.get("/get_server_info", self.server_info),
             web.post("/flush_cache", self.flush_cache),
@@ -128,6 +132,7 @@ class SGLangApi:
             req = _parse(body, self.core.context_length)
             for inp in req.inputs:
                 inp.tenant = request.get(TENANT, "")
+            _name(req, body.get("rid"), request.get(REQUEST_ID) or uuid.uuid4().hex)
             if not self.core.ready:
                 raise HttpError(503, "not ready: the scheduler is not connected", "unavailable")
             for k, inp in enumerate(req.inputs):
@@ -229,6 +234,27 @@ def _parse(d: dict[str, Any], context_length: int) -> _Request:
     return req
 
 
+def _name(req: _Request, rid: Any, header_rid: str) -> None:
+    """SGLang's `rid` (a string, or one per prompt of a batch) names the generations; without
+    it the HTTP request's id (X-Request-Id or a new one) does."""
+    if rid is None:
+        name_inputs(header_rid, req.inputs)
+        return
+    rids = rid if isinstance(rid, list) else [rid]
+    if len(rids) != len(req.inputs) or not all(
+        isinstance(r, str) and valid_request_id(r) for r in rids
+    ):
+        raise HttpError(
+            400,
+            f"'rid' must be one id per prompt ({len(req.inputs)} here), each {REQUEST_ID_RULE}",
+            param="rid",
+        )
+    if len(set(rids)) != len(rids):
+        raise HttpError(400, "'rid' repeats an id within the batch", param="rid")
+    for inp, r in zip(req.inputs, rids, strict=True):
+        inp.rid = r
+
+
 def _srt_to_openai(sp: dict[str, Any]) -> dict[str, Any]:
     """SGLang's sampling_params names -> the shared parser's (OpenAI's and extensions)."""
     if not isinstance(sp, dict):
@@ -248,7 +274,7 @@ class _Meta:
         self.core = core
         self.req = req
         self.t0 = time.perf_counter()
-        self.rids = [uuid.uuid4().hex for _ in req.inputs]
+        self.rids = [inp.rid for inp in req.inputs]  # meta_info.id: the id in the logs
         self.text = [""] * len(req.inputs)
         self.ids: list[list[int]] = [[] for _ in req.inputs]
         self.lps: list[list[TokenLogprob]] = [[] for _ in req.inputs]

@@ -7,6 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tokenizer_service.http.errors import REQUEST_ID, REQUEST_ID_HEADER
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -18,6 +20,8 @@ async def open_stream(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",  # proxies must not hold frames back
         }
     )
+    if REQUEST_ID in request:  # headers leave with prepare: the middleware is too late
+        resp.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
     await resp.prepare(request)
     return resp
 

@@ -294,6 +294,8 @@ class StepSession:
         sv.progress.begin()
         try:
             ops = decode_step(step)
+            for a in ops.admits:  # one line per request admission, naming it
+                log.debug("admit", rid=a.rid, handle=a.handle, input_tokens=len(a.input_ids))
             t0 = time.perf_counter()
             fl = await loop.run_in_executor(sv.executor, sv.launch, ops)
             sv.progress.beat()

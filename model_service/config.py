@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.config import field
-from services.transport_config import TransportConfig
+from services.service_config import ServiceConfig
 
 
 @dataclass
-class ModelServiceConfig(TransportConfig):
+class ModelServiceConfig(ServiceConfig):
     """RadixMesh model service: weights, KV pool, attention, sampling."""
 
     host: str = field("127.0.0.1", "address to listen on")
@@ -53,14 +53,6 @@ class ModelServiceConfig(TransportConfig):
         "running this long without finishing (a stuck step thread); above the 60 s a step "
         "may wait for late grammar masks",
     )
-    shutdown_grace_s: float = field(
-        35.0,
-        "on SIGTERM: stop accepting and let open sessions run this long (they end sooner when "
-        "their callers leave); keep it above the front door's grace",
-    )
-    log_level: str = field("info", "log level")
-    metrics_port: int = field(0, "serve Prometheus /metrics on this port (0: off)")
-    log_format: str = field("text", "log lines as key=value text or JSON", choices=["text", "json"])
 
     def validate(self) -> None:
         if not 0 < self.kv_memory_fraction <= 1:

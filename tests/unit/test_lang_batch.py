@@ -93,13 +93,26 @@ def test_no_warm_when_the_hint_is_off_or_the_program_cannot_be_traced() -> None:
 
     @rm.function
     def branchy(s: rm.ProgramState, question: str) -> None:
-        s += "Q: " + question + rm.gen("a")
+        s += question + rm.gen("a")
         if s["a"] == "stop":
             return
 
     backend = ScriptedBackend(upper)
     states = branchy.run_batch([{"question": "a"}, {"question": "b"}], backend=backend)
     assert "warm" not in [c.kind for c in backend.calls] and states.prefix_warm is None
+
+    # As SGLang's prefix extraction: a program that cannot be traced to its end still
+    # warms the constant text traced before the data dependency.
+    @rm.function
+    def branchy_with_intro(s: rm.ProgramState, question: str) -> None:
+        s += "Intro. Q: " + question + rm.gen("a")
+        if s["a"] == "stop":
+            return
+
+    backend = ScriptedBackend(upper)
+    states = branchy_with_intro.run_batch([{"question": "a"}, {"question": "b"}], backend=backend)
+    warms = [c.prompt for c in backend.calls if c.kind == "warm"]
+    assert warms == ["Intro. Q: "] and states.prefix_warm is not None
 
 
 def test_a_failing_program_does_not_stop_the_batch() -> None:

@@ -75,14 +75,33 @@ def test_graph_run_checks_arguments() -> None:
         tips.trace().run(backend=ScriptedBackend())
 
 
-def test_fstrings_and_plus_both_trace_arguments() -> None:
+def test_plus_traces_arguments_and_an_fstring_of_one_is_a_type_error() -> None:
+    """As in SGLang: an abstract argument has no text to format, so tracing refuses it with a
+    TypeError; `+` traces it as a node that the run fills in."""
+
     @rm.function
     def prog(s: rm.ProgramState, q: str) -> None:
-        s += f"Q: {q}?" + rm.gen("a")
+        s += "Q: " + q + "?" + rm.gen("a")
 
     ops = [n.op for n in prog.trace().nodes]
     assert [type(o) for o in ops] == [Text, Argument, Text, Gen]
     assert prog.trace().run(q="why", backend=ScriptedBackend()).text() == "Q: why?ok"
+
+    @rm.function
+    def formatted(s: rm.ProgramState, q: str) -> None:
+        s += "Intro.\n"
+        s += f"Q: {q}?" + rm.gen("a")
+
+    with pytest.raises(TypeError, match="f-string"):
+        formatted.trace()
+    with pytest.raises(rm.TracingError):  # also a TracingError, which run_batch expects
+        formatted.trace()
+    # Running is unaffected (arguments are values then), and run_batch still warms the
+    # prefix traced before the f-string, as SGLang's prefix extraction does.
+    backend = ScriptedBackend()
+    states = formatted.run_batch([{"q": "a"}, {"q": "b"}], backend=backend)
+    assert [s.text() for s in states] == ["Intro.\nQ: a?ok", "Intro.\nQ: b?ok"]
+    assert backend.calls[0].kind == "warm" and backend.calls[0].prompt == "Intro.\n"
 
 
 def test_data_dependent_control_flow_cannot_be_traced() -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 from radixmesh.lang.backend import (
     Backend,
     BackendBase,
+    BaseBackend,
     Completion,
     LogprobRequest,
     ModelInfo,
     RoleMarkers,
     TokenLogprob,
+    TokenUsage,
 )
 from radixmesh.lang.chat_template import ChatTemplate, get_chat_template
 from radixmesh.lang.choices import (
@@ -74,9 +76,6 @@ from radixmesh.lang.scripted import ScriptedBackend
 from radixmesh.lang.state import ForkGroup, ProgramState
 from radixmesh.lang.stats import ProgramStats
 
-#: SGLang's name for the backend base class.
-BaseBackend = BackendBase
-
 __all__ = [
     "REGEX_BOOL",
     "REGEX_FLOAT",
@@ -107,6 +106,7 @@ __all__ = [
     "DEFAULT_ENDPOINT",
     "Backend",
     "BackendBase",
+    "TokenUsage",
     "BackendError",
     "BatchResult",
     "ChoicesMethod",

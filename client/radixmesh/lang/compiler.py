@@ -10,7 +10,7 @@ stream executor per stream, exactly like the interpreter, without re-running Pyt
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from radixmesh.lang.backend import Backend
@@ -28,6 +28,7 @@ from radixmesh.lang.ir import (
     RoleEnd,
     Select,
     SeparateReasoning,
+    SubProgram,
     Text,
     Variable,
     VarScopeBegin,
@@ -43,6 +44,16 @@ class GraphNode:
     id: int
     stream: int
     op: GraphOp
+
+
+@dataclass(frozen=True)
+class TracedNode(GraphNode):
+    """A node together with its graph, as `ProgramGraph.last_node` returns it."""
+
+    graph: ProgramGraph = field(repr=False, compare=False)
+
+    def print_graph_dfs(self) -> str:
+        return self.graph.print_graph_dfs(self.id)
 
 
 def _params_text(params: GenParams) -> str:
@@ -78,8 +89,10 @@ def describe(op: GraphOp) -> str:
         return f"get_fork_item %{op.fork}[{op.index}]"
     if isinstance(op, VarScopeBegin | VarScopeEnd):
         return f"var_scope {op.name!r} {'begin' if isinstance(op, VarScopeBegin) else 'end'}"
+    if isinstance(op, SubProgram):
+        return f"call {op.name}"
     if isinstance(op, SeparateReasoning):
-        return f"separate_reasoning {op.name!r}"
+        return f"separate_reasoning {op.gen_name!r}"
     return f"join %{op.fork} ({op.mode})"
 
 
@@ -93,10 +106,39 @@ class ProgramGraph:
     num_streams: int
 
     @property
-    def last_node(self) -> GraphNode | None:
-        """The root stream's last node (SGLang's `trace().last_node`)."""
+    def last_node(self) -> TracedNode | None:
+        """The root stream's last node (SGLang's `trace().last_node`), which can print the
+        graph it depends on (`print_graph_dfs()`)."""
         nodes = self.stream_nodes(0)
-        return nodes[-1] if nodes else None
+        if not nodes:
+            return None
+        last = nodes[-1]
+        return TracedNode(last.id, last.stream, last.op, self)
+
+    def print_graph_dfs(self, node_id: int) -> str:
+        """SGLang's `node.print_graph_dfs()`: every node `node_id` depends on, and itself, in
+        dependency order, one per line: `%id = %prev + <op>` where %prev is the previous
+        node of the same stream, or `%id = <op>` for a stream's first node."""
+        preds: dict[int, list[int]] = {}
+        for producer, consumer in self.dependencies():
+            preds.setdefault(consumer, []).append(producer)
+        needed: set[int] = set()
+        stack = [node_id]
+        while stack:
+            n = stack.pop()
+            if n not in needed:
+                needed.add(n)
+                stack.extend(preds.get(n, ()))
+        lines: list[str] = []
+        last: dict[int, int] = {}
+        for node in self.nodes:  # trace order is a topological order
+            prev = last.get(node.stream)
+            last[node.stream] = node.id
+            if node.id not in needed:
+                continue
+            head = f"%{node.id} = " + ("" if prev is None else f"%{prev} + ")
+            lines.append(head + describe(node.op))
+        return "\n".join(lines) + "\n"
 
     def stream_nodes(self, stream: int) -> list[GraphNode]:
         return [n for n in self.nodes if n.stream == stream]
@@ -187,7 +229,11 @@ class ProgramGraph:
         states: dict[int, ProgramState] = {0: root}
         groups: dict[int, ForkGroup] = {}
         for node in self.nodes:
-            state, op = states[node.stream], node.op
+            op = node.op
+            if isinstance(op, SubProgram):  # a called program's stream starts empty
+                states[node.stream] = ProgramState(root._executor.spawn())
+                continue
+            state = states[node.stream]
             if isinstance(op, Argument):
                 value = values[op.name]
                 state += value if isinstance(value, str) else str(value)

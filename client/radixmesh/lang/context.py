@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from radixmesh.lang.backend import Backend
+from radixmesh.lang.backend import Backend, TokenUsage
 from radixmesh.lang.config import global_config
 from radixmesh.lang.params import GenParams
 from radixmesh.lang.roles import RoleRenderer
 from radixmesh.lang.stats import ProgramStats
+
+
+def usage_of(backend: Backend) -> TokenUsage | None:
+    """The backend's `token_usage` (BaseBackend has one), None for a backend without."""
+    usage = getattr(backend, "token_usage", None)
+    return usage if isinstance(usage, TokenUsage) else None
 
 
 @dataclass
@@ -41,6 +47,7 @@ class ProgramContext:
         return cls(
             backend,
             defaults or GenParams(),
+            stats=ProgramStats(usage_of(backend)),
             stream=stream,
             parallel=global_config.enable_parallelism,
             hint=global_config.enable_fork_hint,

@@ -16,6 +16,11 @@ class TracingError(ProgramError):
     """The program cannot be traced (e.g. data-dependent control flow on a traced value)."""
 
 
+class ArgumentFormatError(TracingError, TypeError):
+    """An abstract argument was formatted into a string while tracing (`f"Q: {question}"`):
+    its value is unknown, so the text would be wrong. A TypeError, as SGLang raises."""
+
+
 class BackendError(RuntimeError):
     """A backend call failed. `code` is the gRPC status name when there is one."""
 

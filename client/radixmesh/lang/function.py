@@ -18,13 +18,13 @@ from typing import Any
 from radixmesh.lang.backend import Backend, Completion
 from radixmesh.lang.compiler import ProgramGraph
 from radixmesh.lang.config import get_default_backend, global_config
-from radixmesh.lang.context import ProgramContext
+from radixmesh.lang.context import ProgramContext, usage_of
 from radixmesh.lang.errors import TracingError
 from radixmesh.lang.interpreter import StreamExecutor
 from radixmesh.lang.params import GenParams, params_from_kwargs, split_sampling
 from radixmesh.lang.roles import RoleRenderer
 from radixmesh.lang.state import ProgramState
-from radixmesh.lang.tracer import TracerState, trace_program
+from radixmesh.lang.tracer import TracerState, active_builder, trace_call, trace_program
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,13 @@ class SglFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """On a prompt state (`other(s, ...)` inside a program): runs as a subroutine on that
-        state. Otherwise starts a run, as SGLang does: `prog(question="...")` is `prog.run(...)`.
+        state. Otherwise starts a run, as SGLang does: `prog(question="...")` is `prog.run(...)`;
+        while another program is traced, that call is traced into its graph (`trace_call`).
         """
         if args and isinstance(args[0], ProgramState | TracerState):
             return self.func(*args, **kwargs)
+        if active_builder() is not None:  # called while another program is traced
+            return trace_call(self.func, self.name, self.arg_names, self._arguments(args, kwargs))
         return self.run(*args, **kwargs)
 
     def bind(self, **kwargs: Any) -> SglFunction:
@@ -296,8 +299,9 @@ class SglFunction:
     def _warm_prefix(self, backend: Backend) -> Completion | None:
         try:
             graph = self.trace()
-        except TracingError:
-            return None  # data-dependent program: no static prefix to warm
+        except TracingError:  # data-dependent program: warm what precedes the dependency
+            bound = self.bind_arguments
+            graph = trace_program(self.func, self.name, self.arg_names, bound, partial=True)
         info: list[RoleRenderer] = []
 
         def renderer() -> RoleRenderer:
@@ -307,7 +311,13 @@ class SglFunction:
 
         try:
             prefix = graph.constant_prefix(renderer)
-            return backend.warm(prefix) if prefix else None
+            if not prefix:
+                return None
+            warm = backend.warm(prefix)
+            usage = usage_of(backend)
+            if usage is not None:
+                usage.add(warm)
+            return warm
         except Exception:  # the warm-up only saves compute; never fail the batch for it
             log.warning("run_batch prefix warm-up failed", exc_info=True)
             return None

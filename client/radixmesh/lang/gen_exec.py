@@ -7,6 +7,7 @@ calls these with it. Kept apart so the executor stays about ordering, not reques
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from radixmesh.lang.backend import Backend, Completion, LogprobRequest, TextCallback
@@ -28,6 +29,46 @@ def logprob_request(params: GenParams) -> LogprobRequest | None:
     )
 
 
+def wants_next_token_top(params: GenParams) -> bool:
+    """`gen(max_tokens=0, top_logprobs_num=k)`: SGLang returns the top k of the next-token
+    distribution after the prompt as `output_top_logprobs[0]` (CoT decoding forks on it)."""
+    return params.max_new_tokens == 0 and bool(params.top_logprobs_num)
+
+
+def next_token_probe(params: GenParams) -> GenParams:
+    """The request that yields that distribution. The runtime reports top logprobs only for a
+    sampled position (a prefill-only request computes no next-token logits, and
+    `GenerateComplete` has no field for them), so the probe samples one token, greedily and
+    with nothing able to stop it first, and reads the top k of that position: logprobs come
+    from the unmodified distribution, whatever is sampled. `next_token_view` then drops the
+    token itself."""
+    return params.replace(
+        max_new_tokens=1,
+        min_new_tokens=None,
+        temperature=0.0,
+        ignore_eos=True,
+        stop=(),
+        stop_token_ids=(),
+        n=None,
+    )
+
+
+def next_token_view(probe: Completion) -> Completion:
+    """The probe as the `max_tokens=0` gen it stands for: no text and no output token, the
+    prompt's accounting, and the first position's alternatives as `next_token_top`."""
+    top = probe.output_logprobs[0].top if probe.output_logprobs else ()
+    return replace(
+        probe,
+        text="",
+        output_ids=(),
+        finish_reason="length",
+        matched_stop="",
+        completion_tokens=0,
+        output_logprobs=(),
+        next_token_top=top,
+    )
+
+
 def generate_samples(
     backend: Backend,
     prompt: str,
@@ -37,7 +78,10 @@ def generate_samples(
     on_text: TextCallback | None,
 ) -> list[Completion]:
     """`params.n` independent completions (one request each, concurrently); the first one
-    streams through `on_text`."""
+    streams through `on_text`. A `max_tokens=0` gen asking for top logprobs is sent as the
+    one-token probe (`next_token_probe`); the caller shows it with `next_token_view`."""
+    if wants_next_token_top(params):
+        params = next_token_probe(params)
     logprobs = logprob_request(params)
     n = params.n or 1
     calls: list[Callable[[], Completion]] = [

@@ -145,11 +145,11 @@ class StreamExecutor(GenExecution):
                     assert isinstance(leaf, Gen | Select | VarScopeEnd) and leaf.name is not None
                     op.outputs.append(self._register(leaf.name))
                 elif isinstance(leaf, SeparateReasoning):
-                    op.source = self._vars.get(leaf.name)
+                    op.source = self._vars.get(leaf.gen_name)
                     if op.source is None:
-                        raise ValueError(f"separate_reasoning needs a gen named {leaf.name!r}")
+                        raise ValueError(f"separate_reasoning needs a gen named {leaf.gen_name!r}")
+                    op.outputs.append(self._register(leaf.gen_name))
                     op.outputs.append(self._register(leaf.name))
-                    op.outputs.append(self._register(leaf.name + "_reasoning_content"))
                 ops.append(op)
         self._submit_role = role
         self._dispatch(ops)
@@ -193,6 +193,14 @@ class StreamExecutor(GenExecution):
         with self._cond:
             self._children.extend(children)
         return children
+
+    def spawn(self) -> StreamExecutor:
+        """A new stream with an empty prompt in this program's context (a traced call of
+        another program); it is ended and waited for with this stream's forks."""
+        child = StreamExecutor(self.ctx)
+        with self._cond:
+            self._children.append(child)
+        return child
 
     def join(self, children: list[StreamExecutor], mode: str) -> None:
         """End `children` and merge them here: "gather" sets each variable first set in the

@@ -2,14 +2,16 @@
 
 Expressions are what `s += ...` accepts: `Text`, `Argument`, `Variable`, `Gen`, `Select`,
 `RoleBegin`, `RoleEnd`, and the composites `Role` and `Concat` that `flatten` expands into
-those leaves. `Fork`, `GetForkItem` and `Join` only appear as nodes of a traced graph.
+those leaves. `Fork`, `GetForkItem`, `Join` and `SubProgram` only appear as nodes of a traced
+graph.
 
 Invariants:
 - Nodes are immutable and compared by identity (two equal-looking gens are two calls).
 - `flatten` preserves program order; a program's prompt is its leaves rendered in order.
 - `Argument` and `Variable` are trace-time placeholders. Using one as data (`==`, `bool`,
-  `len`) raises `TracingError`; formatting one (f-strings, `str`) yields a sentinel that the
-  tracer turns back into the node, so `f"Q: {question}"` traces like `"Q: " + question`.
+  `len`) raises `TracingError`. An `Argument` in an f-string raises `ArgumentFormatError` (a
+  TypeError, as SGLang refuses it: write `"Q: " + question`); `str()` of one, and a
+  `Variable` in an f-string, yield a sentinel that the tracer turns back into the node.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.lang.errors import TracingError
+from radixmesh.lang.errors import ArgumentFormatError, TracingError
 from radixmesh.lang.params import GenParams
 
 if TYPE_CHECKING:
     from radixmesh.lang.choices import ChoicesMethod
 
 ROLES = ("system", "user", "assistant")
+
+#: SGLang's public regexes (defined here as in `sglang.lang.ir`; `gen(dtype=...)` uses them).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
 
 
 class Expr:
@@ -89,14 +97,28 @@ class VarScopeEnd(Expr):
     name: str
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class SeparateReasoning(Expr):
-    """After gen `name`: split its `<think>...</think>` part into `s[name + "_reasoning_content"]`
-    and keep only the answer in `s[name]` (the prompt text keeps both)."""
+    """After gen `gen_name`: split its `<think>...</think>` part into the variable `name`
+    (`gen_name + "_reasoning_content"`, as SGLang names it) and keep only the answer in
+    `s[gen_name]` (the prompt text keeps both). `model_type` is SGLang's reasoning-parser name,
+    kept for programs that read it; every model uses the think markers."""
 
-    name: str
+    gen_name: str
+    model_type: str | None = None
     begin: str = "<think>"
     end: str = "</think>"
+
+    @property
+    def name(self) -> str:
+        return self.process_name_for_reasoning(self.gen_name)
+
+    @staticmethod
+    def process_name_for_reasoning(name: str) -> str:
+        return name + "_reasoning_content"
+
+    def __repr__(self) -> str:
+        return f"SeparateReasoning(model_type={self.model_type}, name={self.name})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,6 +132,11 @@ class Role(Expr):
 @dataclass(frozen=True, eq=False)
 class Concat(Expr):
     parts: tuple[Expr, ...]
+
+    @property
+    def expr_list(self) -> list[Expr]:
+        """SGLang's name for the parts (`SglExprList.expr_list`)."""
+        return list(self.parts)
 
 
 class _Placeholder(Expr):
@@ -143,6 +170,12 @@ class Argument(_Placeholder):
 
     def _sentinel(self) -> str:
         return f"\x00rm:arg:{self.name}\x00"
+
+    def __format__(self, spec: str) -> str:
+        raise ArgumentFormatError(
+            f"argument {self.name!r} cannot be put inside an f-string while tracing (its value "
+            f'is unknown); concatenate it instead: "..." + {self.name} + "..."'
+        )
 
     __eq__ = _Placeholder.__eq__
     __hash__ = _Placeholder.__hash__
@@ -180,6 +213,14 @@ class GetForkItem:
 
 
 @dataclass(frozen=True, eq=False)
+class SubProgram:
+    """Graph node: the first node of a stream that starts empty, a call of program `name`
+    traced from inside another program (`expand(tip=s["tip"])` without a state)."""
+
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
 class Join:
     """Graph node: end the streams of fork node `fork` and merge them (`gather`/`concat`)."""
 
@@ -200,7 +241,7 @@ Leaf = (
     | VarScopeEnd
     | SeparateReasoning
 )
-GraphOp = Leaf | Fork | GetForkItem | Join
+GraphOp = Leaf | Fork | GetForkItem | Join | SubProgram
 
 _LEAVES = (
     Gen,
@@ -275,3 +316,33 @@ def flatten(value: Expr | str) -> list[Leaf]:
                 f"cannot append {type(item).__name__} to a prompt; use str or a primitive"
             )
     return out
+
+
+# ---- SGLang's names (`from sglang.lang.ir import ...` works with `radixmesh.lang.ir`) ------
+# The classes are RadixMesh's own: `isinstance` checks and the attributes SGLang programs read
+# (`expr_list`, `name`, `model_type`, `role`, `value`) work; constructors take RadixMesh's
+# fields (build expressions with the primitives, `rm.gen(...)`, not with these classes).
+SglExpr = Expr
+SglExprList = Concat
+SglConstantText = Text
+SglGen = Gen
+SglSelect = Select
+SglRoleBegin = RoleBegin
+SglRoleEnd = RoleEnd
+SglVarScopeBegin = VarScopeBegin
+SglVarScopeEnd = VarScopeEnd
+SglSeparateReasoning = SeparateReasoning
+SglArgument = Argument
+SglVariable = Variable
+SglFork = Fork
+SglGetForkItem = GetForkItem
+SglSamplingParams = GenParams
+
+
+def __getattr__(name: str) -> Any:
+    # SglFunction lives in `function.py`, which imports this module: resolve it on first use.
+    if name == "SglFunction":
+        from radixmesh.lang.function import SglFunction
+
+        return SglFunction
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,8 @@ dict also forwards attribute reads to `source` (`meta.cached_tokens`, `meta.scor
 
 Logprob entries follow SGLang: `(logprob, token_id, text)` tuples, `text` None unless the gen
 asked for `return_text_in_logprobs=True`; top logprobs are one list of such tuples per position.
+A `gen(max_tokens=0, top_logprobs_num=k)` has no output token and one output position: its
+`output_top_logprobs[0]` is the top k of the next-token distribution, as in SGLang.
 """
 
 from __future__ import annotations
@@ -55,11 +57,14 @@ def gen_meta(completion: Completion, *, text: Detokenize | None = None) -> MetaI
         "cached_tokens": completion.cached_tokens,
         "finish_reason": finish,
     }
-    if completion.output_logprobs or completion.prompt_logprobs:
+    if completion.output_logprobs or completion.prompt_logprobs or completion.next_token_top:
         data["input_token_logprobs"] = _entries(completion.prompt_logprobs, text)
         data["output_token_logprobs"] = _entries(completion.output_logprobs, text)
         data["input_top_logprobs"] = _tops(completion.prompt_logprobs, text)
         data["output_top_logprobs"] = _tops(completion.output_logprobs, text)
+        if completion.next_token_top:  # a max_tokens=0 gen: the next token's top k
+            top = TokenLogprob(-1, 0.0, completion.next_token_top)
+            data["output_top_logprobs"] = _tops([top], text)
     return MetaInfo(data, completion)
 
 

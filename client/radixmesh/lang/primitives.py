@@ -12,6 +12,10 @@ from typing import Any
 from radixmesh.lang.choices import token_length_normalized
 from radixmesh.lang.errors import ProgramError
 from radixmesh.lang.ir import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
     ROLES,
     Concat,
     Expr,
@@ -25,12 +29,6 @@ from radixmesh.lang.ir import (
     flatten,
 )
 from radixmesh.lang.params import make_params
-
-#: SGLang's public regexes (also what `gen(dtype=...)` constrains to).
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
 
 _DTYPE_REGEX = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}
 _DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
@@ -167,11 +165,13 @@ def image(path: Any) -> Expr:
 def separate_reasoning(expr: Expr, model_type: str | None = None) -> Expr:
     """`separate_reasoning(gen("x"))`: after the gen, `s["x"]` keeps only the answer and
     `s["x_reasoning_content"]` the text inside `<think>...</think>` (the prompt keeps both).
-    `model_type` is accepted for SGLang's signature; every model uses the think markers."""
+    As in SGLang the result is an expression list (`Concat`, alias `SglExprList`) of the gen
+    and a `SeparateReasoning` named after the reasoning variable. `model_type` is kept on it
+    for SGLang's signature; every model uses the think markers."""
     gens = [leaf for leaf in flatten(expr) if isinstance(leaf, Gen) and leaf.name]
     if not gens:
         raise ValueError("separate_reasoning needs a named gen")
-    return Concat((expr, SeparateReasoning(gens[-1].name or "")))
+    return Concat((expr, SeparateReasoning(gens[-1].name or "", model_type)))
 
 
 def _role(role: str, content: Expr | str | None) -> Expr:

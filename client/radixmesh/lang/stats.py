@@ -3,6 +3,9 @@
 One `ProgramStats` is shared by a program's root state and all its forks, so its totals are
 the program's totals. Kinds: "gen", "select" (choice scoring), "hint" (prefix-only warm-ups:
 fork, select and run_batch hints). Thread-safe; totals cover the requests finished so far.
+
+Every request recorded here is also added to `usage`, the backend's `token_usage` (SGLang's
+running totals over all programs run on that backend), so one place counts both.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from radixmesh.lang.backend import Completion
+from radixmesh.lang.backend import Completion, TokenUsage
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,10 @@ class RequestRecord:
 
 
 class ProgramStats:
-    def __init__(self) -> None:
+    def __init__(self, usage: TokenUsage | None = None) -> None:
         self._lock = threading.Lock()
         self._records: list[RequestRecord] = []
+        self._usage = usage
 
     def add(self, kind: str, completion: Completion) -> None:
         record = RequestRecord(
@@ -32,6 +36,8 @@ class ProgramStats:
         )
         with self._lock:
             self._records.append(record)
+        if self._usage is not None:
+            self._usage.add(completion)
 
     @property
     def requests(self) -> list[RequestRecord]:

@@ -18,7 +18,12 @@ from typing import Any
 from radixmesh.lang.backend import Completion, TextCallback
 from radixmesh.lang.context import ProgramContext
 from radixmesh.lang.errors import ProgramError
-from radixmesh.lang.gen_exec import generate_samples, meta_for
+from radixmesh.lang.gen_exec import (
+    generate_samples,
+    meta_for,
+    next_token_view,
+    wants_next_token_top,
+)
 from radixmesh.lang.ir import Gen
 from radixmesh.lang.params import GenParams
 from radixmesh.lang.speculation import Speculator, Term, generate_turn
@@ -80,13 +85,18 @@ class GenExecution:
         chat = getattr(self.ctx.backend, "is_chat_model", False)
         if self._spec is not None and not chat and (params.n or 1) == 1:
             return self._execute_spec_gen(leaf, params)
-        on_text = (lambda chunk: self._append(chunk, leaf.name)) if self.ctx.stream else None
+        probe = wants_next_token_top(params) and not chat  # its one token is never shown
+        streams = self.ctx.stream and not probe
+        on_text = (lambda chunk: self._append(chunk, leaf.name)) if streams else None
         if chat:
             completions = [self._chat_completion(params, on_text)]
         else:
             completions = generate_samples(
                 self.ctx.backend, prompt, params, parallel=self.ctx.parallel, on_text=on_text
             )
+        served = completions
+        if probe:
+            completions = [next_token_view(c) for c in served]
         completion = completions[0]
         with self._cond:
             streamed = self._text[start:]
@@ -95,8 +105,8 @@ class GenExecution:
         else:  # the server trimmed streamed text (a stop string): the completion is the truth
             with self._cond:
                 self._text = prompt + completion.text
-        for c in completions:
-            self.ctx.stats.add("gen", c)
+        for c in served:
+            self.ctx.stats.add("gen", c)  # as served (a next-token probe did sample one token)
         if leaf.name is not None:
             meta = meta_for(self.ctx.backend, completion, params)
             with self._cond:

@@ -9,6 +9,7 @@ can be compiled, as in the paper.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -27,6 +28,8 @@ from radixmesh.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
+    SubProgram,
     Variable,
     VarScopeBegin,
     VarScopeEnd,
@@ -47,10 +50,13 @@ class _Builder:
         self.nodes.append(GraphNode(node_id, stream, op))
         return node_id
 
-    def new_stream(self, parent: int) -> int:
+    def new_stream(self, parent: int | None) -> int:
+        """A fork's stream (reads its parent's variables) or, with no parent, a called
+        program's."""
         stream = self.num_streams
         self.num_streams += 1
-        self.parent[stream] = parent
+        if parent is not None:
+            self.parent[stream] = parent
         return stream
 
     def source(self, stream: int, name: str) -> int:
@@ -78,6 +84,9 @@ class TracerState:
         for leaf in flatten(other):
             node_id = self._builder.add(self.stream, leaf)
             if isinstance(leaf, Gen | Select) and leaf.name is not None:
+                self._builder.sources[(self.stream, leaf.name)] = node_id
+            elif isinstance(leaf, SeparateReasoning):  # rewrites the gen's variable too
+                self._builder.sources[(self.stream, leaf.gen_name)] = node_id
                 self._builder.sources[(self.stream, leaf.name)] = node_id
 
     def __getitem__(self, name: str) -> Variable:
@@ -162,18 +171,68 @@ class TracerForkGroup(BranchGroup[TracerState]):
                     builder.sources[(parent, name)] = join_id
 
 
+# The graph being traced on this thread, so that a program called from inside another one
+# without a state (`expand(tip=s["tip"])`) is traced into it instead of being run.
+_active = threading.local()
+
+
+def active_builder() -> _Builder | None:
+    builder: _Builder | None = getattr(_active, "builder", None)
+    return builder
+
+
+@contextmanager
+def _tracing(builder: _Builder) -> Iterator[None]:
+    outer = active_builder()
+    _active.builder = builder
+    try:
+        yield
+    finally:
+        _active.builder = outer
+
+
+def trace_call(
+    func: Callable[..., Any], name: str, params: Sequence[str], arguments: Mapping[str, Any]
+) -> TracerState:
+    """Traces a call of program `name` made while another program is traced: its body becomes
+    a new stream of the same graph that starts empty (SGLang runs such a call as a program
+    of its own). Its arguments may be the caller's variables or arguments; the returned state
+    gives its variables to the caller (`branch["detailed_tip"]`)."""
+    builder = active_builder()
+    assert builder is not None, "trace_call outside a trace"
+    missing = [p for p in params if p not in arguments]
+    if missing:
+        raise TracingError(f"{name} is called while tracing without arguments {missing}")
+    stream = builder.new_stream(None)
+    builder.add(stream, SubProgram(name))
+    state = TracerState(builder, stream)
+    func(state, **arguments)
+    return state
+
+
 def trace_program(
-    func: Callable[..., Any], name: str, params: Sequence[str], bound: Mapping[str, Any]
+    func: Callable[..., Any],
+    name: str,
+    params: Sequence[str],
+    bound: Mapping[str, Any],
+    *,
+    partial: bool = False,
 ) -> ProgramGraph:
-    """Traces `func(s, **arguments)`; parameters not in `bound` become `Argument`s."""
+    """Traces `func(s, **arguments)`; parameters not in `bound` become `Argument`s. With
+    `partial`, a program that cannot be traced to its end gives the graph traced until then
+    (what SGLang warms as a program's prefix) instead of an error."""
     builder = _Builder()
     arguments = {p: bound[p] if p in bound else Argument(p) for p in params}
     try:
-        func(TracerState(builder, 0), **arguments)
-    except TracingError:
-        raise
+        with _tracing(builder):
+            func(TracerState(builder, 0), **arguments)
     except Exception as exc:
-        raise TracingError(f"cannot trace {name}: {type(exc).__name__}: {exc}") from exc
+        if partial:
+            pass
+        elif isinstance(exc, TracingError):
+            raise
+        else:
+            raise TracingError(f"cannot trace {name}: {type(exc).__name__}: {exc}") from exc
     return ProgramGraph(
         name=name,
         nodes=tuple(builder.nodes),

@@ -11,10 +11,14 @@ Invariants the interpreter relies on:
   never scored.
 - `tokenize(text)` (with `add_special_tokens=True`) yields exactly the ids that
   `generate(text, ...)` prefills, so positions computed from it match the server's.
+
+SGLang's module paths are mirrored by the submodules `base_backend` (`BaseBackend`),
+`runtime_endpoint` (`RuntimeEndpoint`) and `openai` (`OpenAI`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -59,10 +63,39 @@ class Completion:
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs_from: int = 0
     request_id: str = ""
+    # (token_id, logprob) alternatives of the next token after the prompt, best first: set
+    # only for a `gen(max_tokens=0, top_logprobs_num=k)` (see `gen_exec.next_token_probe`).
+    next_token_top: tuple[tuple[int, float], ...] = ()
 
     @property
     def cache_hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class TokenUsage:
+    """SGLang's `backend.token_usage`: prompt and completion tokens of every request the
+    programs run on this backend have made (gens, speculative calls, select scoring, prefix
+    warm-ups), as the server counted them. Thread-safe; `reset()` starts over."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def add(self, completion: Completion) -> None:
+        with self._lock:
+            self.prompt_tokens += completion.prompt_tokens
+            self.completion_tokens += completion.completion_tokens
+
+    def reset(self) -> None:
+        with self._lock:
+            self.prompt_tokens = self.completion_tokens = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenUsage(prompt_tokens={self.prompt_tokens}, "
+            f"completion_tokens={self.completion_tokens})"
+        )
 
 
 @dataclass(frozen=True)
@@ -121,7 +154,14 @@ class Backend(Protocol):
 
 
 class BackendBase:
-    """Implements `warm` and `prompt_logprobs` in terms of `generate`."""
+    """Implements `warm` and `prompt_logprobs` in terms of `generate`; holds `token_usage`."""
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        """Created on first use (subclasses need not call an __init__ here); the dict's
+        setdefault is atomic, so concurrent first reads share one object."""
+        usage: TokenUsage = self.__dict__.setdefault("_token_usage", TokenUsage())
+        return usage
 
     def generate(
         self,
@@ -148,3 +188,7 @@ class BackendBase:
 
     def close(self) -> None:
         return None
+
+
+#: SGLang's name for the backend base class (also at `radixmesh.lang.backend.base_backend`).
+BaseBackend = BackendBase

@@ -1,0 +1,1 @@
+"""Mirrors of SGLang's `sglang.srt` module paths that frontend programs import (only those)."""

@@ -1,0 +1,1 @@
+"""Mirror of `sglang.srt.constrained` (see `outlines_backend`)."""

@@ -19,7 +19,7 @@ def _parse(frame: bytes) -> Any:
 
 def test_partial_frames_match_the_cumulative_object() -> None:
     req = _Request()
-    req.inputs = [SimpleNamespace(), SimpleNamespace()]  # type: ignore[list-item]
+    req.inputs = [SimpleNamespace(rid="a"), SimpleNamespace(rid="b")]  # type: ignore[list-item]
     meta = _Meta(SimpleNamespace(), req)  # type: ignore[arg-type]
     chunks = [
         Chunk('He said "hi"\n', [1, 2], []),

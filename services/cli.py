@@ -9,10 +9,9 @@ test_import_graph.py holds both).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
-import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,21 +22,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
-    from radixmesh.api import Client
+    from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 BENCH_MODULE = "radixmesh_bench"
 
 SMOKE_PROMPT = "What is the capital of France?"
 T = TypeVar("T")
+EXIT_ERROR = 1  # the request failed, or nothing listens at --endpoint
+EXIT_CUT = 3  # generate: constrained output cut by --max-new-tokens (incomplete)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+API_KEY_ENV = "RADIXMESH_API_KEY"  # the client's key (radixmesh.api.Client reads it too)
+GRAMMAR_FLAGS = ("json_schema", "regex", "ebnf")
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"radixmesh: {msg}", flush=True)
 
 
 def with_heartbeat(
-    label: str, fn: Callable[[], T], every: float = 5.0, say: Callable[[str], None] = _say
+    label: str, fn: Callable[[], T], every: float = 5.0, say: Callable[[str], None] = say
 ) -> T:
     """Run fn() in a thread; say what it is doing and the elapsed seconds every few seconds
     (a model conversion or download is otherwise a long silent stretch)."""
@@ -61,102 +64,10 @@ def with_heartbeat(
     return cast(T, box["value"])
 
 
-def _startup_progress(event: str, pending: list[str], elapsed: float) -> None:
-    if event.startswith("ready:"):
-        _say(f"{event.removeprefix('ready:')} ready ({elapsed:.1f} s)")
-    elif pending:
-        _say(f"loading: {', '.join(pending)} ({elapsed:.0f} s)")
-
-
 def _serve(ns: argparse.Namespace) -> int:
-    from services.drain import INTERNAL_EXTRA_S
-    from services.launcher import Launcher, Topology, sequential_ports, topology_specs
-    from services.logging import configure_logging
-    from services.model_store import ModelError, describe_model_source, resolve_model
+    from services.serve_cmd import serve
 
-    configure_logging("launcher", ns.log_level)
-    _say(f"preparing model {ns.model!r}: {describe_model_source(ns.model)}")
-    try:
-        # Convert/download once, before four processes race for it.
-        folder = with_heartbeat("preparing the model", lambda: resolve_model(ns.model))
-    except ModelError as exc:
-        print(f"radixmesh serve: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # during a conversion or download: nothing started yet
-        return EXIT_INTERRUPTED
-    # Services get a local folder: a hub id is resolved (downloaded) here only.
-    model = ns.model if ns.model in ("", "default") else str(folder)
-    topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)
-    port_of = sequential_ports(ns.port, topo)
-    tok_args = ["--served-model-name", ns.served_model_name] if ns.served_model_name else []
-    if ns.chat_template:
-        tok_args += ["--chat-template", str(Path(ns.chat_template).resolve())]
-    sched_args = ["--radix", ns.radix, "--policy", ns.policy]
-    # --kv-tokens is the stack's total: N replicas together hold what one would.
-    per_replica = ns.kv_tokens // topo.replicas
-    model_args = ["--kv-tokens", str(per_replica)] if ns.kv_tokens else []
-    m = ns.metrics_port
-    metrics_of = sequential_ports(m, topo) if m else None
-    names = topo.names()
-    launcher = Launcher(
-        topology_specs(
-            topo,
-            port_of,
-            model,
-            http_port=ns.http_port,
-            model_args=model_args,
-            scheduler_args=sched_args,
-            tokenizer_args=tok_args,
-            shutdown_grace=ns.shutdown_grace,
-            metrics_port=metrics_of,
-        ),
-        log_dir=Path(ns.log_dir) if ns.log_dir else None,
-        internal_tls=True,
-    )
-    api_port = port_of(names[0])
-
-    async def main() -> None:
-        # SIGTERM/SIGINT: stop supervising; the finally below forwards SIGTERM to every
-        # service, which drains (in-flight requests get --shutdown-grace seconds).
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        launcher.start_all()
-        _say(f"starting services (model {folder}); logs in {launcher.log_dir}")
-        await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
-        others = ", ".join(f"{n} :{port_of(n)}" for n in names[1:])
-        http = f"HTTP at http://localhost:{ns.http_port} (OpenAI /v1, SGLang /generate)"
-        _say(f"ready. API at localhost:{api_port} ({others}); {http if ns.http_port else ''}")
-        if metrics_of is not None:
-            last = m + len(names) - 1
-            print(f"radixmesh: /metrics on ports {m}-{last} (same order)", flush=True)
-        if not ns.no_smoke:
-            await asyncio.to_thread(_smoke, f"localhost:{api_port}")
-        _say("serving; Ctrl-C to stop.")
-        await launcher.supervise()
-
-    try:
-        asyncio.run(main())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("radixmesh: stopping; draining in-flight requests ...", flush=True)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"radixmesh serve: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        launcher.stop_all(grace=ns.shutdown_grace + INTERNAL_EXTRA_S + 5.0)
-    return 0
-
-
-def _smoke(endpoint: str) -> None:
-    from radixmesh.api import Client
-
-    with Client(endpoint) as c:
-        res = c.generate(
-            messages=[{"role": "user", "content": SMOKE_PROMPT}], max_new_tokens=24, temperature=0
-        )
-    print(f"radixmesh: smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}", flush=True)
+    return serve(ns)
 
 
 def _certs(ns: argparse.Namespace) -> int:
@@ -181,7 +92,7 @@ def _certs(ns: argparse.Namespace) -> int:
         if ns.ca_dir
         else f"new CA in {out / 'ca'} (keep ca.key out of the cluster)"
     )
-    _say(f"wrote {', '.join(roles)} certificates ({ns.days} days; {where})")
+    say(f"wrote {', '.join(roles)} certificates ({ns.days} days; {where})")
     print("load them (a new Secret, or --dry-run=client -o yaml | kubectl apply -f - to replace):")
     for role in roles:
         print(
@@ -222,7 +133,7 @@ def generate_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
     if ns.seed is not None:
         kw["seed"] = ns.seed
-    for name in ("json_schema", "regex", "ebnf"):
+    for name in GRAMMAR_FLAGS:
         if getattr(ns, name) is not None:
             kw[name] = getattr(ns, name)
     if ns.stop:
@@ -235,13 +146,47 @@ def generate_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+def listen_problem(endpoint: str, timeout: float = 3.0) -> str | None:
+    """Why nothing can answer at `endpoint` (host:port), or None. A refused TCP connect is
+    known at once, where gRPC would retry for half a minute before UNAVAILABLE; other
+    endpoint forms (dns:///, unix:) are left to gRPC."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or "/" in endpoint or not port.isdigit():
+        return None
+    host = host.strip("[]") or "localhost"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+    return (
+        f"nothing answers at {endpoint} ({reason}): is `radixmesh serve` running? Start it "
+        "(bash scripts/serve.sh, or radixmesh serve), or point --endpoint at its API port"
+    )
+
+
+def error_hint(exc: RadixMeshError) -> str:
+    """What to do about a refused call, for the errors a person can fix from here."""
+    import grpc
+
+    if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+        return f" (pass --api-key KEY, or set {API_KEY_ENV}, to a key the server was started with)"
+    if exc.code == grpc.StatusCode.UNAVAILABLE:
+        return " (is `radixmesh serve` running, and --endpoint its API port?)"
+    return ""
+
+
 def _generate(ns: argparse.Namespace) -> int:
     from radixmesh.api import Client, GenerateResult, RadixMeshError
 
+    problem = listen_problem(ns.endpoint)
+    if problem is not None:
+        print(f"radixmesh generate: {problem}", file=sys.stderr)
+        return EXIT_ERROR
     kw = generate_kwargs(ns)
     result: GenerateResult | None = None
     try:
-        with Client(ns.endpoint, timeout=ns.timeout) as c:
+        with Client(ns.endpoint, timeout=ns.timeout, api_key=ns.api_key) as c:
             try:
                 for item in c.stream(**kw):
                     if isinstance(item, GenerateResult):
@@ -251,28 +196,43 @@ def _generate(ns: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 return _interrupted(c, str(kw["request_id"]))
     except RadixMeshError as exc:
-        print(f"radixmesh generate: {exc}", file=sys.stderr)
-        return 1
+        print(f"radixmesh generate: {exc}{error_hint(exc)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:  # while connecting or closing: nothing to abort
         return EXIT_INTERRUPTED
     assert result is not None
     if ns.json:
-        print(
-            json.dumps(
-                {
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "matched_stop": result.matched_stop,
-                    "prompt_tokens": result.prompt_tokens,
-                    "completion_tokens": result.completion_tokens,
-                    "cached_tokens": result.cached_tokens,
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(result_json(result), indent=2))
     else:
         print()
-    return 0
+    return check_cut(ns, result.finish_reason)
+
+
+def result_json(result: GenerateResult) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "matched_stop": result.matched_stop,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
+    }
+
+
+def check_cut(ns: argparse.Namespace, finish_reason: str) -> int:
+    """Output cut by the token limit under a grammar is unfinished (a JSON document without
+    its closing brace): say so on stderr and exit EXIT_CUT, so that a script never takes it
+    for a result. Without a grammar a cut is an ordinary ending."""
+    constraint = next((f"--{n.replace('_', '-')}" for n in GRAMMAR_FLAGS if getattr(ns, n)), "")
+    if finish_reason != "length" or not constraint:
+        return 0
+    print(
+        f"radixmesh generate: warning: the output was cut at --max-new-tokens "
+        f"{ns.max_new_tokens} before the {constraint} grammar finished, so it is incomplete "
+        "(finish_reason length); raise --max-new-tokens",
+        file=sys.stderr,
+    )
+    return EXIT_CUT
 
 
 def _interrupted(client: Client, request_id: str) -> int:
@@ -290,55 +250,87 @@ def _interrupted(client: Client, request_id: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixmesh", description="RadixMesh: serve, generate, bench.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _add_serve(sub: Any) -> None:
+    """`serve`'s flags, one argparse group per concern (new groups, such as GPU placement,
+    go beside these)."""
     s = sub.add_parser("serve", help="start every service locally and wait")
-    s.add_argument(
+    model = s.add_argument_group("model")
+    model.add_argument(
         "--model",
         default="default",
         help="'default' (SmolLM2-135M), a local HF folder, or a hub id org/name",
     )
-    s.add_argument(
-        "--port", type=int, default=50051, help="API port; the other services use the next ones"
-    )
-    s.add_argument("--http-port", type=int, default=8000, help="HTTP APIs' port (0: off)")
-    s.add_argument("--served-model-name", default="", help="model name the HTTP APIs answer to")
-    s.add_argument("--chat-template", default="", help="Jinja chat template file to serve with")
-    s.add_argument("--radix", default="tree", choices=["tree", "table", "off"])
-    s.add_argument(
-        "--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
-    )
-    s.add_argument(
-        "--kv-tokens",
+    model.add_argument("--served-model-name", default="", help="model name the HTTP APIs answer to")
+    model.add_argument("--chat-template", default="", help="Jinja chat template file to serve with")
+
+    ports = s.add_argument_group("ports (all checked before the model is prepared)")
+    ports.add_argument(
+        "--port",
         type=int,
-        default=0,
-        help="KV pool size of the whole stack, split evenly over the replicas (0: each model "
-        "service's memory budget)",
+        default=50051,
+        help="gRPC API port; the internal services use the next ones (4 in all with one of "
+        "each; more with --replicas, --grammar-replicas, --front-doors)",
     )
-    s.add_argument(
-        "--replicas",
-        type=positive_int,
-        default=1,
-        help="scheduler+model pairs (each its own KV cache)",
+    ports.add_argument(
+        "--http-port", type=int, default=8000, help="HTTP APIs' port, /metrics too (0: off)"
     )
-    s.add_argument(
-        "--front-doors", type=positive_int, default=1, help="front doors (HTTP ports count up)"
-    )
-    s.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
-    s.add_argument("--log-dir", default="", help="write each service's log here")
-    s.add_argument(
+    ports.add_argument(
         "--metrics-port",
         type=int,
         default=0,
         help="serve /metrics: the front door on this port, the others on the next ones, in the"
         " order of the API ports (0: off)",
     )
-    s.add_argument("--log-level", default="info")
-    s.add_argument("--startup-timeout", type=float, default=600.0)
-    s.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")
-    s.add_argument(
+
+    topo = s.add_argument_group("topology")
+    topo.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="scheduler+model pairs (each its own KV cache)",
+    )
+    topo.add_argument(
+        "--front-doors", type=positive_int, default=1, help="front doors (HTTP ports count up)"
+    )
+    topo.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
+
+    sched = s.add_argument_group("scheduling and cache")
+    sched.add_argument("--radix", default="tree", choices=["tree", "table", "off"])
+    sched.add_argument(
+        "--policy", default="lpm", choices=["lpm", "dfs-weight", "fcfs", "lof", "random"]
+    )
+    sched.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=0,
+        help="KV pool size of the whole stack, split evenly over the replicas (0: each model "
+        "service's memory budget)",
+    )
+
+    keys = s.add_argument_group("API keys (docs/security.md; default: open)")
+    keys.add_argument("--api-keys", default="", help="comma-separated API keys, a tenant each")
+    keys.add_argument("--admin-api-keys", default="", help="keys that may also call GetStats")
+    keys.add_argument("--api-keys-file", default="", help="`KEY [tenant=NAME] [admin]` a line")
+
+    logs = s.add_argument_group("logs")
+    logs.add_argument(
+        "--log-dir",
+        default="",
+        help="write each service's log here, kept (made 0700); default: a temporary folder, "
+        "removed when the stack stops cleanly",
+    )
+    logs.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    logs.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="every service's log lines as key=value text or JSON",
+    )
+
+    life = s.add_argument_group("start-up and shutdown")
+    life.add_argument("--startup-timeout", type=float, default=600.0)
+    life.add_argument("--no-smoke", action="store_true", help="skip the start-up smoke request")
+    life.add_argument(
         "--shutdown-grace",
         type=float,
         default=30.0,
@@ -346,6 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
         "with UNAVAILABLE",
     )
     s.set_defaults(func=_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixmesh", description="RadixMesh: serve, generate, bench.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    _add_serve(sub)
 
     g = sub.add_parser("generate", help="one request, streamed to the terminal")
     g.add_argument("prompt")
@@ -371,6 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the result as a JSON object (output format; JSON mode is --json-schema)",
     )
     g.add_argument("--timeout", type=float, default=None)
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help=f"API key of a server started with keys (default: ${API_KEY_ENV})",
+    )
     g.set_defaults(func=_generate)
 
     c = sub.add_parser(

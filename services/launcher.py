@@ -35,9 +35,9 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.drain import INTERNAL_EXTRA_S
-from services.log_tail import death_report, log_size
+from services.log_tail import death_report, log_size, make_private_dir
 from services.pki import CertFiles, make_local_pki
-from services.ports import port_in_use, port_message
+from services.ports import PortUse, first_problem, port_in_use, port_message
 from services.security import internal_channel
 
 log = structlog.get_logger(__name__)
@@ -86,10 +86,19 @@ class ServiceSpec:
     public: bool = False  # the front door: its port is the public API, never mutual TLS
     health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of this service
+    # Other ports the service binds (HTTP, /metrics), checked with the gRPC one before start.
+    extra_ports: tuple[PortUse, ...] = ()
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def port_uses(self) -> list[PortUse]:
+        """Every port this service binds, each with the `radixmesh serve` flag that moves it."""
+        uses = [PortUse(self.port, f"the {self.name} service's gRPC port", "--port")]
+        if self.health_port:
+            uses.append(PortUse(self.health_port, f"the {self.name} service's health port"))
+        return [*uses, *self.extra_ports]
 
     @property
     def probe_address(self) -> str:
@@ -157,16 +166,15 @@ class Topology:
 
     def names(self) -> list[str]:
         """Service names in port order. With one of a kind its name is the kind
-        ("scheduler"); with several, "scheduler-0", "scheduler-1", ... The first front door
-        comes first and the other front doors last, so one of each keeps the classic order
-        (front door, scheduler, model, grammar on consecutive ports)."""
+        ("scheduler"); with several, "scheduler-0", "scheduler-1", ... The first of each
+        kind comes first in the classic order (front door, scheduler, model, grammar on
+        consecutive ports: 50051-50054 whatever the counts), then the other replicas'
+        scheduler+model pairs, the other grammar services and the other front doors."""
         fd = _named("tokenizer", self.front_doors)
-        out = [fd[0]]
-        for s, m in zip(
-            _named("scheduler", self.replicas), _named("model", self.replicas), strict=True
-        ):
-            out += [s, m]
-        return [*out, *_named("grammar", self.grammars), *fd[1:]]
+        pairs = zip(_named("scheduler", self.replicas), _named("model", self.replicas), strict=True)
+        flat = [name for pair in pairs for name in pair]
+        grammars = _named("grammar", self.grammars)
+        return [fd[0], *flat[:2], grammars[0], *flat[2:], *grammars[1:], *fd[1:]]
 
 
 def service_role(name: str) -> str:
@@ -219,6 +227,16 @@ def topology_specs(
             out.append(f"--metrics-port={metrics_port(name)}")
         return out
 
+    def ports(name: str, http: int = 0) -> tuple[PortUse, ...]:
+        uses = []
+        if http:
+            uses.append(PortUse(http, f"the {name} service's HTTP API", "--http-port"))
+        if metrics_port is not None and metrics_port(name):
+            uses.append(
+                PortUse(metrics_port(name), f"the {name} service's /metrics", "--metrics-port")
+            )
+        return tuple(uses)
+
     def addr(name: str) -> str:
         return f"127.0.0.1:{port_of(name)}"
 
@@ -231,26 +249,44 @@ def topology_specs(
     for i, (sched, mod) in enumerate(zip(schedulers, models, strict=True)):
         env = topo.replica_env[i % len(topo.replica_env)] if topo.replica_env else {}
         margs = ["--model", model, *model_args]
-        specs.append(ServiceSpec(mod, "model_service", port_of(mod), args(mod, margs), env=env))
-        sargs = [f"--model-address={addr(mod)}", f"--grammar-address={grammar_list}"]
         specs.append(
             ServiceSpec(
-                sched, "scheduler_service", port_of(sched), args(sched, [*sargs, *scheduler_args])
+                mod,
+                "model_service",
+                port_of(mod),
+                args(mod, margs),
+                env=env,
+                extra_ports=ports(mod),
             )
+        )
+        sargs = [f"--model-address={addr(mod)}", f"--grammar-address={grammar_list}"]
+        sargs = args(sched, [*sargs, *scheduler_args])
+        specs.append(
+            ServiceSpec(sched, "scheduler_service", port_of(sched), sargs, extra_ports=ports(sched))
         )
     for g in grammars:
         gargs = ["--tokenizer", model, *grammar_args]
-        specs.append(ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs)))
+        specs.append(
+            ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs), extra_ports=ports(g))
+        )
     for i, fd in enumerate(_named("tokenizer", topo.front_doors)):
+        http = http_port + i if http_port else 0
         targs = [
             f"--scheduler-address={scheduler_list}",
-            f"--http-port={http_port + i if http_port else 0}",
+            f"--http-port={http}",
             "--model",
             model,
             *tokenizer_args,
         ]
         specs.append(
-            ServiceSpec(fd, "tokenizer_service", port_of(fd), args(fd, targs), public=True)
+            ServiceSpec(
+                fd,
+                "tokenizer_service",
+                port_of(fd),
+                args(fd, targs),
+                public=True,
+                extra_ports=ports(fd, http),
+            )
         )
     return specs
 
@@ -297,6 +333,8 @@ class Launcher:
         # Output always goes to a file: its tail explains a death (see _report_death). Without
         # a log_dir, a temporary folder made when the first service starts.
         self._log_dir = log_dir
+        self._own_log_dir = False  # made by us (a temporary folder): removed on a clean stop
+        self.deaths = 0  # services that died unasked (each reported with its log's tail)
         # Services watch this pid and stop when the launcher is gone (services.server).
         self.env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
         self.max_backoff = max_backoff
@@ -353,27 +391,43 @@ class Launcher:
     def log_dir(self) -> Path:
         if self._log_dir is None:
             self._log_dir = Path(tempfile.mkdtemp(prefix="radixmesh-"))
+            self._own_log_dir = True
         return self._log_dir
+
+    @property
+    def log_folder(self) -> Path | None:
+        """The log folder if one was given or made yet (`log_dir` makes one)."""
+        return self._log_dir
+
+    @property
+    def logs_kept(self) -> bool:
+        """Are the logs still there after `stop_all`? A temporary folder of our own goes
+        when every service stopped without a death to explain (else they piled up in /tmp);
+        a given `log_dir` always stays."""
+        return not self._own_log_dir or self.deaths > 0
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
     def _open_log(self, name: str) -> Any:
         """Service logs are for the operator alone: created 0600 in a 0700 directory."""
-        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if make_private_dir(self.log_dir):
+            log.warning("log_dir_tightened", path=str(self.log_dir), mode="0700")
         fd = os.open(self.log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         f = os.fdopen(fd, "ab")
         self._logs.append(f)
         return f
 
+    def port_uses(self) -> list[PortUse]:
+        return [use for spec in self.specs.values() for use in spec.port_uses()]
+
     def check_ports(self) -> None:
-        """Every service's port must be free: a port held by another process would answer our
-        health checks and make a stack that cannot serve look ready."""
-        for spec in self.specs.values():
-            host = spec.address.rsplit(":", 1)[0]
-            for port in (spec.port, spec.health_port):
-                if port and port_in_use(host, port):
-                    raise StartupFailure(port_message(spec.name, host, port))
+        """Every port of every service must be free (gRPC, health, HTTP, /metrics): a port held
+        by another process would answer our health checks and make a stack that cannot serve
+        look ready, or kill a service at bind."""
+        problem = first_problem(self.port_uses())
+        if problem is not None:
+            raise StartupFailure(problem)
 
     def start_all(self) -> None:
         self.check_ports()
@@ -381,6 +435,7 @@ class Launcher:
             self.start(name)
 
     def _report_death(self, name: str, when: str) -> str:
+        self.deaths += 1
         proc = self.procs[name]
         report = death_report(
             name, proc.returncode, self.log_path(name), self._log_start.get(name, 0), when
@@ -484,6 +539,7 @@ class Launcher:
                         restart_in_s=delay,
                         restarts=n,
                     )
+                    end_group(proc)  # its helpers (a forkserver) go with it
                     await asyncio.sleep(delay)
                     if not self._stopping:
                         self.start(name)
@@ -540,7 +596,21 @@ class Launcher:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            end_group(proc)
         for f in self._logs:
             f.close()
         if self.pki_dir is not None:
             shutil.rmtree(self.pki_dir, ignore_errors=True)
+        if self._log_dir is not None and not self.logs_kept:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+
+
+def end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL what is left of a stopped service's process group (each service leads its own
+    session: start_new_session). A service's helpers, such as the grammar service's compile
+    forkserver and its workers, must not outlive the service and its launcher. Call only
+    after `proc` has exited and been reaped: its group id is then held by such leftovers
+    alone, so it cannot name anyone else's processes."""
+    assert proc.returncode is not None, "end_group of a running service"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

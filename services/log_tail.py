@@ -1,9 +1,11 @@
-"""The last lines of a service's log, for the launcher's stderr when the service dies: start-up
-errors must show their reason without the user hunting for a log file."""
+"""Service logs: the folder they live in (private to the operator), and the last lines of a
+log for the launcher's stderr when the service dies: start-up errors must show their reason
+without the user hunting for a log file."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 TAIL_LINES = 20
@@ -37,3 +39,26 @@ def log_size(path: Path) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+class LogDirError(ValueError):
+    """A log folder that cannot be made private; the message says what to pass instead."""
+
+
+def make_private_dir(path: Path) -> bool:
+    """Make `path` a 0700 folder (logs are the operator's alone: they hold prompts' ids,
+    tenants and errors). An existing folder of ours is tightened to 0700, not trusted as it
+    is; a shared one (sticky, like /tmp) or someone else's is refused rather than changed.
+    Returns True when an existing folder's mode was tightened."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & 0o077:
+        return False
+    if st.st_uid != os.getuid() or mode & stat.S_ISVTX:
+        raise LogDirError(
+            f"log folder {path} is shared (mode {mode:o}, owner uid {st.st_uid}): pass "
+            "--log-dir a folder of your own (created 0700 if missing)"
+        )
+    os.chmod(path, 0o700)
+    return True

@@ -1,10 +1,13 @@
-"""Is a TCP port free to listen on? Checked before the launcher starts (or restarts) a service:
-a second stack on ports in use would otherwise look ready (the first stack answers its health
-checks) while its own services die at bind."""
+"""Is a TCP port free to listen on? Checked before the launcher starts (or restarts) a service,
+and by `radixmesh serve` for every port of its plan before anything slow: a second stack on
+ports in use would otherwise look ready (the first stack answers its health checks) while its
+own services die at bind, or die only after minutes of model preparation."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -20,8 +23,43 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def port_message(service: str, host: str, port: int) -> str:
+@dataclass(frozen=True)
+class PortUse:
+    """One port a stack will bind: whose it is ("the tokenizer service's HTTP API") and the
+    `radixmesh serve` flag that moves it."""
+
+    port: int
+    owner: str
+    flag: str = "--port"
+
+
+def port_message(service: str, host: str, port: int, flag: str = "--port") -> str:
+    return in_use_message(PortUse(port, f"the {service} service's", flag), host)
+
+
+def in_use_message(use: PortUse, host: str) -> str:
     return (
-        f"port {port} on {host} (the {service} service's) is already in use by another process "
-        "(another `radixmesh serve`?): stop it, or start on other ports with --port"
+        f"port {use.port} on {host} ({use.owner}) is already in use by another process "
+        f"(another `radixmesh serve`?): stop it, or pick another with {use.flag}"
     )
+
+
+def first_problem(uses: Iterable[PortUse], host: str = "127.0.0.1") -> str | None:
+    """Why this port plan cannot start, or None: a port given to two owners (flags whose
+    ranges overlap), out of range, or in use now. Cheap (one bind per port): run it before
+    anything slow."""
+    seen: dict[int, PortUse] = {}
+    for use in uses:
+        if not 0 < use.port < 65536:
+            return f"port {use.port} ({use.owner}) is not a TCP port: pick another with {use.flag}"
+        other = seen.get(use.port)
+        if other is not None:
+            return (
+                f"port {use.port} would be both {other.owner} ({other.flag}) and {use.owner} "
+                f"({use.flag}): move one of them"
+            )
+        seen[use.port] = use
+    for use in seen.values():
+        if port_in_use(host, use.port):
+            return in_use_message(use, host)
+    return None

@@ -148,7 +148,7 @@ def test_ctrl_c_of_streaming_generate_aborts_and_exits_130(stack: Stack) -> None
 
 def test_second_serve_on_ports_in_use_refuses_at_once(stack: Stack) -> None:
     out = subprocess.run(
-        _cli("serve", "--port", str(stack.ports.tokenizer), "--no-smoke"),
+        _cli("serve", "--port", str(stack.ports.tokenizer), "--http-port", "0", "--no-smoke"),
         capture_output=True,
         text=True,
         env=ENV,
@@ -157,12 +157,34 @@ def test_second_serve_on_ports_in_use_refuses_at_once(stack: Stack) -> None:
     assert out.returncode == 1, out.stdout + out.stderr
     # The tokenizer's port is the stack's; the next three may or may not be taken by others.
     m = re.search(
-        r"radixmesh serve: port (\d+) on 127.0.0.1 \(the (\w+) service's\) is already in use",
-        out.stderr,
+        r"radixmesh serve: port (\d+) on 127.0.0.1 \(the (\w+) service's gRPC port\) is already "
+        r"in use .* pick another with --port$",
+        out.stderr.strip(),
     )
     assert m, out.stderr
     p = stack.ports.tokenizer
     assert int(m.group(1)) in range(p, p + 4)
-    assert "ready" not in out.stdout
-    # it said what it was doing before refusing
-    assert out.stdout.startswith("radixmesh: preparing model 'default': the embedded SmolLM2")
+    # refused before anything slow: no model preparation, nothing started
+    assert "preparing model" not in out.stdout and "ready" not in out.stdout, out.stdout
+
+
+def test_generate_cut_under_a_grammar_warns_and_exits_3(stack: Stack) -> None:
+    """A schema that needs more tokens than allowed printed invalid, truncated JSON with exit
+    code 0 (issue 30 item 5)."""
+    props = {f"field_{i}": {"type": "string"} for i in range(6)}
+    schema = json.dumps({"type": "object", "properties": props, "required": list(props)})
+    out = subprocess.run(
+        _cli("generate", "A record:", "--json-schema", schema, "--max-new-tokens", "6")
+        + ["--endpoint", stack.endpoint],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=180,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "warning: the output was cut at --max-new-tokens 6 before the --json-schema" in (
+        out.stderr
+    )
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out.stdout)  # what was printed is indeed incomplete
+    assert out.stdout.startswith("{")

@@ -1,6 +1,7 @@
-"""First-hour traps on the client side (issue 11), without a server: two grammars in one
+"""First-hour traps on the client side (issues 11 and 30), without a server: two grammars in one
 request, a dict JSON schema, `--json-schema @file`, unknown chat roles, the wrong-port message,
-the heartbeat that fills long silent stretches."""
+the heartbeat that fills long silent stretches; `generate` with nothing listening, without a
+key, and with constrained output cut by the token limit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ from cryptography.hazmat.primitives import serialization
 from radixmesh.api import build_request
 from radixmesh.wrong_port import wrong_service_message
 
-from services.cli import build_parser, generate_kwargs, main, with_heartbeat
+from services.cli import (
+    EXIT_CUT,
+    EXIT_ERROR,
+    build_parser,
+    check_cut,
+    error_hint,
+    generate_kwargs,
+    listen_problem,
+    main,
+    with_heartbeat,
+)
 from tokenizer_service.validation import InvalidRequest, check_chat_roles
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -144,3 +155,55 @@ def test_internal_certificate_names_its_role(tmp_path: Path) -> None:
         )
         assert INTERNAL_CERT_NAME in der
         assert _last_common_name(der) == role  # the subject's CN, not the CA's (issuer)
+
+
+# -- generate's answers to a person (issue 30 items 5 and 6) ----------------------------------
+def test_generate_with_nothing_listening_fails_at_once_naming_serve(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It took 34 s of gRPC retries to print a raw UNAVAILABLE. The refused connect is known
+    at once: assert that no gRPC call was even made (the client is never built)."""
+    from services.launcher import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"  # nothing listens there
+    assert listen_problem(endpoint) is not None
+    assert main(["generate", "hi", "--endpoint", endpoint]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith(f"radixmesh generate: nothing answers at {endpoint} (")
+    assert "is `radixmesh serve` running?" in err and "--endpoint" in err
+    assert listen_problem("dns:///somewhere:50051") is None  # left to gRPC
+
+
+def test_auth_errors_name_the_flag_and_the_variable() -> None:
+    import grpc
+    from radixmesh.api import RadixMeshError
+
+    hint = error_hint(RadixMeshError(grpc.StatusCode.UNAUTHENTICATED, "missing API key"))
+    assert "--api-key KEY" in hint and "RADIXMESH_API_KEY" in hint
+    assert error_hint(RadixMeshError(grpc.StatusCode.INVALID_ARGUMENT, "bad")) == ""
+    ns = build_parser().parse_args(["generate", "hi", "--api-key", "s3cret"])
+    assert ns.api_key == "s3cret"
+    assert build_parser().parse_args(["generate", "hi"]).api_key is None  # env, in the client
+
+
+@pytest.mark.parametrize(
+    "args,finish,code",
+    [
+        (["--json-schema", '{"type": "object"}'], "length", EXIT_CUT),
+        (["--regex", "[a-z]+"], "length", EXIT_CUT),
+        (["--ebnf", 'root ::= "a"'], "length", EXIT_CUT),
+        (["--json-schema", '{"type": "object"}'], "stop", 0),
+        ([], "length", 0),  # plain text cut at the limit is an ordinary ending
+    ],
+)
+def test_constrained_output_cut_by_the_limit_warns_and_exits_distinctly(
+    args: list[str], finish: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = build_parser().parse_args(["generate", "hi", "--max-new-tokens", "7", *args])
+    assert check_cut(ns, finish) == code
+    err = capsys.readouterr().err
+    if code:
+        assert err.startswith("radixmesh generate: warning: the output was cut at ")
+        assert "--max-new-tokens 7" in err and args[0] in err
+    else:
+        assert err == ""

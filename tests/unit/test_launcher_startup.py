@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ def test_port_check_refuses_before_starting_anything(busy_port: int) -> None:
     with pytest.raises(StartupFailure) as exc:
         launcher.start_all()
     assert str(exc.value).startswith(
-        f"port {busy_port} on 127.0.0.1 (the tokenizer service's) is already in use"
+        f"port {busy_port} on 127.0.0.1 (the tokenizer service's gRPC port) is already in use"
     )
     assert "--port" in str(exc.value)
     assert launcher.procs == {}  # nothing started
@@ -229,3 +230,65 @@ def test_replicas_share_their_roles_certificate() -> None:
         assert envs[0] == envs[1] == str(launcher.pki["scheduler"].cert)
     finally:
         launcher.stop_all()
+
+
+# -- what a stopped stack leaves behind (issue 30 item 7, issue 26 item 7) ---------------------
+@pytest.mark.integration  # starts a process
+def test_a_services_helper_processes_do_not_outlive_it(tmp_path: Path) -> None:
+    """The grammar service's compile forkserver outlived the launcher: whatever a service
+    started in its process group is ended with it."""
+    import psutil
+
+    pid_file = tmp_path / "helper.pid"
+    launcher = _launcher(
+        ServiceSpec("grammar", FAKE, free_port(), ["serve", "--helper-pid-file", str(pid_file)]),
+        log_dir=tmp_path / "logs",
+    )
+    try:
+        launcher.start_all()
+        asyncio.run(launcher.wait_ready(timeout=60))
+        helper = psutil.Process(int(pid_file.read_text()))  # written before the service serves
+        assert helper.is_running() and helper.status() != psutil.STATUS_ZOMBIE
+    finally:
+        launcher.stop_all()
+    with pytest.raises(psutil.NoSuchProcess):
+        helper.wait(timeout=30)  # gone (reaped by whoever adopted it), or never waited on
+        helper.status()
+
+
+@pytest.mark.integration  # starts a process
+def test_temporary_log_folder_goes_with_a_clean_stop_and_stays_after_a_death() -> None:
+    clean = _launcher(ServiceSpec("grammar", FAKE, free_port(), ["serve"]))
+    try:
+        clean.start_all()
+        asyncio.run(clean.wait_ready(timeout=60))
+        folder = clean.log_dir
+        assert folder.name.startswith("radixmesh-") and (folder / "grammar.log").exists()
+    finally:
+        clean.stop_all()
+    assert not clean.logs_kept and not folder.exists()  # /tmp/radixmesh-* no longer piles up
+
+    dying = _launcher(ServiceSpec("model", FAKE, free_port(), ["crash"]))
+    try:
+        dying.start_all()
+        with pytest.raises(StartupFailure):
+            asyncio.run(dying.wait_ready(timeout=60))
+    finally:
+        dying.stop_all()
+    assert dying.logs_kept and (dying.log_dir / "model.log").exists()  # its tail explains it
+    shutil.rmtree(dying.log_dir)
+
+
+@pytest.mark.integration  # starts a process
+def test_an_existing_log_dir_is_tightened_to_0700(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.chmod(logs, 0o755)
+    launcher = _launcher(ServiceSpec("grammar", FAKE, free_port(), ["serve"]), log_dir=logs)
+    try:
+        launcher.start_all()
+    finally:
+        launcher.stop_all()
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+    assert stat.S_IMODE((logs / "grammar.log").stat().st_mode) == 0o600
+    assert launcher.logs_kept and logs.exists()  # a given folder is never removed

@@ -37,6 +37,15 @@ def model(client: openai.OpenAI) -> str:
     return models[0].id
 
 
+def test_retrieve_one_model(client: openai.OpenAI, model: str) -> None:
+    card = client.models.retrieve(model)
+    assert card.id == model and card.object == "model"
+    assert card == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
 def _stats(stack: Stack) -> api_pb2.Stats:
     with grpc.insecure_channel(stack.endpoint) as chan:
         return api_pb2_grpc.RadixMeshStub(chan).GetStats(api_pb2.GetStatsRequest(), timeout=5)

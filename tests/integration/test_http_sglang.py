@@ -179,6 +179,7 @@ def test_info_flush_and_health(stack: Stack) -> None:
     base = stack.http_url
     info = requests.get(base + "/get_model_info").json()
     assert info["model_path"] and info["is_generation"] is True
+    assert requests.get(base + "/model_info").json() == info  # SGLang >= 0.5 (bench_serving)
     for path in ("/server_info", "/get_server_info"):
         si = requests.get(base + path).json()
         assert si["internal_states"][0]["max_total_num_tokens"] > 0

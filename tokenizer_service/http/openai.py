@@ -41,27 +41,31 @@ class OpenAIApi:
     def __init__(self, core: FrontDoor, served_names: list[str]) -> None:
         self.core = core
         self.names = served_names
+        self.created = int(time.time())  # the models' "created": when this server started
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/chat/completions", self.chat),
             web.post("/v1/completions", self.completions),
             web.get("/v1/models", self.models),
+            web.get("/v1/models/{model_id:.+}", self.model),  # ids may hold a slash
         ]
 
+    def _card(self, name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "radixmesh",
+            "max_model_len": self.core.context_length,
+        }
+
     async def models(self, request: web.Request) -> web.Response:
-        now = int(time.time())
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": now,
-                "owned_by": "radixmesh",
-                "max_model_len": self.core.context_length,
-            }
-            for name in self.names
-        ]
+        data = [self._card(name) for name in self.names]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        return web.json_response(self._card(self._model(request.match_info["model_id"])))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

@@ -41,13 +41,17 @@ def test_the_disruption_arithmetic() -> None:
 def test_every_pdb_lets_a_node_drain(overlay: str) -> None:
     objs = render(overlay)
     deployments = of_kind(objs, "Deployment")
-    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(objs, "HorizontalPodAutoscaler")}
+    hpas = {
+        h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(objs, "HorizontalPodAutoscaler")
+    }
     pdbs = of_kind(objs, "PodDisruptionBudget")
     assert pdbs
     for pdb in pdbs:
         selector = pdb["spec"]["selector"]["matchLabels"]
         targets = [
-            d for d in deployments if _selects(selector, d["spec"]["template"]["metadata"]["labels"])
+            d
+            for d in deployments
+            if _selects(selector, d["spec"]["template"]["metadata"]["labels"])
         ]
         assert len(targets) == 1, (pdb["metadata"]["name"], len(targets))
         dep = targets[0]

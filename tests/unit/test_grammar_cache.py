@@ -65,7 +65,7 @@ def test_cancelled_waiter_does_not_cancel_the_compile(tokenizer_info: xgr.Tokeni
     async def main() -> None:
         cache = CompileCache(tokenizer_info, disable_xgrammar_cache=True)
         first = asyncio.create_task(cache.get(JSON, _slow_schema(1)))
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0)  # one loop turn: `first` starts the compile
         second = asyncio.create_task(cache.get(JSON, _slow_schema(1)))
         await asyncio.sleep(0)
         first.cancel()

@@ -61,6 +61,16 @@ def test_dead_task_then_stall_turn_liveness_not_serving() -> None:
     asyncio.run(main())
 
 
+async def _until(h: Health, status: int, polls: int = 3000) -> None:
+    """Poll liveness until it reads `status`: a wait for the event (bounded in polls), not a
+    bound on how fast it comes."""
+    for _ in range(polls):
+        if await _check(h, LIVENESS) == status:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"liveness never became {status}")
+
+
 def test_stuck_loop_recovers_when_it_progresses() -> None:
     async def main() -> None:
         h = Health()
@@ -69,11 +79,9 @@ def test_stuck_loop_recovers_when_it_progresses() -> None:
         p = dog.progress("model step", stall_s=0.05)
         p.begin()
         runner = asyncio.create_task(dog.run(h))
-        await asyncio.sleep(0.2)
-        assert await _check(h, LIVENESS) == health_pb2.HealthCheckResponse.NOT_SERVING
+        await _until(h, health_pb2.HealthCheckResponse.NOT_SERVING)
         p.end()
-        await asyncio.sleep(0.1)
-        assert await _check(h, LIVENESS) == health_pb2.HealthCheckResponse.SERVING
+        await _until(h, health_pb2.HealthCheckResponse.SERVING)
         runner.cancel()
 
     asyncio.run(main())

@@ -10,7 +10,7 @@ nothing computed is lost while memory lasts) and they wait again with their toke
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
 from scheduler_service.cache.prefix_cache import MatchResult
@@ -54,21 +54,9 @@ class PlannedStep:
 
 def _sampling(req: Request) -> Sampling:
     s = req.spec
-    return Sampling(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        seed=s.seed,
-        return_logprob=s.return_logprob,
-        top_logprobs=s.top_logprobs,
-        prompt_logprobs_from=s.prompt_logprobs_from,
-        min_new_tokens=s.min_new_tokens,
+    return replace(
+        s,
         stop_ids=tuple(sorted(req.stop_ids)),
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty,
-        logit_bias=tuple(s.logit_bias),
         # the output so far (retraction re-admits with it): penalties must keep counting it
         penalty_history=tuple(req.output) if s.penalized else (),
     )
@@ -226,15 +214,16 @@ class BatchBuilder:
     def _prefill(self, plan: PlannedStep) -> None:
         st, cfg = self.st, self.cfg
         running = list(st.running.values())
-        chunked = next((r for r in running if r.phase is Phase.PREFILL and st.runnable(r)), None)
-        remaining = len(chunked.fill) - chunked.kv_len if chunked else 0
-        if not st.waiting and not remaining:
+        # Requests mid-prefill, oldest admission first (the adder's head is sure of progress).
+        chunked = [r for r in running if r.phase is Phase.PREFILL and st.runnable(r)]
+        remaining = [len(r.fill) - r.kv_len for r in chunked]
+        if not st.waiting and not chunked:
             return
         candidates: list[Request] = []
         if st.waiting and len(running) < cfg.max_running:
             waiting = st.waiting if st.grammar_up else [r for r in st.waiting if st.runnable(r)]
             candidates, _deferred = self.policy.schedule(waiting, st.cache)
-        if not candidates and not remaining:
+        if not candidates and not chunked:
             return  # a full batch with a long queue: no admission work this step
         ratio = self.ratio.value
         pp = admit_prefills(
@@ -247,8 +236,10 @@ class BatchBuilder:
             new_token_ratio=ratio,
             chunked_remaining=remaining,
         )
-        if chunked is not None and pp.continuation_slots:
-            plan.ops.extends.append(self._extend_op(plan, chunked, pp.continuation_slots))
+        if chunked and pp.continuation_slots is not None:
+            for r, slots in zip(chunked, [pp.continuation_slots, *pp.more_slots], strict=True):
+                if slots:
+                    plan.ops.extends.append(self._extend_op(plan, r, slots))
         for a in pp.admitted:
             self._start(plan, a.item, a.match, a.new_slots)
         if pp.admitted:

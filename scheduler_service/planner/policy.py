@@ -189,6 +189,11 @@ def deprioritize_shared_uncached(
     count as matching nothing (key node ``None``). Requests with fewer than ``threshold``
     uncached tokens are never deferred. Sharing that starts at different match depths is not
     detected (rare: requests on one cached path match the same node).
+
+    A request that may not take those tokens from the cache (prompt logprobs: ``prefix_limit``)
+    is never deferred: waiting would gain it nothing. Before this rule, concurrent requests
+    with prompt logprobs and a common chat template were admitted one per step, each deferral
+    pointless (issue 26: the cause of the longer stall with prompt logprobs).
     """
     if threshold <= 0:
         return list(ordered), []
@@ -203,9 +208,11 @@ def deprioritize_shared_uncached(
             now.append(w)
             continue
         key = (m.node if m is not None else None, tuple(toks[start : start + threshold]))
-        if key in seen:
+        # what a later round could take from the cache: its limit, and the token it computes
+        could_hit = match_limit(len(toks), w.prefix_limit) + 1 - start >= threshold
+        if key in seen and could_hit:
             later.append(w)
         else:
-            seen.add(key)
+            seen.add(key)  # it computes the run now: later ones may hit it
             now.append(w)
     return now, later

@@ -21,12 +21,17 @@ by smaller ones behind it in policy order.
 
 Per step at most ``chunk_budget`` prompt tokens are prefilled: the last admitted request may be
 *chunked* (fewer tokens this step than it has left), and it continues in later steps through
-``chunked_remaining``; at most one request is chunked at a time. The continuation is sure of
-half the budget (rounded up; it always progresses) and new admissions come next, each only if
-its whole prompt fits; whatever they leave goes back to the continuation. So a short request
-that arrives during a long prompt's prefill waits one step, not the whole prefill. All slots of
-a step are allocated with one ``cache.alloc`` after selection, so the eviction it triggers can
-never hit a prefix selected this step (they are all locked by then).
+``chunked_remaining`` (one entry per request mid-prefill, oldest first). The oldest of them, the
+*head*, is sure of half the budget (rounded up), so every prefill eventually progresses; the
+other half goes to the other requests mid-prefill (fewest tokens left first), then to new
+admissions in policy order, the last of which may be chunked too; whatever is left goes back to
+the head. So a request that arrives during a long prompt's prefill starts at once and gets at
+least half of every step's budget until its prompt is in (issue 26: with only one chunked
+request at a time, a prompt longer than the half the head left waited for the head's whole
+prefill: 63 steps where its own work was 18). With several long prompts mid-prefill at once a
+newcomer waits for the ones that started before it, oldest excepted. All slots of a step are
+allocated with one ``cache.alloc`` after selection, so the eviction it triggers can never hit
+a prefix selected this step (they are all locked by then).
 
 Ownership after :func:`admit_prefills` returns, per admitted request:
 - ``match.slots``: cache-owned, protected by the lock the adder took on ``match.node``;
@@ -35,8 +40,8 @@ Ownership after :func:`admit_prefills` returns, per admitted request:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Generic
 
 from scheduler_service.cache.prefix_cache import MatchResult, PrefixCache, match_limit
@@ -74,21 +79,25 @@ class AdmittedPrefill(Generic[W]):
 class PrefillPlan(Generic[W]):
     """What to prefill this step.
 
-    ``continuation_slots``: slots for the next chunk of the in-flight chunked request
-    (``[]`` when there is none, ``None`` when it could not be allocated: memory is short, and
-    the caller should retract). ``stop_reason`` says why admission stopped: ``"drained"`` (no
-    more candidates), ``"max_running"``, ``"chunk_budget"``, ``"memory"``, ``"chunked"`` (the
-    last admitted request is chunked) or ``"continuation_blocked"``.
+    ``continuation_slots``: slots for the next chunk of the head (the oldest request
+    mid-prefill; ``[]`` when there is none, ``None`` when it could not be allocated: memory is
+    short, and the caller should retract). ``more_slots``: the next chunk of each other request
+    mid-prefill, in ``chunked_remaining``'s order (``[]``: none this step). ``stop_reason`` says
+    why admission stopped: ``"drained"`` (no more candidates), ``"max_running"``,
+    ``"chunk_budget"``, ``"memory"``, ``"chunked"`` (the last admitted request is chunked) or
+    ``"continuation_blocked"``.
     """
 
     admitted: list[AdmittedPrefill[W]]
     continuation_slots: list[int] | None
     stop_reason: str
+    more_slots: list[list[int]] = field(default_factory=list)
 
     @property
     def tokens_this_step(self) -> int:
         cont = len(self.continuation_slots) if self.continuation_slots else 0
-        return cont + sum(a.n_tokens for a in self.admitted)
+        more = sum(len(s) for s in self.more_slots)
+        return cont + more + sum(a.n_tokens for a in self.admitted)
 
 
 def decode_reservation(
@@ -147,27 +156,30 @@ def admit_prefills(
     num_running: int,
     reserved_tokens: float = 0.0,
     new_token_ratio: float = 0.7,
-    chunked_remaining: int = 0,
+    chunked_remaining: int | Sequence[int] = 0,
     clip_max_new_tokens: int = DEFAULT_CLIP_MAX_NEW_TOKENS,
 ) -> PrefillPlan[W]:
     """Select, lock and allocate this step's prefills (see the module docstring).
 
-    ``num_running``: requests already running (the in-flight chunked one included);
+    ``num_running``: requests already running (those mid-prefill included);
     ``reserved_tokens``: their expected future decode (:func:`decode_reservation`);
-    ``chunked_remaining``: prompt tokens the in-flight chunked request still has to prefill
-    (0 if none); it is served first, ahead of new admissions, and not part of
-    ``reserved_tokens``. Each admitted item's ``match`` is refreshed (earlier matches may be
-    stale after evictions).
+    ``chunked_remaining``: prompt tokens each request mid-prefill still has to prefill, the head
+    (oldest) first (an int: one such request; 0 or empty: none). They are served ahead of new
+    admissions and are not part of ``reserved_tokens``. Each admitted item's ``match`` is
+    refreshed (earlier matches may be stale after evictions).
     """
+    rem = [chunked_remaining] if isinstance(chunked_remaining, int) else list(chunked_remaining)
+    conts = [0] * len(rem)  # tokens for each request mid-prefill this step
     chunk_left = chunk_budget
-    committed = 0.0
-    cont = 0
-    if chunked_remaining > 0:
-        cont = min(chunked_remaining, chunk_left - chunk_left // 2)
-        if cont > cache.free_size + cache.evictable_size:
+    committed = float(sum(rem))  # all of it will need slots in coming steps
+    if rem and rem[0] > 0:
+        conts[0] = min(rem[0], chunk_left - chunk_left // 2)
+        if conts[0] > cache.free_size + cache.evictable_size:
             return PrefillPlan([], None, "continuation_blocked")
-        committed = float(chunked_remaining)  # all of it will need slots in coming steps
-        chunk_left -= cont
+        chunk_left -= conts[0]
+    for i in sorted(range(1, len(rem)), key=lambda i: rem[i]):
+        conts[i] = min(rem[i], chunk_left)
+        chunk_left -= conts[i]
     picked: list[tuple[W, MatchResult, int]] = []
     reason = "drained"
     for w in candidates:
@@ -186,7 +198,7 @@ def admit_prefills(
         extend = len(toks) - m.length
         need = extend + min(w.max_new_tokens, clip_max_new_tokens) * new_token_ratio
         usable = cache.evictable_size
-        if num_running or picked or cont:  # other work exists: never idle the model for this
+        if num_running or picked or committed:  # other work exists: never idle the model
             usable -= cache.protected_size
         budget = cache.free_size + usable - reserved_tokens - committed
         if need > budget:
@@ -194,21 +206,24 @@ def admit_prefills(
             reason = "memory"
             break
         n = min(extend, chunk_left)
-        if n < extend and chunked_remaining > 0:  # one chunked request at a time
-            cache.unlock(m.node)
-            reason = "chunk_budget"
-            break
         committed += need
         chunk_left -= n
         picked.append((w, m, n))
         if n < extend:
             reason = "chunked"
             break
-    if chunked_remaining > cont and chunk_left > 0:  # the budget new admissions left
-        more = min(chunked_remaining - cont, chunk_left)
-        if cont + more <= cache.free_size + cache.evictable_size:
-            cont += more
-    total = cont + sum(n for _, _, n in picked)
+    if rem and rem[0] > conts[0] and chunk_left > 0:  # the budget the others left
+        more = min(rem[0] - conts[0], chunk_left)
+        if sum(conts) + more <= cache.free_size + cache.evictable_size:
+            conts[0] += more
+    return _allocate(cache, conts, picked, reason)
+
+
+def _allocate(
+    cache: PrefixCache, conts: list[int], picked: list[tuple[W, MatchResult, int]], reason: str
+) -> PrefillPlan[W]:
+    """One ``cache.alloc`` for the whole step, split in selection order."""
+    total = sum(conts) + sum(n for _, _, n in picked)
     slots = cache.alloc(total)
     while slots is None and picked:
         # Budget arithmetic should make this unreachable; stay safe if a caller's numbers lie.
@@ -219,9 +234,14 @@ def admit_prefills(
         slots = cache.alloc(total)
     if slots is None:
         return PrefillPlan([], None, "continuation_blocked")
+    pos = 0
+    chunks: list[list[int]] = []
+    for c in conts:
+        chunks.append(slots[pos : pos + c])
+        pos += c
     admitted: list[AdmittedPrefill[W]] = []
-    pos = cont
     for w, m, n in picked:
         admitted.append(AdmittedPrefill(w, m, slots[pos : pos + n], n))
         pos += n
-    return PrefillPlan(admitted, slots[:cont], reason)
+    head = chunks[0] if chunks else []
+    return PrefillPlan(admitted, head, reason, chunks[1:])

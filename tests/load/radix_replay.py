@@ -265,14 +265,14 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             if kv is not None:
                 kv.write(r, r.kv_len - 1, r.kv_len)
         # -- admission (BatchBuilder._prefill) --
-        chunked = next((r for r in running if r.prefilling), None)
-        remaining = len(chunked.fill) - chunked.kv_len if chunked else 0
+        chunked = [r for r in running if r.prefilling]  # oldest admission first
+        remaining = [len(r.fill) - r.kv_len for r in chunked]
         prefilled: list[_Req] = []
-        if waiting or remaining:
+        if waiting or chunked:
             cands: list[_Req] = []
             if waiting and len(running) < args.max_running:
                 cands, _ = policy.schedule(waiting, c)
-            if cands or remaining:
+            if cands or chunked:
                 pp = admit_prefills(
                     cands,
                     c,
@@ -283,13 +283,16 @@ def replay(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                     new_token_ratio=ratio.value,
                     chunked_remaining=remaining,
                 )
-                if chunked is not None and pp.continuation_slots:
-                    start = chunked.kv_len
-                    chunked.kv_slots += pp.continuation_slots
-                    chunked.kv_len += len(pp.continuation_slots)
+                conts = [pp.continuation_slots or [], *pp.more_slots] if chunked else []
+                for r, slots in zip(chunked, conts, strict=True):
+                    if not slots:
+                        continue
+                    start = r.kv_len
+                    r.kv_slots += slots
+                    r.kv_len += len(slots)
                     if kv is not None:
-                        kv.write(chunked, start, chunked.kv_len)
-                    prefilled.append(chunked)
+                        kv.write(r, start, r.kv_len)
+                    prefilled.append(r)
                 for a in pp.admitted:
                     r, m = a.item, a.match
                     if kv is not None:

@@ -162,6 +162,16 @@ def test_in_batch_prefix_sharing_defers_all_but_one() -> None:
     assert deprioritize_shared_uncached([x, y], 32) == ([x], [y])
 
 
+def test_requests_the_cache_may_not_serve_are_never_deferred() -> None:
+    """Prompt logprobs from position 0: the shared run would be computed again anyway, so
+    deferring the second request gains nothing (issue 26 item 2)."""
+    shared = seq(2, 40)
+    x, y = Item(shared + [1], 0, prefix_limit=0), Item(shared + [2], 1, prefix_limit=0)
+    assert deprioritize_shared_uncached([x, y], 32) == ([x, y], [])
+    z = Item(shared + [3], 2, prefix_limit=35)  # may take 35 of them: deferral pays
+    assert deprioritize_shared_uncached([x, z], 32) == ([x], [z])
+
+
 # -- admission ------------------------------------------------------------------------------
 def test_admission_respects_memory_budget_and_locks_prefixes() -> None:
     c = tree(100)
@@ -253,14 +263,42 @@ def test_chunked_prefill_and_continuation() -> None:
     assert len(set(owned)) == 30
 
 
-def test_continuation_never_makes_a_second_chunked_request() -> None:
-    c = tree(100)
-    long_item = Item(seq(3, 8), 0)  # does not fit the half the continuation leaves: waits
+def test_a_newcomer_is_chunked_beside_the_head_and_others_come_first() -> None:
+    """A prompt longer than the half of the budget the head leaves starts at once, chunked
+    (issue 26: it used to wait for the head's whole prefill); requests already mid-prefill are
+    served before newcomers, fewest tokens left first; what is left goes to the head."""
+    c = tree(200)
+    newcomer = Item(seq(3, 8), 0)
     plan = admit_prefills(
-        [long_item], c, chunk_budget=10, max_running=10, num_running=1, chunked_remaining=15
+        [newcomer], c, chunk_budget=10, max_running=10, num_running=1, chunked_remaining=15
     )
-    assert plan.admitted == [] and plan.stop_reason == "chunk_budget"
-    assert plan.continuation_slots is not None and len(plan.continuation_slots) == 10
+    (a,) = plan.admitted
+    assert a.n_tokens == 5 and a.chunked and plan.stop_reason == "chunked"
+    assert plan.continuation_slots is not None and len(plan.continuation_slots) == 5
+    # Next step: head (12 left), the newcomer (3 left) and a third request.
+    third = Item(seq(4, 2), 1)
+    plan2 = admit_prefills(
+        [third], c, chunk_budget=10, max_running=10, num_running=2, chunked_remaining=[12, 3]
+    )
+    assert plan2.continuation_slots is not None and len(plan2.continuation_slots) == 5
+    assert [len(s) for s in plan2.more_slots] == [3]
+    (t,) = plan2.admitted
+    assert t.n_tokens == 2 and not t.chunked and plan2.tokens_this_step == 10
+    # Two others: the one with fewer tokens left first; nothing left for newcomers.
+    plan3 = admit_prefills(
+        [Item(seq(5, 4), 2)],
+        c,
+        chunk_budget=10,
+        max_running=10,
+        num_running=3,
+        chunked_remaining=[20, 9, 4],
+    )
+    assert plan3.admitted == [] and plan3.stop_reason == "chunk_budget"
+    assert [len(s) for s in plan3.more_slots] == [1, 4]  # 5 for the head, 4 then 1
+    owned = [s for p in (plan, plan2, plan3) for s in (p.continuation_slots or [])]
+    owned += [s for p in (plan, plan2, plan3) for m in p.more_slots for s in m]
+    owned += a.new_slots + t.new_slots
+    assert len(set(owned)) == len(owned) == 30
     assert c.locked_size == 0
 
 

@@ -78,7 +78,7 @@ class Loop:
 
     def run_until_done(self, reqs: list[Request], limit: int = 500) -> dict[str, int]:
         """Steps from now until each of `reqs` finished."""
-        start, done = self.steps, {}
+        start, done = self.steps, dict[str, int]()
         while len(done) < len(reqs):
             assert self.steps - start < limit, "requests never finished"
             self.step()

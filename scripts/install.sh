@@ -33,8 +33,9 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "" 2>/dev/null; then
 else
   HOST_PY=${PYTHON:-python3}
   SITE="--system-site-packages"
-  [ "${RADIXMESH_VENV_ISOLATED:-0}" = "1" ] && SITE=""
-  say "creating the virtual environment $VENV ($("$HOST_PY" -V 2>&1)${SITE:+, sees the system's packages})"
+  NOTE="; it sees the packages already installed for that Python"
+  if [ "${RADIXMESH_VENV_ISOLATED:-0}" = "1" ]; then SITE="" NOTE=""; fi
+  say "creating the virtual environment $VENV ($("$HOST_PY" -V 2>&1)$NOTE)"
   rm -rf "$VENV"
   "$HOST_PY" -m venv $SITE "$VENV"
 fi

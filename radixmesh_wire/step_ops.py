@@ -30,7 +30,15 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0
+    """The one sampling type: what a request asks of sampling and of its length, as the
+    scheduler keeps it (`Request.spec`) and the model service runs it (`AdmitOp.sampling`).
+    Its field defaults are the one table of defaults (`DEFAULTS`): the front door's validation
+    fills an unset field from it, and `radixmesh_wire.sampling` reads the public wire
+    message (`api_pb2.SamplingParams` + `LogprobOptions`) into it field by field, by name.
+    The model service ignores the length fields (max_new_tokens, ignore_eos, stop_token_ids:
+    the scheduler's); the scheduler fills `stop_ids` and `penalty_history` per admission."""
+
+    temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
@@ -45,6 +53,9 @@ class Sampling:
     repetition_penalty: float = 1.0  # 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     penalty_history: tuple[int, ...] = ()  # output tokens sampled before this admission
+    max_new_tokens: int = 128  # the front door's --default-max-new-tokens starts from this
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()  # end the request (besides the model's EOS)
 
     @property
     def penalized(self) -> bool:
@@ -52,6 +63,9 @@ class Sampling:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+DEFAULTS = Sampling()  # the table of defaults: every layer reads an unset field's value here
 
 
 @dataclass(frozen=True)

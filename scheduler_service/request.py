@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from radixmesh_wire.step_ops import Sampling
 from scheduler_service.cache.prefix_cache import MatchResult
 from scheduler_service.sessions.outbox import Outbox
 
@@ -21,30 +22,9 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-@dataclass
-class SamplingSpec:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int = 0
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    return_logprob: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs_from: int = -1  # -1: none
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-
-    @property
-    def penalized(self) -> bool:
-        return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-        )
+# A request's sampling and length: the one sampling type of the wire package (its defaults
+# are the one table, `radixmesh_wire.step_ops.DEFAULTS`).
+SamplingSpec = Sampling
 
 
 @dataclass(eq=False)  # identity semantics: requests are compared by object

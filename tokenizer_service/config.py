@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixmesh_wire.step_ops import DEFAULTS
 from services.config import field
 from services.service_config import ServiceConfig
 
@@ -58,7 +59,9 @@ class TokenizerConfig(ServiceConfig):
     )
     model: str = field("default", "model folder (for the tokenizer), or 'default'")
     tokenizer: str = field("", "tokenizer folder if different from --model")
-    default_max_new_tokens: int = field(128, "max_new_tokens when a request sets none")
+    default_max_new_tokens: int = field(
+        DEFAULTS.max_new_tokens, "max_new_tokens when a request sets none"
+    )
     max_top_logprobs: int = field(20, "largest top_logprobs a request may ask for")
     http_port: int = field(8000, "HTTP port (OpenAI- and SGLang-compatible APIs); 0 = off")
     served_model_name: str = field("", "model name the HTTP APIs answer to (default: the model's)")

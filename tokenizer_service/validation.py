@@ -7,6 +7,7 @@ import math
 import random
 
 from radixmesh_wire.pb import api_pb2
+from radixmesh_wire.step_ops import DEFAULTS
 
 
 class InvalidRequest(ValueError):
@@ -52,7 +53,7 @@ def normalize_sampling(
     if s.HasField("temperature"):
         check(s.temperature >= 0, f"temperature must be >= 0, got {s.temperature}")
     else:
-        out.temperature = 1.0
+        out.temperature = DEFAULTS.temperature
     if s.HasField("top_p"):
         check(0 < s.top_p <= 1, f"top_p must be in (0, 1], got {s.top_p}")
     if s.HasField("top_k"):

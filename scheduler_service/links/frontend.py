@@ -15,7 +15,8 @@ import structlog
 from radixmesh_wire.cache_blocks import namespace_offset
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.request import Request, SamplingSpec
+from radixmesh_wire.sampling import sampling_from_params
+from scheduler_service.request import Request
 from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.sessions.outbox import Batch, Extra, error_batch
 from scheduler_service.sessions.replica_feed import Feed
@@ -33,24 +34,7 @@ _FINISH: dict[str, Any] = {
 
 def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Request:
     s, lp = msg.sampling, msg.logprobs
-    spec = SamplingSpec(
-        temperature=s.temperature if s.HasField("temperature") else 1.0,
-        top_p=s.top_p if s.HasField("top_p") else 1.0,
-        top_k=s.top_k if s.HasField("top_k") else -1,
-        min_p=s.min_p if s.HasField("min_p") else 0.0,
-        seed=s.seed,
-        max_new_tokens=s.max_new_tokens if s.HasField("max_new_tokens") else 128,
-        min_new_tokens=s.min_new_tokens,
-        ignore_eos=s.ignore_eos,
-        stop_token_ids=tuple(s.stop_token_ids),
-        return_logprob=lp.return_logprob,
-        top_logprobs=lp.top_logprobs,
-        prompt_logprobs_from=lp.prompt_logprobs_from if lp.HasField("prompt_logprobs_from") else -1,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
-        logit_bias=tuple(sorted(s.logit_bias.items())),
-    )
+    spec = sampling_from_params(s, lp)  # unset fields: the defaults table's
     kind = s.WhichOneof("constraint")
     return Request(
         rid=msg.rid,

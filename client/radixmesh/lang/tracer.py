@@ -196,13 +196,14 @@ def trace_call(
 ) -> TracerState:
     """Traces a call of program `name` made while another program is traced: its body becomes
     a new stream of the same graph that starts empty (SGLang runs such a call as a program
-    of its own). Its arguments may be the caller's variables or arguments; the returned state
-    gives its variables to the caller (`branch["detailed_tip"]`)."""
+    of its own). Its arguments may be the caller's variables or arguments (one left out takes
+    its default); the returned state gives its variables to the caller
+    (`branch["detailed_tip"]`)."""
     builder = active_builder()
     assert builder is not None, "trace_call outside a trace"
-    missing = [p for p in params if p not in arguments]
-    if missing:
-        raise TracingError(f"{name} is called while tracing without arguments {missing}")
+    unknown = [a for a in arguments if a not in params]
+    if unknown:
+        raise TracingError(f"{name} has no parameters {unknown}")
     stream = builder.new_stream(None)
     builder.add(stream, SubProgram(name))
     state = TracerState(builder, stream)

@@ -30,6 +30,13 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.continuations import requeue_running
 from scheduler_service.grammar.pool import GrammarPool
 from scheduler_service.grammar.step_masks import StepMasks
+from scheduler_service.interface import (
+    FlushOutcome,
+    SchedulerSnapshot,
+    SessionInUse,
+    SessionOpening,
+    Sink,
+)
 from scheduler_service.links.grammar import GrammarLink
 from scheduler_service.links.model import ModelLink, ModelUnavailable
 from scheduler_service.metrics import SchedulerMetrics
@@ -57,7 +64,7 @@ from services.watchdog import Progress
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["Scheduler", "SubmitError"]
+__all__ = ["Scheduler", "SubmitError"]  # a SchedulerInterface (scheduler_service.interface)
 
 
 class Scheduler:
@@ -90,7 +97,7 @@ class Scheduler:
         publish = cfg.cache_events == "on" and cfg.radix == "tree"
         self.feed = ReplicaFeed(CachePublisher() if publish else None)
         self.out = SessionOutput(self.feed)
-        self.sinks = self.out.sinks  # the front-door sessions (frontend_link adds them)
+        self.sinks = self.out.sinks  # the front-door sessions (open_session adds them)
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -146,14 +153,78 @@ class Scheduler:
         self.wake.set()
         return True
 
-    def drop_session(self, session: str) -> None:
-        self.early.drop_session(session)
+    # -- the links' interface (scheduler_service.interface.SchedulerInterface) ---------------
+    def open_session(self, session_id: str, sink: Sink) -> SessionOpening:
+        if session_id in self.sinks:  # never hand a live session's output to another caller
+            raise SessionInUse(session_id)
+        self.sinks[session_id] = sink
+        # Taken with the sink registered and nothing in between: every later change reaches
+        # this session through the sink, after this snapshot.
+        info = self.info
+        return SessionOpening(
+            session_id=session_id,
+            kv_capacity=info.kv_capacity if info else 0,
+            context_length=info.context_length if info else 0,
+            cache_block_tokens=self.feed.block_tokens,
+            instance_id=self.instance_id,
+            feed=self.feed.opening(self.st),
+        )
+
+    def close_session(self, session_id: str) -> None:
+        self.early.drop_session(session_id)
         for r in list(self.by_rid.values()):
-            if r.session == session:
+            if r.session == session_id:
                 r.aborted = True
                 self.aborted.add(r.rid)
-        self.sinks.pop(session, None)
+        self.sinks.pop(session_id, None)
         self.wake.set()
+
+    def is_running(self, rid: str) -> bool:
+        return rid in self.by_rid
+
+    async def compile_grammar(self, kind: str, text: str) -> tuple[bool, str]:
+        return await self.grammar.compile(kind, text)
+
+    def flush_cache(self) -> FlushOutcome:
+        st = self.st
+        if st is None:
+            return FlushOutcome(False, message="the scheduler is not started yet")
+        busy = len(st.waiting) + len(st.running)
+        if busy:
+            return FlushOutcome(
+                False, message=f"{busy} requests are waiting or running; flush when idle"
+            )
+        freed = st.cache.evict(st.cache.evictable_size)
+        self.wake.set()  # an idle loop flushes once: front doors hear of the evictions
+        log.info("cache_flushed", evicted_tokens=freed)
+        return FlushOutcome(True, evicted_tokens=freed)
+
+    def snapshot(self) -> SchedulerSnapshot | None:
+        st = self.st
+        if st is None:
+            return None
+        c, s = st.cache, st.stats
+        return SchedulerSnapshot(
+            queue_length=len(st.waiting),
+            running_requests=len(st.running),
+            kv_capacity=c.allocator.capacity,
+            kv_free=c.free_size,
+            kv_evictable=c.evictable_size,
+            kv_locked=c.locked_size,
+            kv_request_owned=st.request_owned(),
+            cache_hit_rate=s.cache_hit_rate,
+            prompt_tokens=s.prompt_tokens,
+            cached_prompt_tokens=s.cached_prompt_tokens,
+            generated_tokens=s.generated_tokens,
+            evicted_tokens=c.stats.evicted_tokens,
+            finished_requests=s.finished_requests,
+            retractions=s.retractions,
+            steps=s.steps,
+            radix_seconds=c.stats.bookkeeping_seconds,
+            mask_wait_seconds=s.mask_wait_seconds,
+            jump_forwards=s.jump_forwards,
+            jump_forward_tokens=s.jump_forward_tokens,
+        )
 
     # -- loop ---------------------------------------------------------------------------------
     async def run(self, health: Health) -> None:

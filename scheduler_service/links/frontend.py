@@ -5,6 +5,7 @@ dataclasses, outbox `Batch`es become `SchedulerMessage`s."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,11 +17,12 @@ from radixmesh_wire.cache_blocks import namespace_offset
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from radixmesh_wire.sampling import sampling_from_params
+from scheduler_service.interface import SchedulerInterface, SessionInUse
 from scheduler_service.request import Request
-from scheduler_service.scheduler import Scheduler, SubmitError
 from scheduler_service.sessions.outbox import Batch, Extra, error_batch
 from scheduler_service.sessions.replica_feed import Feed
 from scheduler_service.status import GrammarUnavailable, Status
+from scheduler_service.submit_validation import SubmitError
 from services.security import require_peer
 
 log = structlog.get_logger(__name__)
@@ -111,7 +113,9 @@ def _error(req: Request, code: Status, message: str) -> Batch:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, scheduler: Scheduler) -> None:
+    """Speaks to the scheduler only through its interface (scheduler_service.interface)."""
+
+    def __init__(self, scheduler: SchedulerInterface) -> None:
         self.sched = scheduler
         self._tasks: set[asyncio.Task[None]] = set()
         self._sessions_opened = 0
@@ -130,33 +134,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
             return
         session = first.hello.session_id or uuid.uuid4().hex
-        if session in self.sched.sinks:  # never hand a live session's output to another caller
+        out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
+
+        def sink(batch: Batch) -> None:
+            out.put_nowait(batch_to_proto(batch))
+
+        try:
+            opened = self.sched.open_session(session, sink)
+        except SessionInUse:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
                 "that session is open on another stream; a front door opens a session once",
             )
             return
         label = self._label(session)
-        out: asyncio.Queue[scheduler_pb2.SchedulerMessage | None] = asyncio.Queue()
-
-        def sink(batch: Batch) -> None:
-            out.put_nowait(batch_to_proto(batch))
-
-        self.sched.sinks[session] = sink
-        # Taken with the sink registered and no await in between: every later change reaches
-        # this session through the sink, after this snapshot.
         opening = scheduler_pb2.SchedulerMessage()
-        _add_feed(opening, self.sched.feed.opening(self.sched.st))
+        _add_feed(opening, opened.feed)
         if opening.HasField("cache") or opening.HasField("load"):
             out.put_nowait(opening)
-        info = self.sched.info
         yield scheduler_pb2.SchedulerMessage(
             hello=scheduler_pb2.SchedulerHello(
                 session_id=session,
-                kv_capacity=info.kv_capacity if info else 0,
-                context_length=info.context_length if info else 0,
-                cache_block_tokens=self.sched.feed.block_tokens,
-                instance_id=self.sched.instance_id,
+                kv_capacity=opened.kv_capacity,
+                context_length=opened.context_length,
+                cache_block_tokens=opened.cache_block_tokens,
+                instance_id=opened.instance_id,
             )
         )
         log.info("frontend_session", session=label, cache_blocks=len(opening.cache.added))
@@ -178,7 +180,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield msg
         finally:
             reader.cancel()
-            self.sched.drop_session(session)
+            self.sched.close_session(session)
             log.info("frontend_session_closed", session=label)
 
     def _label(self, session: str) -> int:
@@ -188,7 +190,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _submit(self, msg: scheduler_pb2.SubmitRequest, session: str, sink) -> None:  # type: ignore[no-untyped-def]
         req = request_from_proto(msg, session)
-        if req.rid in self.sched.by_rid:  # before compiling: the running one stays abortable
+        if self.sched.is_running(req.rid):  # before compiling: the running one stays abortable
             sink(_error(req, Status.ALREADY_EXISTS, f"request {req.rid!r} is running"))
             return
         if req.grammar is None:
@@ -207,7 +209,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _compile_then_admit(self, req: Request, sink) -> None:  # type: ignore[no-untyped-def]
         assert req.grammar is not None
         try:
-            ok, error = await self.sched.grammar.compile(*req.grammar)
+            ok, error = await self.sched.compile_grammar(*req.grammar)
         except GrammarUnavailable as exc:
             sink(_error(req, Status.UNAVAILABLE, str(exc)))
             return
@@ -222,47 +224,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # Only a front door flushes (its admin-scoped /flush_cache): any other certificate of
         # the deployment's CA could otherwise empty every tenant's cache.
         await require_peer(context, "tokenizer")
-        st = self.sched.st
-        if st is None:
-            return scheduler_pb2.FlushCacheResponse(message="the scheduler is not started yet")
-        busy = len(st.waiting) + len(st.running)
-        if busy:
-            return scheduler_pb2.FlushCacheResponse(
-                message=f"{busy} requests are waiting or running; flush when idle"
-            )
-        freed = st.cache.evict(st.cache.evictable_size)
-        self.sched.wake.set()  # an idle loop flushes once: front doors hear of the evictions
-        log.info("cache_flushed", evicted_tokens=freed)
-        return scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=freed)
+        done = self.sched.flush_cache()
+        return scheduler_pb2.FlushCacheResponse(
+            flushed=done.flushed, evicted_tokens=done.evicted_tokens, message=done.message
+        )
 
     async def GetStats(
         self, request: api_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Stats:
         await require_peer(context, "tokenizer")
-        st = self.sched.st
-        if st is None:
+        snap = self.sched.snapshot()
+        if snap is None:
             return api_pb2.Stats()
-        c, s = st.cache, st.stats
-        cap = c.allocator.capacity
         return api_pb2.Stats(
-            queue_length=len(st.waiting),
-            running_requests=len(st.running),
-            kv_capacity=cap,
-            kv_free=c.free_size,
-            kv_evictable=c.evictable_size,
-            kv_locked=c.locked_size,
-            kv_request_owned=st.request_owned(),
-            token_usage=1 - c.free_size / cap if cap else 0,
-            cache_hit_rate=s.cache_hit_rate,
-            prompt_tokens=s.prompt_tokens,
-            cached_prompt_tokens=s.cached_prompt_tokens,
-            generated_tokens=s.generated_tokens,
-            evicted_tokens=c.stats.evicted_tokens,
-            finished_requests=s.finished_requests,
-            retractions=s.retractions,
-            steps=s.steps,
-            radix_seconds=c.stats.bookkeeping_seconds,
-            mask_wait_seconds=s.mask_wait_seconds,
-            jump_forwards=s.jump_forwards,
-            jump_forward_tokens=s.jump_forward_tokens,
+            token_usage=snap.token_usage,
+            **{f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)},
         )

@@ -94,6 +94,25 @@ def test_max_tokens_zero_top_logprobs_equal_the_prompt_logprobs_of_the_next_posi
     assert greedy.output_ids[0] == top[0][1]
 
 
+def test_the_runtime_reports_no_top_logprobs_for_a_prefill_only_request(
+    backend: rm.GrpcBackend,
+) -> None:
+    """Why the DSL probes with one token: over gRPC, max_new_tokens=0 with top logprobs
+    returns no output position at all (a prefill-only request computes no next-token logits),
+    and prompt logprobs carry no alternatives. If this starts failing, the runtime can serve
+    `gen(max_tokens=0, top_logprobs_num=k)` directly and the probe can go."""
+    with Client(backend.endpoint, timeout=60) as client:
+        result = client.generate(
+            "The capital of France is",
+            max_new_tokens=0,
+            return_logprob=True,
+            top_logprobs=3,
+            prompt_logprobs_from=1,
+        )
+    assert result.output_logprobs == [] and result.completion_tokens == 0
+    assert result.prompt_logprobs and all(t.top == [] for t in result.prompt_logprobs)
+
+
 class City(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=12)
     country: str = pydantic.Field(max_length=12)

@@ -36,10 +36,7 @@ class TextStream:
     ) -> None:
         self.prompt = prompt
         self.stream = stream
-        skip = sampling.skip_special_tokens
-        self.detok = IncrementalDetokenizer(
-            lambda ids: tok.decode(ids, skip_special_tokens=skip), prompt[-8:]
-        )
+        self.detok = IncrementalDetokenizer(tok.decoder(sampling.skip_special_tokens), prompt[-8:])
         self.stops = StopMatcher(list(sampling.stop))
         self.interval = max(interval, 1)
         self.ids: list[int] = []

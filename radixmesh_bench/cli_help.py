@@ -90,11 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        report = json.dumps(run(ns), indent=2)
-        print(report)
-        if ns.out:
-            with open(ns.out, "w") as f:
-                f.write(report + "\n")
-        return 0
+        from radixmesh_bench.report import emit_report
+
+        return emit_report(run(ns), ns.out)
 
     p.set_defaults(func=main)

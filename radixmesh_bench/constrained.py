@@ -48,7 +48,7 @@ from typing import Any
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 from grammar_service.suite import SUITE, GrammarCase
-from radixmesh_bench.stack import pct, progress
+from radixmesh_bench.stack import launcher_for, pct, progress, restart_scheduler, running
 from services.launcher import Launcher, StackPorts, stack_specs
 
 # One chat prompt per suite grammar, asking for what the grammar allows, and the output budget
@@ -168,13 +168,8 @@ class BenchStack:
     def restart_scheduler(self, extra_args: Sequence[str]) -> None:
         """Same peers, new scheduler flags (the model keeps its weights loaded)."""
         spec = self.launcher.specs["scheduler"]
-        spec.args = [a for a in spec.args if a.startswith(("--model-address", "--grammar-address"))]
-        spec.args += list(extra_args)
-        proc = self.launcher.procs["scheduler"]
-        proc.terminate()
-        proc.wait(60)
-        self.launcher.start("scheduler")
-        asyncio.run(self.launcher.wait_ready(timeout=300))
+        peers = [a for a in spec.args if a.startswith(("--model-address", "--grammar-address"))]
+        restart_scheduler(self.launcher, [*peers, *extra_args], timeout=300, stop_wait_s=60)
 
 
 @contextlib.contextmanager
@@ -183,22 +178,15 @@ def bench_stack(
 ) -> Iterator[BenchStack]:
     ports = StackPorts.free()
     logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-constrained-"))
-    launcher = Launcher(
-        stack_specs(
-            ports, model, scheduler_args=list(scheduler_args), grammar_args=list(grammar_args)
-        ),
-        log_dir=logs,
+    specs = stack_specs(
+        ports, model, scheduler_args=list(scheduler_args), grammar_args=list(grammar_args)
     )
     progress(
         f"starting stack (logs in {logs}); scheduler {' '.join(scheduler_args) or '-'}; "
         f"grammar {' '.join(grammar_args)}"
     )
-    launcher.start_all()
-    try:
-        asyncio.run(launcher.wait_ready(timeout=600))
+    with running(launcher_for(specs, logs), timeout=600) as launcher:
         yield BenchStack(launcher, ports, logs)
-    finally:
-        launcher.stop_all()
 
 
 def scheduler_accepts(args: Sequence[str]) -> tuple[bool, str]:
@@ -771,7 +759,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        from radixmesh_bench.stack import emit_report
+        from radixmesh_bench.report import emit_report
 
         return emit_report(run(ns), ns.out)
 

@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        from radixmesh_bench.stack import emit_report
+        from radixmesh_bench.report import emit_report
 
         return emit_report(run(ns), ns.out)
 

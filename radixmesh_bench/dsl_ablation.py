@@ -319,7 +319,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     def main(ns: argparse.Namespace) -> int:
         if ns.threads != "auto":
             ns.threads = int(ns.threads)
-        from radixmesh_bench.stack import emit_report
+        from radixmesh_bench.report import emit_report
 
         return emit_report(run(ns), ns.out)
 

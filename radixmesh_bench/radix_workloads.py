@@ -22,7 +22,7 @@ bookkeeping per step and as a fraction of wall time.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import os
 import platform
 import random
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from radixmesh.api import Client, GenerateResult
 
-from radixmesh_bench.stack import progress
-from services.launcher import Launcher, StackPorts, check_ready, stack_specs
+from radixmesh_bench.stack import launcher_for, progress, restart_scheduler, running
+from services.launcher import StackPorts, stack_specs
 
 # -- text -------------------------------------------------------------------------------------
 GEOGRAPHY_SHOTS = [
@@ -365,38 +365,27 @@ class BenchStack:
 
     def __init__(self, kv_tokens: int, log_dir: Path, model: str = "default") -> None:
         self.ports = StackPorts.free()
-        self.launcher = Launcher(
-            stack_specs(self.ports, model, model_args=["--kv-tokens", str(kv_tokens)]),
-            log_dir=log_dir,
+        self.launcher = launcher_for(
+            stack_specs(self.ports, model, model_args=["--kv-tokens", str(kv_tokens)]), log_dir
         )
+        self._running = contextlib.ExitStack()  # holds the stack while it runs
         self.base_args = list(self.launcher.specs["scheduler"].args)
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"
         self.started = False
 
     def use_scheduler(self, args: Sequence[str]) -> None:
-        self.launcher.specs["scheduler"].args = [*self.base_args, *args]
+        """Start the stack with scheduler flags `args`, or restart only the scheduler with them
+        (radixmesh_bench.stack: the benches' one starter)."""
         if not self.started:
-            self.launcher.start_all()
+            self.launcher.specs["scheduler"].args = [*self.base_args, *args]
+            self._running.enter_context(running(self.launcher, timeout=600))
             self.started = True
-            asyncio.run(self.launcher.wait_ready(timeout=600))
             return
-        proc = self.launcher.procs["scheduler"]
-        proc.terminate()
-        proc.wait(30)
-        tok = self.launcher.specs["tokenizer"].address
-
-        async def restart() -> None:
-            deadline = time.monotonic() + 10
-            while await check_ready(tok) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # until the front door noticed the old one is gone
-            self.launcher.start("scheduler")
-            await self.launcher.wait_ready(timeout=120, names=["scheduler", "tokenizer"])
-
-        asyncio.run(restart())
+        restart_scheduler(self.launcher, [*self.base_args, *args], timeout=120)
 
     def stop(self) -> None:
-        if self.started:
-            self.launcher.stop_all()
+        self._running.close()
+        self.started = False
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -612,7 +601,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:
-        from radixmesh_bench.stack import emit_report
+        from radixmesh_bench.report import emit_report
 
         return emit_report(run(ns), ns.out)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from radixmesh_bench.prom_text import Samples
 from radixmesh_bench.radix_workloads import Workload, optimal_hit_rate, unique_tokens
+from radixmesh_bench.report import emit_report
 from radixmesh_bench.router_report import FINISHED, counter_deltas, goals, summarize_run
 from radixmesh_bench.router_stack import (
     ROUTERS,
@@ -39,7 +40,7 @@ from radixmesh_bench.router_stack import (
     start_topology,
 )
 from radixmesh_bench.router_workloads import SCALES, WORKLOADS, Sizes, build, sizes_for
-from radixmesh_bench.stack import add_model_flags, emit_report, model_source, progress
+from radixmesh_bench.stack import add_model_flags, model_source, progress
 
 KV_SLACK = 64  # per replica beyond the longest request: room for the scheduler to admit it
 SETTLE_S = 10.0  # how long the schedulers' counters may lag the last response

@@ -13,15 +13,15 @@ is more than one replica (a single replica has nothing to route).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh_bench.prom_text import Samples, scrape
+from radixmesh_bench.stack import launcher_for
+from radixmesh_bench.stack import running as started
 from services.launcher import (
-    Launcher,
     ServiceSpec,
     Topology,
     free_port,
@@ -141,13 +141,8 @@ def start_topology(
 ) -> Iterator[RunningTopology]:
     """Start `cfg`'s services (internal links over mutual TLS, as `radixmesh serve`), wait
     until every one is ready, yield, stop them all."""
-    specs, running = plan(
+    specs, topology = plan(
         cfg, model, model_args, kv_total, scheduler_args, front_door_args=front_door_args
     )
-    launcher = Launcher(specs, log_dir=log_dir, internal_tls=True)
-    launcher.start_all()
-    try:
-        asyncio.run(launcher.wait_ready(timeout=timeout_s))
-        yield running
-    finally:
-        launcher.stop_all()
+    with started(launcher_for(specs, log_dir, internal_tls=True), timeout=timeout_s):
+        yield topology

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import tempfile
 import time
@@ -20,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from radixmesh_bench.stack import add_model_flags, model_source, progress
-from services.launcher import Launcher, StackPorts, free_port, stack_specs
+from radixmesh_bench.report import emit_report
+from radixmesh_bench.stack import add_model_flags, launcher_for, model_source, progress, running
+from services.launcher import StackPorts, free_port, stack_specs
 from services.logging import configure_logging
 from services.pki import make_server_cert
 
@@ -48,15 +48,9 @@ def _stack(
     )
     if secured:
         next(s for s in specs if s.name == "tokenizer").health_port = free_port()
-    launcher = Launcher(
-        specs, log_dir=logs / ("secured" if secured else "plain"), internal_tls=secured
-    )
-    launcher.start_all()
-    try:
-        asyncio.run(launcher.wait_ready(timeout=600))
+    launcher = launcher_for(specs, logs / ("secured" if secured else "plain"), internal_tls=secured)
+    with running(launcher, timeout=600):
         yield client
-    finally:
-        launcher.stop_all()
 
 
 def _round(client: dict[str, Any], n: int, concurrency: int, tokens: int) -> dict[str, Any]:
@@ -179,7 +173,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
 
     def main(ns: argparse.Namespace) -> int:
-        print(json.dumps(run(ns), indent=2))
-        return 0
+        return emit_report(run(ns))
 
     p.set_defaults(func=main)

@@ -103,28 +103,58 @@ async def send_openai(session: Any, url: str, r: Req) -> Out:
     return out
 
 
-async def send_grpc(client: Any, r: Req) -> Out:
-    from radixmesh.api import Chunk, GenerateResult, RadixMeshError
+@dataclass
+class GrpcStream:
+    """One gRPC stream, timed: when each chunk arrived (time.perf_counter) with its token count,
+    and the final result (None when the stream ended without one)."""
 
-    out, t0 = Out(), time.perf_counter()
-    last, n = t0, 0
+    t0: float
+    t1: float
+    arrivals: list[tuple[float, int]]
+    result: Any  # radixmesh.api.GenerateResult | None
+
+
+async def timed_grpc_stream(client: Any, *args: Any, **request: Any) -> GrpcStream:
+    """The gRPC client `bench serving` and the GPU parts share: `client.stream(*args,
+    **request)` (a radixmesh.api.AsyncClient), each chunk's arrival noted as it comes."""
+    from radixmesh.api import Chunk, GenerateResult
+
+    t0 = time.perf_counter()
+    arrivals: list[tuple[float, int]] = []
+    result = None
+    async for item in client.stream(*args, **request):
+        if isinstance(item, Chunk):
+            arrivals.append((time.perf_counter(), len(item.token_ids)))
+        elif isinstance(item, GenerateResult):
+            result = item
+    return GrpcStream(t0, time.perf_counter(), arrivals, result)
+
+
+def chunk_gaps(arrivals: list[tuple[float, int]]) -> list[float]:
+    """ITL samples as sglang.bench_serving counts them: a chunk of k tokens counts as k gaps of
+    1/k of the time since the chunk before (a chunk without tokens as one gap)."""
+    itl: list[float] = []
+    for (ta, _), (tb, n) in zip(arrivals, arrivals[1:], strict=False):
+        k = max(n, 1)
+        itl.extend([(tb - ta) / k] * k)
+    return itl
+
+
+async def send_grpc(client: Any, r: Req) -> Out:
+    from radixmesh.api import RadixMeshError
+
     try:
-        async for item in client.stream(
-            r.prompt, max_new_tokens=r.output_len, temperature=0, ignore_eos=True
-        ):
-            if isinstance(item, Chunk) and item.token_ids:
-                now = time.perf_counter()
-                k = len(item.token_ids)
-                if n == 0:
-                    out.ttft = now - t0
-                else:
-                    out.itl.extend([(now - last) / k] * k)
-                last, n = now, n + k
-            elif isinstance(item, GenerateResult):
-                out.output_len = item.completion_tokens
+        s = await timed_grpc_stream(
+            client, r.prompt, max_new_tokens=r.output_len, temperature=0, ignore_eos=True
+        )
     except RadixMeshError as exc:
         return Out(error=str(exc))
-    out.ok, out.latency = True, time.perf_counter() - t0
+    got = [a for a in s.arrivals if a[1]]  # the chunks that carry tokens (not rollbacks alone)
+    out = Out(ok=True, latency=s.t1 - s.t0, itl=chunk_gaps(got))
+    if got:
+        out.ttft = got[0][0] - s.t0
+    if s.result is not None:
+        out.output_len = s.result.completion_tokens
     return out
 
 

@@ -1,11 +1,16 @@
-"""Start a local stack for a benchmark (or use a running one) and measure requests on it."""
+"""The one way the benchmarks start services, and measuring requests on a stack.
+
+`running(launcher)` starts a launcher's services, waits until every one is ready and stops them
+all on the way out; every bench goes through it: `local_stack` / `local_stack_urls` (the CPU
+benches, or a running stack's endpoint), `bench router`'s topologies (router_stack.py), the GPU
+parts `stack` (gpu/stack.py) and sharegpt/gsp/mmlu (gpu/serving_stack.py). `random_model_args`
+is the model service the GPU stacks share: random weights of a published shape."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -14,11 +19,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from radixmesh.api import Client, GenerateResult
 
-from services.launcher import Launcher, StackPorts, stack_specs
+from services.launcher import Launcher, ServiceSpec, StackPorts, check_ready, stack_specs
 from services.logging import configure_logging
 
 
@@ -76,17 +80,70 @@ def local_stack_urls(
     configure_logging("bench", "warning")  # stdout carries only the JSON report
     ports = StackPorts.free()
     logs = Path(tempfile.mkdtemp(prefix="radixmesh-bench-"))
-    launcher = Launcher(
-        stack_specs(ports, model, model_args=list(model_args), scheduler_args=list(scheduler_args)),
-        log_dir=logs,
+    specs = stack_specs(
+        ports, model, model_args=list(model_args), scheduler_args=list(scheduler_args)
     )
     progress(f"starting stack (logs in {logs}) {' '.join(scheduler_args)}")
+    with running(launcher_for(specs, logs), timeout=600):
+        yield f"127.0.0.1:{ports.tokenizer}", f"http://127.0.0.1:{ports.http}"
+
+
+def launcher_for(
+    specs: Sequence[ServiceSpec],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    internal_tls: bool = False,
+) -> Launcher:
+    """A launcher for `specs`, every service's output in `log_dir`."""
+    return Launcher(list(specs), log_dir=log_dir, env=env, internal_tls=internal_tls)
+
+
+@contextlib.contextmanager
+def running(launcher: Launcher, timeout: float = 600.0) -> Iterator[Launcher]:
+    """Start every service of `launcher`, wait until all are ready (at most `timeout` s), yield;
+    stop them all on the way out, also when the start-up fails."""
     launcher.start_all()
     try:
-        asyncio.run(launcher.wait_ready(timeout=600))
-        yield f"127.0.0.1:{ports.tokenizer}", f"http://127.0.0.1:{ports.http}"
+        asyncio.run(launcher.wait_ready(timeout=timeout))
+        yield launcher
     finally:
         launcher.stop_all()
+
+
+def restart_scheduler(
+    launcher: Launcher, args: Sequence[str], timeout: float = 120.0, stop_wait_s: float = 30.0
+) -> None:
+    """A new scheduler process with flags `args` (an empty cache, zero counters) beside the same
+    model, grammar and front-door processes (weights stay loaded). Waits until the front door
+    has seen the old scheduler go (at most 10 s: else it could report ready on the stale
+    connection), then until the new one and the front door are ready."""
+    launcher.specs["scheduler"].args = list(args)
+    proc = launcher.procs["scheduler"]
+    proc.terminate()
+    proc.wait(stop_wait_s)
+    front = launcher.specs["tokenizer"].address
+
+    async def again() -> None:
+        deadline = time.monotonic() + 10
+        while await check_ready(front) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        launcher.start("scheduler")
+        await launcher.wait_ready(timeout=timeout, names=["scheduler", "tokenizer"])
+
+    asyncio.run(again())
+
+
+def random_model_args(model: str, device: str, graph_max_bs: int) -> tuple[Path, list[str]]:
+    """The GPU stacks' model service: random weights of `model`'s published shape on `device`,
+    flashinfer on CUDA (the reference attention elsewhere), decode batches up to `graph_max_bs`
+    replayed from CUDA graphs. Also the model's folder (config.json and tokenizer), which the
+    other services read."""
+    from model_service.random_configs import random_config
+
+    _, model_dir = random_config(model)
+    attention = "flashinfer" if device.startswith("cuda") else "reference"
+    args = ["--random-weights", model, "--device", device, "--attention", attention]
+    return Path(model_dir), [*args, "--cuda-graph-max-bs", str(graph_max_bs)]
 
 
 @dataclass
@@ -137,12 +194,3 @@ def summarize(timed: Sequence[Timed], wall_s: float) -> dict[str, float]:
         "ttft_ms_p50": round(pct(ttfts, 50), 1),
         "ttft_ms_p99": round(pct(ttfts, 99), 1),
     }
-
-
-def emit_report(report: dict[str, Any], out: str = "") -> int:
-    """Print a bench's JSON report on stdout (and to `out` if given); the command's exit code."""
-    text = json.dumps(report, indent=2)
-    print(text)
-    if out:
-        Path(out).write_text(text)
-    return 0

@@ -15,8 +15,6 @@ set of these documents into markdown tables.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
 import platform
 import statistics
 import sys
@@ -62,13 +60,6 @@ def new_doc(part: str) -> dict[str, Any]:
         "notes": [],
         "errors": [],
     }
-
-
-def write_json(doc: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def log(msg: str) -> None:

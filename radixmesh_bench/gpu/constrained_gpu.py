@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from radixmesh_bench.gpu.common import log, log_tails, new_doc, write_json  # noqa: E402
+from radixmesh_bench.gpu.common import log, log_tails, new_doc  # noqa: E402
 from radixmesh_bench.gpu.constrained_report import (  # noqa: E402
     GOALS,
     MODES,
@@ -62,6 +63,7 @@ from radixmesh_bench.gpu.constrained_report import (  # noqa: E402
     validity,
 )
 from radixmesh_bench.gpu.constrained_schemas import SCHEMA_TEXT, SCHEMAS, VALIDATOR_NAME  # noqa: E402
+from radixmesh_bench.report import write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -237,27 +239,21 @@ def warm_up(endpoint: str, pr: Prompts, top: int, timeout: float) -> None:
     asyncio.run(run_batch(endpoint, twin_reqs(pr.take(top), [16] * top), top, timeout))
 
 
-def start_stack(model: str, device: str, sched_args: list[str], log_dir: Path) -> Any:
-    from model_service.random_configs import random_config
+def start_stack(
+    model: str, device: str, sched_args: list[str], log_dir: Path, running: ExitStack
+) -> Any:
+    """The stack (radixmesh_bench.stack: the benches' one starter), held by `running`."""
     from radixmesh_bench.constrained import BenchStack
-    from services.launcher import Launcher, StackPorts, stack_specs
+    from radixmesh_bench.stack import launcher_for, random_model_args
+    from radixmesh_bench.stack import running as started
+    from services.launcher import StackPorts, stack_specs
 
-    _, model_dir = random_config(model)
+    model_dir, model_args = random_model_args(model, device, 128)
     ports = StackPorts.free()
-    model_args = ["--random-weights", model, "--device", device]
-    model_args += ["--attention", "flashinfer" if device == "cuda" else "reference"]
-    model_args += ["--cuda-graph-max-bs", "128"]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
-    env = {"PYTHONUNBUFFERED": "1"}
-    launcher = Launcher(specs, log_dir=log_dir, env=env)
-    launcher.start_all()
-    st = BenchStack(launcher, ports, log_dir)
-    try:
-        asyncio.run(launcher.wait_ready(timeout=300))
-    except BaseException:
-        launcher.stop_all()
-        raise
-    return st
+    launcher = launcher_for(specs, log_dir, env={"PYTHONUNBUFFERED": "1"})
+    running.enter_context(started(launcher, timeout=300))
+    return BenchStack(launcher, ports, log_dir)
 
 
 def part_constrained(
@@ -290,8 +286,9 @@ def part_constrained(
     keep = os.environ.get("STACK_KEEP_LOGS")
     log_dir = out / "constrained_logs" if keep else Path(tempfile.mkdtemp(prefix="radixmesh-cg-"))
     t = time.perf_counter()
+    running = ExitStack()
     try:
-        st = start_stack(model, device, [*sched, "--jump-forward", MODES[0]], log_dir)
+        st = start_stack(model, device, [*sched, "--jump-forward", MODES[0]], log_dir, running)
     except Exception as exc:
         doc["errors"].append(f"stack start: {exc!r}")
         doc["notes"] += log_tails(log_dir)
@@ -319,7 +316,7 @@ def part_constrained(
         doc["errors"].append(f"{type(exc).__name__}: {exc}")
         doc["notes"] += log_tails(log_dir)
     finally:
-        st.launcher.stop_all()
+        running.close()
     finish_doc(doc, batches[-1].name)
     write_json(doc, out / "constrained.json")
     return not doc["errors"]

@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from radixmesh_bench.gpu.common import log, new_doc, write_json
+from radixmesh_bench.gpu.common import log, new_doc
+from radixmesh_bench.report import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-3.1-8b"

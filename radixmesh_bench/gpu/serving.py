@@ -48,9 +48,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from radixmesh_bench.gpu import serving_workloads as wl  # noqa: E402
-from radixmesh_bench.gpu.common import log, new_doc, write_json  # noqa: E402
+from radixmesh_bench.gpu.common import log, new_doc  # noqa: E402
 from radixmesh_bench.gpu.serving_client import drive, summarize  # noqa: E402
 from radixmesh_bench.gpu.serving_stack import ServingStack  # noqa: E402
+from radixmesh_bench.report import write_json  # noqa: E402
 
 PARTS = ("sharegpt", "gsp", "mmlu")
 HF_SUBSET = 64  # first requests of the sample; one static HF batch (see hf_serving.py)

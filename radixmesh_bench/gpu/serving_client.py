@@ -14,6 +14,7 @@ from typing import Any
 
 from radixmesh_bench.gpu import serving_workloads as wl
 from radixmesh_bench.gpu.common import percentile
+from radixmesh_bench.serving_clients import chunk_gaps, timed_grpc_stream
 
 
 async def _one(client: Any, req: wl.Req) -> dict[str, Any]:
@@ -21,31 +22,19 @@ async def _one(client: Any, req: wl.Req) -> dict[str, Any]:
 
 
 async def timed_stream(client: Any, ids: list[int], max_new: int) -> dict[str, Any]:
-    """One greedy, EOS-ignoring stream with its arrival times: TTFT, ITL samples, end to end,
-    the output tokens and the token counts the server reported."""
-    from radixmesh.api import Chunk, GenerateResult
-
-    t0 = time.perf_counter()
-    arrivals: list[tuple[float, int]] = []
-    final = None
-    async for item in client.stream(
-        input_ids=ids, max_new_tokens=max_new, ignore_eos=True, temperature=0.0
-    ):
-        if isinstance(item, Chunk):
-            arrivals.append((time.perf_counter(), len(item.token_ids)))
-        elif isinstance(item, GenerateResult):
-            final = item
-    t1 = time.perf_counter()
-    itl: list[float] = []
-    for (ta, _), (tb, n) in zip(arrivals, arrivals[1:], strict=False):
-        k = max(n, 1)  # a chunk of k tokens counts as k gaps of 1/k
-        itl.extend([(tb - ta) / k] * k)
+    """One greedy, EOS-ignoring stream with its arrival times (the client `bench serving` uses,
+    radixmesh_bench/serving_clients.py): TTFT, ITL samples, end to end, the output tokens and
+    the token counts the server reported."""
+    s = await timed_grpc_stream(
+        client, input_ids=ids, max_new_tokens=max_new, ignore_eos=True, temperature=0.0
+    )
+    final = s.result
     return {
-        "t0": t0,
-        "t1": t1,
-        "ttft": (arrivals[0][0] if arrivals else t1) - t0,
-        "e2e": t1 - t0,
-        "itl": itl,
+        "t0": s.t0,
+        "t1": s.t1,
+        "ttft": (s.arrivals[0][0] if s.arrivals else s.t1) - s.t0,
+        "e2e": s.t1 - s.t0,
+        "itl": chunk_gaps(s.arrivals),
         "tokens": final.output_ids if final else [],
         "completion_tokens": final.completion_tokens if final else 0,
         "prompt_tokens": final.prompt_tokens if final else 0,

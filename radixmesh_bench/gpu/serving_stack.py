@@ -10,6 +10,7 @@ scheduler `--chunk-tokens 8192 --max-running max_running` plus the configuration
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,22 +25,11 @@ class ServingStack:
     CHUNK_TOKENS = 8192  # prefill budget per step (the scheduler's default is 2048)
 
     def __init__(self, model: str, device: str, log_dir: Path, max_running: int = 256) -> None:
-        from model_service.random_configs import random_config
-        from services.launcher import Launcher, StackPorts, stack_specs
+        from radixmesh_bench.stack import launcher_for, random_model_args
+        from services.launcher import StackPorts, stack_specs
 
-        _, model_dir = random_config(model)
+        model_dir, model_args = random_model_args(model, device, max(128, max_running))
         self.ports = StackPorts.free()
-        cuda = device.startswith("cuda")
-        model_args = [
-            "--random-weights",
-            model,
-            "--device",
-            device,
-            "--attention",
-            "flashinfer" if cuda else "reference",
-            "--cuda-graph-max-bs",
-            str(max(128, max_running)),
-        ]
         self.base_sched = [
             "--chunk-tokens",
             str(self.CHUNK_TOKENS),
@@ -49,42 +39,28 @@ class ServingStack:
         specs = stack_specs(
             self.ports, str(model_dir), model_args=model_args, scheduler_args=self.base_sched
         )
-        env = {"PYTHONUNBUFFERED": "1"}
-        self.launcher = Launcher(specs, log_dir=log_dir, env=env)
+        self.launcher = launcher_for(specs, log_dir, env={"PYTHONUNBUFFERED": "1"})
         self.log_dir = log_dir
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"
-        self.started = False
+        self._running = contextlib.ExitStack()  # holds the stack while it runs
         self._warm_seed = 1000
 
     def start(self, sched_args: Sequence[str], timeout: float = 300) -> None:
+        """Start the four services (radixmesh_bench.stack.running), the scheduler with
+        `sched_args`; they run until `stop` (a failed start-up has stopped them already)."""
+        from radixmesh_bench.stack import running
+
         self.launcher.specs["scheduler"].args = [*self._sched_prefix(), *sched_args]
         t = time.perf_counter()
-        self.launcher.start_all()
-        self.started = True
-        asyncio.run(self.launcher.wait_ready(timeout=timeout))
+        self._running.enter_context(running(self.launcher, timeout=timeout))
         log(f"stack ready in {time.perf_counter() - t:.1f}s, scheduler {list(sched_args)}")
 
     def restart(self, sched_args: Sequence[str], timeout: float = 120) -> None:
         """A new scheduler process (empty cache, zero counters) on the same model process."""
-        from services.launcher import check_ready
+        from radixmesh_bench.stack import restart_scheduler
 
-        self.launcher.specs["scheduler"].args = [*self._sched_prefix(), *sched_args]
-        proc = self.launcher.procs["scheduler"]
-        proc.terminate()
-        proc.wait(30)
-        front = self.launcher.specs["tokenizer"].address
         t = time.perf_counter()
-
-        async def again() -> None:
-            deadline = time.monotonic() + 10
-            # until the front door has seen the old scheduler go (else it could report ready
-            # on the stale connection)
-            while await check_ready(front) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            self.launcher.start("scheduler")
-            await self.launcher.wait_ready(timeout=timeout, names=["scheduler", "tokenizer"])
-
-        asyncio.run(again())
+        restart_scheduler(self.launcher, [*self._sched_prefix(), *sched_args], timeout)
         log(f"scheduler restarted in {time.perf_counter() - t:.1f}s: {list(sched_args)}")
 
     def _sched_prefix(self) -> list[str]:
@@ -120,6 +96,4 @@ class ServingStack:
         return log_tails(self.log_dir, chars)
 
     def stop(self) -> None:
-        if self.started:
-            self.launcher.stop_all()
-            self.started = False
+        self._running.close()

@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from radixmesh_bench.gpu.common import log, log_tails, new_doc, percentile, write_json  # noqa: E402
+from radixmesh_bench.gpu.common import log, log_tails, new_doc, percentile  # noqa: E402
+from radixmesh_bench.report import write_json  # noqa: E402
 
 WORKLOADS: list[dict[str, Any]] = [
     {"name": "single", "batch": 1, "input_len": 128, "output_len": 128, "seed": 11},
@@ -273,21 +274,11 @@ def run_stack(
     ready_timeout: float,
     overlap: str = "on",
 ) -> dict[str, Any]:
-    from model_service.random_configs import random_config
-    from services.launcher import Launcher, StackPorts, stack_specs
+    from radixmesh_bench.stack import launcher_for, random_model_args, running
+    from services.launcher import StackPorts, stack_specs
 
-    _, model_dir = random_config(model)
+    model_dir, model_args = random_model_args(model, device, _graph_max_bs(workloads))
     ports = StackPorts.free()
-    model_args = [
-        "--random-weights",
-        model,
-        "--device",
-        device,
-        "--attention",
-        "flashinfer" if device == "cuda" else "reference",
-        "--cuda-graph-max-bs",
-        str(_graph_max_bs(workloads)),
-    ]
     sched_args = [
         "--chunk-tokens",
         str(CHUNK_TOKENS),
@@ -297,7 +288,7 @@ def run_stack(
         str(max(256, max(w["batch"] for w in workloads))),
     ]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
-    launcher = Launcher(specs, log_dir=log_dir, env=_env(workloads))
+    launcher = launcher_for(specs, log_dir, env=_env(workloads))
     res: dict[str, Any] = {
         "model_dir": str(model_dir),
         "model_args": model_args,
@@ -309,9 +300,7 @@ def run_stack(
     endpoint = f"127.0.0.1:{ports.tokenizer}"
     mlog = log_dir / "model.log"
     t = time.perf_counter()
-    launcher.start_all()
-    try:
-        asyncio.run(launcher.wait_ready(timeout=ready_timeout))
+    with running(launcher, timeout=ready_timeout):
         res["ready_s"] = time.perf_counter() - t
         log(f"stack ready in {res['ready_s']:.1f}s (logs in {log_dir})")
         asyncio.run(_workload_stack(endpoint, warmup))
@@ -356,8 +345,6 @@ def run_stack(
                 f"{r['itl_ms_p99']:.2f} ms, GPU idle "
                 f"{r.get('gpu_idle_fraction', float('nan')):.3f} of step time"
             )
-    finally:
-        launcher.stop_all()
     return res
 
 

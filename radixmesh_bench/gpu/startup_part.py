@@ -61,7 +61,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from radixmesh_bench.gpu.common import log, new_doc, write_json  # noqa: E402
+from radixmesh_bench.gpu.common import log, new_doc  # noqa: E402
+from radixmesh_bench.report import write_json  # noqa: E402
 
 PART = "startup"
 DEADLINE_S = 285.0  # the whole part; device_run.sh's limit for it: 330 s

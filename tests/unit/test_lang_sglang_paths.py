@@ -178,6 +178,13 @@ def test_build_regex_from_object_optional_only_objects_arrays_and_refusals() -> 
     ]
     short = build_regex_from_object({"type": "string", "maxLength": 2})
     assert re.fullmatch(short, '"ab"') and not re.fullmatch(short, '"abc"')
+    literal = build_regex_from_object({"enum": ["café", "a.b", 3]})
+    assert [bool(re.fullmatch(literal, t)) for t in ('"café"', '"a.b"', '"aXb"', "3")] == [
+        True,
+        True,
+        False,
+        True,
+    ]
     with pytest.raises(ValueError, match="cannot build a regex"):
         build_regex_from_object({"description": "anything"})
     with pytest.raises(TypeError):

@@ -37,6 +37,11 @@ def escape(text: str) -> str:
     return "".join("\\" + c if c in _META else c for c in text)
 
 
+def _literal(value: Any) -> str:
+    """A JSON value as a regex literal; non-ASCII text as itself, as a model writes it."""
+    return escape(json.dumps(value, ensure_ascii=False))
+
+
 def build_regex_from_object(obj: Any, whitespace_pattern: str | None = None) -> str:
     """The regex of `obj`: a pydantic model class (anything with `model_json_schema()`), a
     schema dict, or a schema's JSON text."""
@@ -65,9 +70,9 @@ class _Converter:
         if "$ref" in schema:
             return self.regex(self._resolve(schema["$ref"]))
         if "const" in schema:
-            return escape(json.dumps(schema["const"]))
+            return _literal(schema["const"])
         if "enum" in schema:
-            return "(" + "|".join(escape(json.dumps(v)) for v in schema["enum"]) + ")"
+            return "(" + "|".join(_literal(v) for v in schema["enum"]) + ")"
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 return "(" + "|".join(self.regex(s) for s in schema[key]) + ")"

@@ -30,6 +30,7 @@ from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Complete, Event
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
+from tokenizer_service.routing.deltas import Update
 from tokenizer_service.routing.replica_set import ReplicaSet
 from tokenizer_service.routing.scheduler_link import DuplicateRequest, SchedulerLost
 from tokenizer_service.text_stream import TextStream
@@ -232,17 +233,30 @@ class FrontDoor:
         owns = wire_rid not in self.owners  # a duplicate id must not take over the first
         if owns:
             self.owners[wire_rid] = inp.tenant
+        queue = ticket.queue
         try:
             while True:
-                item = await ticket.queue.get()
-                if isinstance(item, Exception):
-                    raise GenerateError(grpc.StatusCode.UNAVAILABLE, str(item))
-                ex = item.extras
-                if ex is not None and ex.error_code:
-                    finished = True
-                    raise GenerateError(_status(ex.error_code), ex.error_message)
-                timer.tokens(len(item.token_ids))
-                chunk, done = stream.on_delta(item)
+                item = await queue.get()
+                # Everything already queued is one event: a consumer that fell behind (a
+                # slow client, a busy loop) catches up in one chunk of several tokens
+                # instead of one event per token; an idle one still gets every token at once.
+                tokens = 0
+                while True:
+                    failure = _failure(item)
+                    if failure is not None:
+                        # the scheduler ended it (an error update), unlike a lost link
+                        finished = not isinstance(item, Exception)
+                        held = stream.held_chunk()  # tokens before the failure still go out
+                        if held is not None:
+                            yield held
+                        raise failure
+                    assert not isinstance(item, Exception)
+                    tokens += len(item.token_ids)
+                    chunk, done = stream.on_delta(item, hold=not queue.empty())
+                    if done or queue.empty():
+                        break
+                    item = queue.get_nowait()
+                timer.tokens(tokens)
                 if chunk is not None:
                     yield chunk
                 if done:
@@ -298,6 +312,16 @@ def _log_end(
         ttft_s=ttft,
         total_s=round(now - timer.t0, 4),
     )
+
+
+def _failure(item: Update | Exception) -> GenerateError | None:
+    """What ends the request with an error: a lost link, or an error update."""
+    if isinstance(item, Exception):
+        return GenerateError(grpc.StatusCode.UNAVAILABLE, str(item))
+    ex = item.extras
+    if ex is not None and ex.error_code:
+        return GenerateError(_status(ex.error_code), ex.error_message)
+    return None
 
 
 def _wire_rid(rid: str, tenant: str) -> str:

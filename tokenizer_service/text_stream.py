@@ -61,7 +61,9 @@ class TextStream:
         self.text = self.detok.push(ids)
         self.emitted = self.stops.safe_length(self.text)
 
-    def on_delta(self, u: Update) -> tuple[Chunk | None, bool]:
+    def on_delta(self, u: Update, hold: bool = False) -> tuple[Chunk | None, bool]:
+        """Apply one update; returns (the chunk to stream now, done). `hold`: more updates
+        are already waiting, so the chunk waits for them (unless this one ends the stream)."""
         ex = u.extras
         if u.rollback:
             self._rollback(u.rollback)
@@ -89,7 +91,7 @@ class TextStream:
             self.matched_stop = hit[1]
             self.stopped_by_string = not done
             done = True
-        return self._chunk(done), done
+        return (None if hold and not done else self._chunk(done)), done
 
     def _rollback(self, n: int) -> None:
         """Jump-forward retokenized the tail: drop n tokens. Their text is a prefix of what the
@@ -103,6 +105,10 @@ class TextStream:
         self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt[-8:])
         self.detok.push(self.ids)
         self.text = self.detok.text
+
+    def held_chunk(self) -> Chunk | None:
+        """What held updates would have streamed (before a failure ends the stream)."""
+        return self._chunk(False)
 
     def _chunk(self, done: bool) -> Chunk | None:
         if not self.stream:

@@ -72,6 +72,11 @@ async def merged(
 ) -> AsyncGenerator[tuple[int, Event], None]:
     """(input index, event) as they come; a failure of any input ends the stream with its
     GenerateError; leaving early aborts every input still running."""
+    if len(inputs) == 1:  # the common case needs no pump task and queue hop per event
+        async with aclosing(core.generate(inputs[0])) as events:
+            async for ev in events:
+                yield 0, ev
+        return
     queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, inp: GenerateInput) -> None:

@@ -275,6 +275,7 @@ class _Meta:
         self.req = req
         self.t0 = time.perf_counter()
         self.rids = [inp.rid for inp in req.inputs]  # meta_info.id: the id in the logs
+        self.rids_json = [json.dumps(r) for r in self.rids]
         self.text = [""] * len(req.inputs)
         self.ids: list[list[int]] = [[] for _ in req.inputs]
         self.lps: list[list[TokenLogprob]] = [[] for _ in req.inputs]
@@ -303,17 +304,14 @@ class _Meta:
         """The SSE frame of `partial(i)`, from the pre-encoded text and ids."""
         if self.req.return_logprob:
             return frame(self.partial(i))
-        meta = {
-            "id": self.rids[i],
-            "finish_reason": None,
-            "completion_tokens": len(self.ids[i]),
-            "e2e_latency": time.perf_counter() - self.t0,
-        }
-        body = (
-            f'{{"text": "{self.text_json[i]}", "output_ids": [{self.ids_json[i]}], '
-            f'"meta_info": {json.dumps(meta)}}}'
-        )
-        return b"data: " + body.encode() + b"\n\n"
+        # json.dumps of partial(i), written out: the id is encoded once per request and a
+        # float's JSON is its repr
+        return (
+            f'data: {{"text": "{self.text_json[i]}", "output_ids": [{self.ids_json[i]}], '
+            f'"meta_info": {{"id": {self.rids_json[i]}, "finish_reason": null, '
+            f'"completion_tokens": {len(self.ids[i])}, '
+            f'"e2e_latency": {time.perf_counter() - self.t0!r}}}}}\n\n'
+        ).encode()
 
     def _lp(self, tid: int, lp: float | None) -> list[Any]:
         text = self.core.tok.decode([tid]) if self.req.text_in_logprobs else None

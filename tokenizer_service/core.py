@@ -52,10 +52,11 @@ INLINE_TOKENIZE_CHARS = 4096  # shorter inputs are tokenized on the loop (tens o
 class GenerateError(Exception):
     """A request that cannot be served; `status` says why in gRPC's vocabulary."""
 
-    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+    def __init__(self, status: grpc.StatusCode, message: str, field: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.field = field  # the request field at fault (gRPC API's name), "" when none
 
 
 @dataclass
@@ -66,7 +67,7 @@ class GenerateInput:
     rid: str = ""
     text: str | None = None
     input_ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     sampling: api_pb2.SamplingParams = field(default_factory=api_pb2.SamplingParams)
     logprobs: api_pb2.LogprobOptions = field(default_factory=api_pb2.LogprobOptions)
@@ -130,7 +131,7 @@ class FrontDoor:
         raise InvalidRequest("no input: set text, input_ids or chat messages")
 
     async def chat_ids(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool
     ) -> list[int]:
         if not messages:
             raise InvalidRequest("chat has no messages")
@@ -165,7 +166,7 @@ class FrontDoor:
                 self.cfg.max_top_logprobs,
             )
         except InvalidRequest as exc:
-            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), exc.field) from exc
         return ids, sampling
 
     async def generate(
@@ -207,7 +208,7 @@ class FrontDoor:
         try:
             check_resume(resumed, self.tok.vocab_size, sampling.max_new_tokens)
         except InvalidRequest as exc:
-            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), exc.field) from exc
         submit = scheduler_pb2.SubmitRequest(
             rid=wire_rid,
             input_ids=ids,

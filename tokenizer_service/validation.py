@@ -11,12 +11,17 @@ from radixmesh_wire.step_ops import DEFAULTS
 
 
 class InvalidRequest(ValueError):
-    pass
+    """`field`: the request field at fault in the gRPC API's names ("" when none is): the HTTP
+    APIs report it as `param`, in their own names."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
-def check(cond: bool, message: str) -> None:
+def check(cond: bool, message: str, field: str = "") -> None:
     if not cond:
-        raise InvalidRequest(message)
+        raise InvalidRequest(message, field)
 
 
 def normalize_sampling(
@@ -33,7 +38,7 @@ def normalize_sampling(
     out.CopyFrom(s)
     for fd, value in s.ListFields():  # every float knob, present and future
         if fd.type in (fd.TYPE_FLOAT, fd.TYPE_DOUBLE) and not fd.is_repeated:
-            check(math.isfinite(value), f"{fd.name} must be a finite number, got {value}")
+            check(math.isfinite(value), f"{fd.name} must be a finite number, got {value}", fd.name)
     check(prompt_len > 0, "the prompt is empty: send non-empty text, chat messages or input_ids")
     check(
         prompt_len < context_length,
@@ -42,40 +47,55 @@ def normalize_sampling(
     )
     room = context_length - prompt_len
     if s.HasField("max_new_tokens"):
-        check(s.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {s.max_new_tokens}")
+        check(
+            s.max_new_tokens >= 0,
+            f"max_new_tokens must be >= 0, got {s.max_new_tokens}",
+            "max_new_tokens",
+        )
         check(
             s.max_new_tokens <= room,
             f"max_new_tokens={s.max_new_tokens} goes beyond the context window: the prompt has "
             f"{prompt_len} tokens and the window {context_length}, so at most {room}",
+            "max_new_tokens",
         )
     else:
         out.max_new_tokens = min(default_max_new, room)
     if s.HasField("temperature"):
-        check(s.temperature >= 0, f"temperature must be >= 0, got {s.temperature}")
+        check(s.temperature >= 0, f"temperature must be >= 0, got {s.temperature}", "temperature")
     else:
         out.temperature = DEFAULTS.temperature
     if s.HasField("top_p"):
-        check(0 < s.top_p <= 1, f"top_p must be in (0, 1], got {s.top_p}")
+        check(0 < s.top_p <= 1, f"top_p must be in (0, 1], got {s.top_p}", "top_p")
     if s.HasField("top_k"):
-        check(s.top_k >= -1, f"top_k must be -1 (off), 0 (off) or positive, got {s.top_k}")
+        check(s.top_k >= -1, f"top_k must be -1 (off), 0 (off) or positive, got {s.top_k}", "top_k")
     if s.HasField("min_p"):
-        check(0 <= s.min_p <= 1, f"min_p must be in [0, 1], got {s.min_p}")
+        check(0 <= s.min_p <= 1, f"min_p must be in [0, 1], got {s.min_p}", "min_p")
     if s.HasField("min_new_tokens"):
-        check(s.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {s.min_new_tokens}")
+        check(
+            s.min_new_tokens >= 0,
+            f"min_new_tokens must be >= 0, got {s.min_new_tokens}",
+            "min_new_tokens",
+        )
         check(
             s.min_new_tokens <= out.max_new_tokens,
             f"min_new_tokens={s.min_new_tokens} exceeds max_new_tokens={out.max_new_tokens}",
+            "min_new_tokens",
         )
     for t in s.stop_token_ids:
-        check(0 <= t < vocab_size, f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
+        check(
+            0 <= t < vocab_size,
+            f"stop token id {t} is outside the vocabulary [0, {vocab_size})",
+            "stop_token_ids",
+        )
     _check_penalties(s, vocab_size)
     if not s.HasField("seed"):
         # A fixed seed per request keeps sampling reproducible across retraction/resubmission.
         out.seed = random.getrandbits(63)
-    check(lp.top_logprobs >= 0, "top_logprobs must be >= 0")
+    check(lp.top_logprobs >= 0, "top_logprobs must be >= 0", "top_logprobs")
     check(
         lp.top_logprobs <= max_top_logprobs,
         f"top_logprobs={lp.top_logprobs} exceeds the limit {max_top_logprobs}",
+        "top_logprobs",
     )
     if lp.HasField("prompt_logprobs_from"):
         p = lp.prompt_logprobs_from
@@ -89,14 +109,22 @@ def normalize_sampling(
 def _check_penalties(s: api_pb2.SamplingParams, vocab_size: int) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         v = getattr(s, name)
-        check(-2 <= v <= 2, f"{name} must be in [-2, 2], got {v}")
+        check(-2 <= v <= 2, f"{name} must be in [-2, 2], got {v}", name)
     if s.HasField("repetition_penalty"):
         r = s.repetition_penalty
-        check(0 < r <= 2, f"repetition_penalty must be in (0, 2], got {r}")
-    check(len(s.logit_bias) <= 300, f"logit_bias has {len(s.logit_bias)} entries; at most 300")
+        check(0 < r <= 2, f"repetition_penalty must be in (0, 2], got {r}", "repetition_penalty")
+    check(
+        len(s.logit_bias) <= 300,
+        f"logit_bias has {len(s.logit_bias)} entries; at most 300",
+        "logit_bias",
+    )
     for t, b in s.logit_bias.items():
-        check(0 <= t < vocab_size, f"logit_bias token id {t} is outside [0, {vocab_size})")
-        check(-100 <= b <= 100, f"logit_bias[{t}]={b} must be in [-100, 100]")
+        check(
+            0 <= t < vocab_size,
+            f"logit_bias token id {t} is outside [0, {vocab_size})",
+            "logit_bias",
+        )
+        check(-100 <= b <= 100, f"logit_bias[{t}]={b} must be in [-100, 100]", "logit_bias")
 
 
 def check_text_size(chars: int, limit: int, what: str = "the prompt") -> None:
@@ -128,6 +156,7 @@ def check_chat_roles(roles: list[str]) -> None:
         check(
             role in CHAT_ROLES,
             f"chat message {i} has role {role!r}; valid roles are {', '.join(CHAT_ROLES)}",
+            f"messages[{i}].role",
         )
 
 

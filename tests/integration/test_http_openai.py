@@ -195,6 +195,49 @@ def test_errors_arrive_as_sdk_exceptions(client: openai.OpenAI, model: str) -> N
         client.chat.completions.create(model=model, messages=[], max_tokens=1)
 
 
+def test_errors_name_openais_fields(client: openai.OpenAI, model: str) -> None:
+    """The core's checks speak the gRPC API's names; OpenAI's clients read theirs."""
+    with pytest.raises(openai.BadRequestError) as big:
+        client.completions.create(model=model, prompt="hi", max_tokens=10**6)
+    assert big.value.param == "max_tokens"  # type: ignore[attr-defined]
+    assert "max_tokens=1000000" in big.value.message and "max_new_tokens" not in big.value.message
+    with pytest.raises(openai.BadRequestError) as low:
+        client.completions.create(
+            model=model, prompt="hi", max_tokens=2, extra_body={"min_tokens": 5}
+        )
+    assert low.value.param == "min_tokens"  # type: ignore[attr-defined]
+    assert "min_tokens=5 exceeds max_tokens=2" in low.value.message
+    with pytest.raises(openai.BadRequestError) as temp:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], temperature=-1
+        )
+    assert temp.value.param == "temperature"  # type: ignore[attr-defined]
+
+
+def test_unsupported_fields_are_named_400s(client: openai.OpenAI, model: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ({"audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"]}, "audio"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"frobnicate": True}, "frobnicate"),
+    ]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=model,
+                messages=msgs,
+                max_tokens=1,
+                extra_body=extra,  # type: ignore[arg-type]
+            )
+        assert err.value.param == param, (param, err.value.message)  # type: ignore[attr-defined]
+        assert err.value.code == "unsupported_parameter"
+        assert f"'{param}' is not supported" in err.value.message
+    with pytest.raises(openai.BadRequestError) as suffix:
+        client.completions.create(model=model, prompt="hi", max_tokens=1, suffix="end")
+    assert suffix.value.param == "suffix"  # type: ignore[attr-defined]
+
+
 def test_body_too_large_is_413(stack: Stack) -> None:
     r = requests.post(
         stack.http_url + "/v1/completions",

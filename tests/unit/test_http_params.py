@@ -152,3 +152,87 @@ def test_sglang_body_maps_names_and_batches() -> None:
     with pytest.raises(HttpError) as e:
         parse_sglang({"text": "a", "input_ids": [1]}, 4096)
     assert e.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "a", "frobnicate": 1}, "frobnicate"),
+        ({"prompt": "a", "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+        ({"prompt": "a", "response_format": {"type": "text", "extra": 1}}, "response_format.extra"),
+    ],
+)
+def test_unsupported_completion_fields_are_named_400s(body: dict, param: str) -> None:
+    with pytest.raises(HttpError) as e:
+        parse_completion(body, 20)
+    assert (e.value.status, e.value.param, e.value.code) == (400, param, "unsupported_parameter")
+    assert f"'{param}' is not supported" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"audio": {"voice": "x", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"messages": [{"role": "user", "content": "x", "bogus": 1}]}, "messages[0].bogus"),
+    ],
+)
+def test_unsupported_chat_fields_are_named_400s(extra: dict, param: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(HttpError) as e:
+        parse_chat(body)
+    assert (e.value.status, e.value.param) == (400, param)
+
+
+def test_null_fields_are_absent_fields() -> None:
+    req = parse_chat(
+        {
+            "messages": [{"role": "assistant", "content": "x", "refusal": None, "audio": None}],
+            "frobnicate": None,
+            "temperature": None,
+        }
+    )
+    assert not req.inputs[0].sampling.HasField("temperature")
+
+
+def test_type_errors_name_the_field_and_its_shape() -> None:
+    with pytest.raises(HttpError) as e:
+        parse_completion({"prompt": "a", "max_tokens": "3"}, 20)
+    assert e.value.message == "'max_tokens' must be an integer"
+    with pytest.raises(HttpError) as e:
+        parse_chat({"messages": [{"role": "user", "content": 5}]})
+    assert (e.value.status, e.value.param) == (422, "messages[0].content")
+    assert "a string or a list of parts" in e.value.message
+    with pytest.raises(HttpError) as e:
+        parse_completion({"prompt": "a", "n": 17}, 20)
+    assert e.value.status == 400 and "less than or equal to 16" in e.value.message
+
+
+def test_core_errors_speak_openais_names() -> None:
+    from tokenizer_service.http.openai_params import openai_field
+
+    msg = "max_new_tokens=5000 goes beyond the context window: ... so at most 4000"
+    assert openai_field(msg, "max_new_tokens") == (
+        "max_tokens=5000 goes beyond the context window: ... so at most 4000",
+        "max_tokens",
+    )
+    assert openai_field("min_new_tokens=3 exceeds max_new_tokens=2", "min_new_tokens") == (
+        "min_tokens=3 exceeds max_tokens=2",
+        "min_tokens",
+    )
+    assert openai_field("temperature must be >= 0, got -1.0", "temperature")[1] == "temperature"
+
+
+def test_sglang_unknown_fields_are_named_and_known_ones_pass() -> None:
+    with pytest.raises(HttpError) as e:
+        parse_sglang({"text": "a", "lora_path": "adapter"}, 4096)
+    assert (e.value.status, e.value.param) == (400, "lora_path")
+    with pytest.raises(HttpError) as e:
+        parse_sglang({"text": "a", "sampling_params": {"max_new_token": 3}}, 4096)
+    assert e.value.param == "sampling_params.max_new_token"
+    ok = parse_sglang(
+        {"text": "a", "sampling_params": {"n": 1, "no_stop_trim": True, "stop": None}}, 4096
+    )
+    assert ok.inputs[0].text == "a"

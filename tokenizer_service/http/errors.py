@@ -71,9 +71,9 @@ class HttpError(Exception):
         }
 
 
-def from_status(status: grpc.StatusCode, message: str) -> HttpError:
+def from_status(status: grpc.StatusCode, message: str, param: str | None = None) -> HttpError:
     http, type_ = _HTTP.get(status, (500, "internal_error"))
-    return HttpError(http, message, type_, code=status.name.lower())
+    return HttpError(http, message, type_, param=param or None, code=status.name.lower())
 
 
 def error_response(err: HttpError) -> web.Response:

@@ -31,7 +31,12 @@ from tokenizer_service.http.fanout import (
     prefill_once,
     run_all,
 )
-from tokenizer_service.http.openai_params import OpenAIRequest, parse_chat, parse_completion
+from tokenizer_service.http.openai_params import (
+    OpenAIRequest,
+    openai_field,
+    parse_chat,
+    parse_completion,
+)
 from tokenizer_service.http.sse import DONE, frame, open_stream
 
 log = structlog.get_logger(__name__)
@@ -90,7 +95,7 @@ class OpenAIApi:
         except HttpError as err:
             return error_response(err)
         except GenerateError as exc:
-            return error_response(from_status(exc.status, exc.message))
+            return error_response(_openai_error(exc))
         log.debug("openai_request", chat=chat, n=len(inputs), user=req.user)
         shape = _Shape(self.core, req, model, chat, cached, rid)
         if req.stream:
@@ -98,7 +103,7 @@ class OpenAIApi:
         try:
             results = await run_all(self.core, inputs)
         except GenerateError as exc:
-            return error_response(from_status(exc.status, exc.message))
+            return error_response(_openai_error(exc))
         return web.json_response(shape.whole(results))
 
     def _model(self, model: str | None) -> str:
@@ -155,10 +160,17 @@ class OpenAIApi:
                 ordered = [results[i] for i in sorted(results)]
                 await resp.write(frame(shape.usage_chunk(ordered)))
         except GenerateError as exc:
-            await resp.write(frame(from_status(exc.status, exc.message).body()))
+            await resp.write(frame(_openai_error(exc).body()))
         await resp.write(DONE)
         await resp.write_eof()
         return resp
+
+
+def _openai_error(exc: GenerateError) -> HttpError:
+    """A core error in OpenAI's words: `max_tokens`, not the gRPC API's `max_new_tokens`, and
+    the field at fault as `param`."""
+    message, param = openai_field(exc.message, exc.field)
+    return from_status(exc.status, message, param)
 
 
 class _Shape:

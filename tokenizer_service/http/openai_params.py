@@ -1,8 +1,9 @@
-"""OpenAI request bodies -> the core's GenerateInput (chat and completions).
-
-Type errors (a string where a number belongs, a missing required field) are 422, values out of
-range are 400 (most of them found by the core's validation, with the same messages as the gRPC
-API). Unknown fields are ignored, as vLLM and SGLang do.
+"""OpenAI request bodies -> the core's GenerateInput (chat and completions), over the typed
+models of `protocol.py`: types and unknown fields are checked there (422 / 400 naming the
+field); this module checks what crosses fields (one grammar at most, best_of = n,
+stream_options needs stream) and fills the public wire's `SamplingParams`. Ranges the gRPC API
+shares (temperature, max_tokens against the context, ...) are the core's validation; the
+OpenAI handler renames its field names to OpenAI's (`openai_field`).
 """
 
 from __future__ import annotations
@@ -14,59 +15,27 @@ from typing import Any
 from radixmesh_wire.pb import api_pb2
 from tokenizer_service.core import GenerateInput
 from tokenizer_service.http.errors import HttpError
+from tokenizer_service.http.protocol import (
+    MAX_N,
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    SGLangSampling,
+    validate,
+)
 
-MAX_N = 16  # choices per request: each one is a running request
+__all__ = ["MAX_N", "OpenAIRequest", "parse_chat", "parse_completion", "sampling_params"]
+
+# The core's (gRPC API's) names of sampling fields -> OpenAI's, for its error messages.
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
-def _type_error(name: str, want: str) -> HttpError:
-    return HttpError(422, f"'{name}' must be {want}", param=name, code="invalid_type")
-
-
-class Body:
-    """Typed access to a JSON object; every getter returns None when the field is absent/null."""
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.d = d
-
-    def num(self, name: str) -> float | None:
-        v = self.d.get(name)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _type_error(name, "a number")
-        return float(v)
-
-    def int_(self, name: str) -> int | None:
-        v = self.d.get(name)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise _type_error(name, "an integer")
-        return v
-
-    def bool_(self, name: str) -> bool | None:
-        v = self.d.get(name)
-        if v is None:
-            return None
-        if not isinstance(v, bool):
-            raise _type_error(name, "a boolean")
-        return v
-
-    def str_(self, name: str) -> str | None:
-        v = self.d.get(name)
-        if v is None:
-            return None
-        if not isinstance(v, str):
-            raise _type_error(name, "a string")
-        return v
-
-    def obj(self, name: str) -> dict[str, Any] | None:
-        v = self.d.get(name)
-        if v is None:
-            return None
-        if not isinstance(v, dict):
-            raise _type_error(name, "an object")
-        return v
+def openai_field(message: str, field_name: str) -> tuple[str, str | None]:
+    """A core validation message and its field, in OpenAI's names."""
+    for ours, theirs in OPENAI_NAMES.items():
+        message = message.replace(ours, theirs)
+    return message, OPENAI_NAMES.get(field_name, field_name) or None
 
 
 @dataclass
@@ -82,153 +51,122 @@ class OpenAIRequest:
     user: str | None = None
     cache_salt: str = ""  # vLLM's extension: prefix-cache isolation within the tenant
     prompt_texts: list[str] = field(default_factory=list)  # for echo
+    chat: ChatRequest | None = None  # the typed body of a chat request (tools, tool_choice)
 
 
-def sampling_params(b: Body) -> api_pb2.SamplingParams:
-    """The sampling fields chat and completions share (OpenAI's plus SGLang/vLLM extensions)."""
+_NUMBERS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def sampling_params(b: SamplingFields | SGLangSampling) -> api_pb2.SamplingParams:
+    """The public wire's sampling message of a typed body; unset fields stay unset (the
+    validation fills them from the defaults table)."""
     s = api_pb2.SamplingParams(skip_special_tokens=True)
-    max_tokens = b.int_("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = b.int_("max_tokens")
+    if isinstance(b, SGLangSampling):
+        max_tokens, min_tokens = b.max_new_tokens, b.min_new_tokens
+    else:
+        max_tokens = b.max_completion_tokens
+        max_tokens = b.max_tokens if max_tokens is None else max_tokens
+        min_tokens = b.min_tokens
     if max_tokens is not None:
         s.max_new_tokens = max_tokens
-    for src, dst in (
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("min_p", "min_p"),
-        ("presence_penalty", "presence_penalty"),
-        ("frequency_penalty", "frequency_penalty"),
-        ("repetition_penalty", "repetition_penalty"),
-    ):
-        v = b.num(src)
+    if min_tokens is not None:
+        s.min_new_tokens = min_tokens
+    for name in _NUMBERS:
+        v = getattr(b, name)
         if v is not None:
-            setattr(s, dst, v)
-    for src, dst in (("top_k", "top_k"), ("min_tokens", "min_new_tokens"), ("seed", "seed")):
-        v2 = b.int_(src)
-        if v2 is not None:
-            if dst == "seed" and v2 < 0:
-                raise HttpError(400, f"seed must be >= 0, got {v2}", param="seed")
-            setattr(s, dst, v2)
-    for name in ("ignore_eos", "skip_special_tokens"):
-        flag = b.bool_(name)
-        if flag is not None:
-            setattr(s, name, flag)
-    s.stop.extend(_stop(b.d.get("stop")))
-    ids = b.d.get("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
-            raise _type_error("stop_token_ids", "a list of integers")
-        s.stop_token_ids.extend(ids)
-    bias = b.obj("logit_bias")
-    for k, v in (bias or {}).items():
+            setattr(s, name, v)
+    for flag in ("ignore_eos", "skip_special_tokens"):
+        if getattr(b, flag) is not None:
+            setattr(s, flag, getattr(b, flag))
+    stop = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
+    s.stop.extend(x for x in stop if x)
+    s.stop_token_ids.extend(b.stop_token_ids or [])
+    for k, v in (b.logit_bias or {}).items():
         try:
-            tid = int(k)
+            s.logit_bias[int(k)] = v
         except ValueError as exc:
             raise HttpError(
                 400, f"logit_bias key {k!r} is not a token id", param="logit_bias"
             ) from exc
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _type_error("logit_bias", "an object of token id -> number")
-        s.logit_bias[tid] = float(v)
     _constraint(b, s)
     return s
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _stop(v: object) -> list[str]:
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v] if v else []
-    if isinstance(v, list) and all(isinstance(x, str) for x in v):
-        return [x for x in v if x]
-    raise _type_error("stop", "a string or a list of strings")
-
-
-def _constraint(b: Body, s: api_pb2.SamplingParams) -> None:
+def _constraint(b: SamplingFields | SGLangSampling, s: api_pb2.SamplingParams) -> None:
     found: list[str] = []
-    rf = b.obj("response_format")
+    rf = b.response_format if isinstance(b, SamplingFields) else None
     if rf is not None:
-        kind = rf.get("type")
-        if kind == "json_object":
+        if rf.type == "json_object":
             s.json_schema = json.dumps({"type": "object"})
             found.append("response_format")
-        elif kind == "json_schema":
-            spec = rf.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        elif rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise HttpError(
                     400,
                     "response_format json_schema needs json_schema.schema (an object)",
                     param="response_format",
                 )
             # Decoding is always constrained to the schema, so strict=false is served strictly.
-            s.json_schema = json.dumps(spec["schema"])
+            s.json_schema = json.dumps(rf.json_schema.schema_)
             found.append("response_format")
-        elif kind not in (None, "text"):
+        elif rf.type != "text":
             raise HttpError(
                 400,
-                f"response_format type {kind!r} is not one of text, json_object, json_schema",
+                f"response_format type {rf.type!r} is not one of text, json_object, json_schema",
                 param="response_format",
             )
     for name in ("regex", "ebnf", "json_schema"):
-        v = b.d.get(name)
+        v = getattr(b, name)
         if v is None:
             continue
-        if name == "json_schema" and isinstance(v, dict):
-            v = json.dumps(v)
-        if not isinstance(v, str):
-            raise _type_error(name, "a string")
-        setattr(s, name, v)
+        setattr(s, name, v if isinstance(v, str) else json.dumps(v))
         found.append(name)
     if len(found) > 1:
         raise HttpError(400, f"set at most one of {', '.join(found)}", param=found[1])
 
 
-def _common(b: Body, req: OpenAIRequest) -> None:
-    n = b.int_("n")
-    if n is not None and not 1 <= n <= MAX_N:
-        raise HttpError(400, f"n must be in [1, {MAX_N}], got {n}", param="n")
-    best_of = b.int_("best_of")
-    if best_of is not None and best_of != (n or 1):
+def _common(b: SamplingFields, req: OpenAIRequest) -> None:
+    n = b.n or 1
+    if b.best_of is not None and b.best_of != n:
         raise HttpError(400, "best_of other than n is not supported", param="best_of")
-    req.n = n or 1
-    req.stream = bool(b.bool_("stream"))
-    opts = b.obj("stream_options")
-    if opts is not None:
+    req.n = n
+    req.stream = bool(b.stream)
+    if b.stream_options is not None:
         if not req.stream:
             raise HttpError(400, "stream_options needs stream=true", param="stream_options")
-        req.include_usage = bool(Body(opts).bool_("include_usage"))
-    req.user = b.str_("user")
-    req.cache_salt = b.str_("cache_salt") or ""
+        req.include_usage = bool(b.stream_options.include_usage)
+    req.user = b.user
+    req.cache_salt = b.cache_salt or ""
 
 
 def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
-    b = Body(d)
-    messages = d.get("messages")
-    if not isinstance(messages, list):
-        raise HttpError(422, "'messages' must be a list of messages", param="messages")
-    if not messages:
+    b = validate(ChatRequest, d)
+    if not b.messages:
         raise HttpError(400, "'messages' is empty: send at least one message", param="messages")
-    msgs = [_message(m, i) for i, m in enumerate(messages)]
-    req = OpenAIRequest(model=b.str_("model"), inputs=[])
+    msgs = [message_dict(m, i) for i, m in enumerate(b.messages)]
+    req = OpenAIRequest(model=b.model, inputs=[], chat=b)
     _common(b, req)
-    lp = api_pb2.LogprobOptions()
-    req.logprobs = bool(b.bool_("logprobs"))
-    top = b.int_("top_logprobs")
-    if top is not None:
+    req.logprobs = bool(b.logprobs)
+    if b.top_logprobs is not None:
         if not req.logprobs:
             raise HttpError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        req.top_logprobs = top
-    lp.return_logprob = req.logprobs
-    lp.top_logprobs = req.top_logprobs
-    gen = b.bool_("add_generation_prompt")
+        req.top_logprobs = b.top_logprobs
+    lp = api_pb2.LogprobOptions(return_logprob=req.logprobs, top_logprobs=req.top_logprobs)
     req.inputs.append(
         GenerateInput(
             messages=msgs,
-            add_generation_prompt=True if gen is None else gen,
+            add_generation_prompt=True
+            if b.add_generation_prompt is None
+            else b.add_generation_prompt,
             sampling=sampling_params(b),
             logprobs=lp,
             stream=req.stream,
@@ -238,45 +176,67 @@ def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
     return req
 
 
-def _message(m: object, i: int) -> dict[str, str]:
+def message_dict(m: ChatMessage, i: int) -> dict[str, Any]:
+    """A chat message as the chat template reads it: text content joined from its parts; an
+    assistant's tool calls and a tool result's call id kept for templates that render them."""
     param = f"messages[{i}]"
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise HttpError(422, f"{param} must be an object with a string 'role'", param=param)
-    content = m.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
+    if isinstance(m.content, list):
         parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise HttpError(400, f"{param}: only text content parts are supported", param=param)
-            if not isinstance(part.get("text"), str):
+        for part in m.content:
+            if part.type != "text":
+                raise HttpError(
+                    400,
+                    f"{param}: only text content parts are supported, not {part.type!r}",
+                    param=f"{param}.content",
+                )
+            if part.text is None:
                 raise HttpError(422, f"{param}: a text part needs a string 'text'", param=param)
-            parts.append(part["text"])
+            parts.append(part.text)
         text = "".join(parts)
     else:
-        raise HttpError(422, f"{param}.content must be a string or a list of parts", param=param)
-    return {"role": m["role"], "content": text}
+        text = m.content or ""
+    out: dict[str, Any] = {"role": m.role, "content": text}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": _arguments(c.function)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _arguments(f: Any) -> Any:
+    """Templates render a call's arguments as an object (Qwen's, Llama's `tojson`); the API
+    sends them as JSON text. Text that is not JSON stays text."""
+    try:
+        return json.loads(f.arguments)
+    except ValueError:
+        return f.arguments
 
 
 def parse_completion(d: dict[str, Any], max_top_logprobs: int) -> OpenAIRequest:
-    b = Body(d)
-    req = OpenAIRequest(model=b.str_("model"), inputs=[])
+    b = validate(CompletionRequest, d)
+    req = OpenAIRequest(model=b.model, inputs=[])
     _common(b, req)
-    req.echo = bool(b.bool_("echo"))
-    top = b.int_("logprobs")
-    if top is not None:
+    req.echo = bool(b.echo)
+    if b.logprobs is not None:
+        top = b.logprobs
         if not 0 <= top <= max_top_logprobs:
             raise HttpError(
                 400, f"logprobs must be in [0, {max_top_logprobs}], got {top}", param="logprobs"
             )
         req.logprobs, req.top_logprobs = True, top
-    if b.d.get("suffix"):
+    if b.suffix:
         raise HttpError(400, "suffix is not supported", param="suffix")
     sampling = sampling_params(b)
-    for prompt in _prompts(d.get("prompt")):
+    for prompt in _prompts(b.prompt):
         lp = api_pb2.LogprobOptions(return_logprob=req.logprobs, top_logprobs=req.top_logprobs)
         if req.echo and req.logprobs:
             lp.prompt_logprobs_from = 0
@@ -291,16 +251,15 @@ def parse_completion(d: dict[str, Any], max_top_logprobs: int) -> OpenAIRequest:
     return req
 
 
-def _prompts(p: object) -> list[str | list[int]]:
+def _prompts(p: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
     if isinstance(p, str):
         return [p]
-    if isinstance(p, list) and p:
-        if all(isinstance(x, str) for x in p):
-            return list(p)
-        if all(_is_int(x) for x in p):
-            return [list(p)]
-        if all(isinstance(x, list) and x and all(_is_int(y) for y in x) for x in p):
-            return [list(x) for x in p]
+    if p and all(isinstance(x, str) for x in p):
+        return [x for x in p if isinstance(x, str)]
+    if p and all(isinstance(x, int) for x in p):
+        return [[x for x in p if isinstance(x, int)]]
+    if p and all(isinstance(x, list) and x for x in p):
+        return [list(x) for x in p if isinstance(x, list)]
     raise HttpError(
         422,
         "'prompt' must be a string, a list of strings, a list of token ids or a list of lists "

@@ -31,12 +31,10 @@ from tokenizer_service.http.errors import (
     valid_request_id,
 )
 from tokenizer_service.http.fanout import merged, name_inputs, run_all
-from tokenizer_service.http.openai_params import Body, sampling_params
+from tokenizer_service.http.openai_params import sampling_params
+from tokenizer_service.http.protocol import SGLangGenerate, SGLangSampling, validate
 from tokenizer_service.http.sse import DONE, frame, open_stream
 from tokenizer_service.routing.replica_stats import NoReplicaAnswered, flush_all, gather_stats
-
-# sampling_params keys SGLang's clients send that change nothing here (documented)
-_IGNORED = {"spaces_between_special_tokens", "no_stop_trim", "n", "dtype"}
 
 
 class SGLangApi:
@@ -144,14 +142,14 @@ class SGLangApi:
         except HttpError as err:
             return error_response(err)
         except GenerateError as exc:
-            return error_response(from_status(exc.status, exc.message))
+            return error_response(from_status(exc.status, exc.message, exc.field))
         shape = _Meta(self.core, req)
         if req.stream:
             return await self._stream(request, req, shape)
         try:
             results = await run_all(self.core, req.inputs)
         except GenerateError as exc:
-            return error_response(from_status(exc.status, exc.message))
+            return error_response(from_status(exc.status, exc.message, exc.field))
         out = [shape.result(i, r) for i, r in enumerate(results)]
         return web.json_response(out if req.batch else out[0])
 
@@ -169,7 +167,7 @@ class SGLangApi:
                     else:
                         await resp.write(frame(shape.result(i, ev)))
         except GenerateError as exc:
-            await resp.write(frame(from_status(exc.status, exc.message).body()))
+            await resp.write(frame(from_status(exc.status, exc.message, exc.field).body()))
         await resp.write(DONE)
         await resp.write_eof()
         return resp
@@ -187,39 +185,35 @@ class _Request:
 
 
 def _parse(d: dict[str, Any], context_length: int) -> _Request:
-    b = Body(d)
+    b = validate(SGLangGenerate, d)
     req = _Request()
-    text, ids = d.get("text"), d.get("input_ids")
-    if (text is None) == (ids is None):
+    if (b.text is None) == (b.input_ids is None):
         raise HttpError(400, "set exactly one of 'text' and 'input_ids'", param="text")
     prompts: list[str | list[int]]
-    if isinstance(text, str):
-        prompts = [text]
-    elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-        prompts, req.batch = list(text), True
-    elif isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-        prompts = [list(ids)]
-    elif isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids):
-        prompts, req.batch = [list(i) for i in ids], True
+    if isinstance(b.text, str):
+        prompts = [b.text]
+    elif b.text is not None:
+        prompts, req.batch = list(b.text), True
     else:
-        raise HttpError(
-            422,
-            "'text' must be a string or a list of strings; 'input_ids' a list of ids or of lists",
-            param="text" if text is not None else "input_ids",
-        )
-    sp = b.obj("sampling_params") or {}
-    sampling = sampling_params(Body(_srt_to_openai(sp)))
-    if "skip_special_tokens" not in sp:
+        ids = b.input_ids or []
+        if ids and all(isinstance(i, int) for i in ids):
+            prompts = [[i for i in ids if isinstance(i, int)]]
+        else:
+            prompts, req.batch = [list(i) for i in ids if isinstance(i, list)], True
+    if not prompts:
+        param = "text" if b.text is not None else "input_ids"
+        raise HttpError(422, f"'{param}' is empty: send at least one prompt", param=param)
+    sp = b.sampling_params or SGLangSampling()
+    sampling = sampling_params(sp)
+    if sp.skip_special_tokens is None:
         sampling.skip_special_tokens = True
-    req.stream = bool(b.bool_("stream"))
-    lp_flag = b.d.get("return_logprob")
-    req.return_logprob = bool(lp_flag[0] if isinstance(lp_flag, list) else lp_flag)
-    req.text_in_logprobs = bool(b.bool_("return_text_in_logprobs"))
-    top = b.d.get("top_logprobs_num")
-    req.top_n = int(top[0] if isinstance(top, list) else top or 0)
-    starts = b.d.get("logprob_start_len")
+    req.stream = bool(b.stream)
+    req.return_logprob = bool(_first(b.return_logprob))
+    req.text_in_logprobs = bool(b.return_text_in_logprobs)
+    req.top_n = int(_first(b.top_logprobs_num) or 0)
     for k, p in enumerate(prompts):
-        start = starts[k] if isinstance(starts, list) else starts
+        starts = b.logprob_start_len
+        start = starts[k] if isinstance(starts, list) and k < len(starts) else _first(starts)
         start = -1 if start is None else int(start)
         lp = api_pb2.LogprobOptions(return_logprob=req.return_logprob, top_logprobs=req.top_n)
         if req.return_logprob and start >= 0:
@@ -232,6 +226,11 @@ def _parse(d: dict[str, Any], context_length: int) -> _Request:
             inp.input_ids = p
         req.inputs.append(inp)
     return req
+
+
+def _first(v: Any) -> Any:
+    """SGLang allows one value per prompt for some fields: the first one speaks for all."""
+    return (v[0] if v else None) if isinstance(v, list) else v
 
 
 def _name(req: _Request, rid: Any, header_rid: str) -> None:
@@ -253,18 +252,6 @@ def _name(req: _Request, rid: Any, header_rid: str) -> None:
         raise HttpError(400, "'rid' repeats an id within the batch", param="rid")
     for inp, r in zip(req.inputs, rids, strict=True):
         inp.rid = r
-
-
-def _srt_to_openai(sp: dict[str, Any]) -> dict[str, Any]:
-    """SGLang's sampling_params names -> the shared parser's (OpenAI's and extensions)."""
-    if not isinstance(sp, dict):
-        raise HttpError(422, "'sampling_params' must be an object", param="sampling_params")
-    out = {k: v for k, v in sp.items() if k not in _IGNORED}
-    if "max_new_tokens" in out:
-        out["max_tokens"] = out.pop("max_new_tokens")
-    if "min_new_tokens" in out:
-        out["min_tokens"] = out.pop("min_new_tokens")
-    return out
 
 
 class _Meta:

@@ -4,7 +4,7 @@ The hot path (each running request got a token) appends two ints to two lists, n
 request per step: `keys[i]` names the request (its session key) of `events[i]`; an event >= 0
 is a new output token, an event < 0 drops the last -event output tokens (jump-forward). Anything
 else (logprobs, admission's cached tokens, prompt logprobs, finish, error) goes into an `Extra`
-made only for the requests that have one. No protobuf here: frontend_link converts a `Batch`.
+made only for the requests that have one. No protobuf here: links/frontend.py converts a `Batch`.
 
 Invariant: within one session, no two requests that may still produce events share a key (the
 front door assigns them), so `extras` can be keyed by it.

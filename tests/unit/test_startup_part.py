@@ -21,6 +21,7 @@ from model_service import preflight
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.random_configs import config_dict, hf_config
 from radixmesh_bench.gpu import merge
+from radixmesh_bench.gpu import startup_cases as sc
 from radixmesh_bench.gpu import startup_part as sp
 from services.model_store import ModelError
 
@@ -33,8 +34,8 @@ def args_of(spec: str) -> LlamaArgs:
     return LlamaArgs.from_hf_config(hf_config(config_dict(spec)))
 
 
-def gpu_case(tmp_path: Path, name: str) -> sp.Case:
-    return {c.name: c for c in sp.failure_cases(tmp_path, "cuda")}[name]
+def gpu_case(tmp_path: Path, name: str) -> sc.Case:
+    return {c.name: c for c in sc.failure_cases(tmp_path, "cuda")}[name]
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_70b_does_not_fit_an_80gb_gpu_even_in_bf16(tmp_path: Path, h100: None) -
     msg = str(exc.value)
     assert "built in float32, then cast" in msg
     # the GPU case's expectations hold for the message the real check writes
-    assert sp.judge_message(msg, gpu_case(tmp_path, "weights_too_big")) == []
+    assert sc.judge_message(msg, gpu_case(tmp_path, "weights_too_big")) == []
     # and the 8B that the KV cases use does fit (they must get past this check)
     preflight.check_weights_fit(
         args_of("llama-3.1-8b"), torch.bfloat16, cuda, "random-llama-3.1-8b", random=True
@@ -101,8 +102,8 @@ def test_kv_before_weights_on_an_h100(tmp_path: Path, h100: None) -> None:
         with pytest.raises(ModelError) as exc:
             kv_precheck(a, "cuda", **kw)
         msg = str(exc.value)
-        assert sp.judge_message(msg, gpu_case(tmp_path, name)) == [], msg
-        fig = sp.kv_figures(msg)
+        assert sc.judge_message(msg, gpu_case(tmp_path, name)) == [], msg
+        fig = sc.kv_figures(msg)
         assert fig["kv_tokens_needed"] == needed and fig["kv_bytes_per_token"] == 131072
         assert 0 < fig["kv_tokens_fit"] < needed
     # the bound: (free - 8.03 B x 2 B) x 0.001 / 128 KiB
@@ -131,7 +132,7 @@ def test_kv_before_weights_skips_where_free_memory_is_unknown(
 @pytest.mark.slow  # a real start-up per case: the longest of these tests
 @pytest.mark.parametrize("name", ["arch_gelu", "arch_mixtral"])
 def test_architecture_cases_through_the_real_service_on_cpu(tmp_path: Path, name: str) -> None:
-    case = {c.name: c for c in sp.failure_cases(tmp_path, "cpu")}[name]
+    case = {c.name: c for c in sc.failure_cases(tmp_path, "cpu")}[name]
     row = sp.run_failing_start(case, "cpu", {**os.environ})
     assert row["returncode"] == 2, row
     assert row["pass"], row["problems"]
@@ -146,10 +147,10 @@ def test_gpu_architecture_case_expectations_match_the_checks(tmp_path: Path) -> 
     gelu, mixtral = gpu_case(tmp_path, "arch_gelu"), gpu_case(tmp_path, "arch_mixtral")
     with pytest.raises(ModelError) as exc:
         preflight.check_architecture(load_hf_config(resolve_model(gelu.args[1])))
-    assert sp.judge_message(str(exc.value), gelu) == []
+    assert sc.judge_message(str(exc.value), gelu) == []
     with pytest.raises(ModelError) as exc:
         resolve_model(mixtral.args[1])
-    assert sp.judge_message(str(exc.value), mixtral) == []
+    assert sc.judge_message(str(exc.value), mixtral) == []
 
 
 # -- the flashinfer shadow --------------------------------------------------------------------
@@ -163,8 +164,8 @@ print(repr(flashinfer_available()))
 
 @pytest.mark.integration  # starts a process
 def test_flashinfer_shadow_makes_flashinfer_unavailable_with_its_reason(tmp_path: Path) -> None:
-    shadow = sp.write_flashinfer_shadow(tmp_path / "shadow")
-    env = sp.shadow_env({**os.environ, "PYTHONPATH": str(ROOT)}, shadow)
+    shadow = sc.write_flashinfer_shadow(tmp_path / "shadow")
+    env = sc.shadow_env({**os.environ, "PYTHONPATH": str(ROOT)}, shadow)
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(shadow), str(ROOT)]
     proc = subprocess.run(
         [sys.executable, "-c", SHADOW_PROBE],
@@ -178,11 +179,11 @@ def test_flashinfer_shadow_makes_flashinfer_unavailable_with_its_reason(tmp_path
     ok, reason = ast.literal_eval(proc.stdout.strip())  # a (bool, str) repr
     assert ok is False
     assert "flashinfer does not import" in reason and "ImportError" in reason
-    assert sp.SHADOW_REASON in reason  # the shadow, not a missing install, is what failed
+    assert sc.SHADOW_REASON in reason  # the shadow, not a missing install, is what failed
 
 
 def test_shadow_env_without_a_pythonpath() -> None:
-    env = sp.shadow_env({"HOME": "/h"}, Path("/s"))
+    env = sc.shadow_env({"HOME": "/h"}, Path("/s"))
     assert env == {"HOME": "/h", "PYTHONPATH": "/s"}
 
 
@@ -200,26 +201,26 @@ READY = "timestamp='t' level='info' service='model' event='engine_ready' attenti
 
 
 def test_log_parsing() -> None:
-    assert sp.startup_failed_message("noise\n" + FAILED + "\n") == (
+    assert sc.startup_failed_message("noise\n" + FAILED + "\n") == (
         "unsupported model architecture: hidden_act 'gelu'. Supported: x"
     )
-    assert sp.startup_failed_message("no such line") is None
-    assert "ImportError('flashinfer hidden')" in (sp.fallback_reason(FALLBACK) or "")
-    assert sp.fallback_reason(READY) is None
-    assert sp.engine_attention(FALLBACK + "\n" + READY) == "reference"
-    assert sp.kv_figures("holds 65 tokens at 16384 B each, fewer than the 4096 tokens") == {
+    assert sc.startup_failed_message("no such line") is None
+    assert "ImportError('flashinfer hidden')" in (sc.fallback_reason(FALLBACK) or "")
+    assert sc.fallback_reason(READY) is None
+    assert sc.engine_attention(FALLBACK + "\n" + READY) == "reference"
+    assert sc.kv_figures("holds 65 tokens at 16384 B each, fewer than the 4096 tokens") == {
         "kv_tokens_fit": 65,
         "kv_bytes_per_token": 16384,
         "kv_tokens_needed": 4096,
     }
-    assert sp.common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert sc.common_prefix([1, 2, 3], [1, 2, 4]) == 2
 
 
 def test_judge_failure_names_each_problem() -> None:
-    case = sp.Case("c", "what", [], ["hidden_act 'gelu'", "Supported"], [r"Supported: \w"], 10)
-    msg = sp.startup_failed_message(FAILED)
-    assert sp.judge_failure(case, 2, 3.0, FAILED, msg) == []
-    bad = sp.judge_failure(case, 1, 30.0, "Traceback\n" + FAILED + "\n" + FAILED, "other")
+    case = sc.Case("c", "what", [], ["hidden_act 'gelu'", "Supported"], [r"Supported: \w"], 10)
+    msg = sc.startup_failed_message(FAILED)
+    assert sc.judge_failure(case, 2, 3.0, FAILED, msg) == []
+    bad = sc.judge_failure(case, 1, 30.0, "Traceback\n" + FAILED + "\n" + FAILED, "other")
     assert bad[:4] == [
         "exit code 1, expected 2",
         "took 30.0s, more than 10s",
@@ -227,13 +228,13 @@ def test_judge_failure_names_each_problem() -> None:
         "more than one startup_failed line",
     ]
     assert "text \"hidden_act 'gelu'\"" in bad[4]
-    assert sp.judge_message(None, case) == ["no startup_failed line"]
+    assert sc.judge_message(None, case) == ["no startup_failed line"]
 
 
 def fallback_run(**changes: Any) -> dict[str, Any]:
     run = {
         "ready": True,
-        "fallback_reason": sp.fallback_reason(FALLBACK),
+        "fallback_reason": sc.fallback_reason(FALLBACK),
         "attention": "reference",
         "model_traceback": False,
         "service_died": False,
@@ -248,15 +249,15 @@ def fallback_run(**changes: Any) -> dict[str, Any]:
 
 
 def test_judge_fallback_run() -> None:
-    assert sp.judge_fallback_run(fallback_run(), None, "cuda", trained=True) == []
-    assert sp.judge_fallback_run(fallback_run(text=" Lyon"), None, "cuda", True) == [
+    assert sc.judge_fallback_run(fallback_run(), None, "cuda", trained=True) == []
+    assert sc.judge_fallback_run(fallback_run(text=" Lyon"), None, "cuda", True) == [
         "greedy text ' Lyon' does not say Paris"
     ]
     cpu_reason = "flashinfer unavailable (the KV pool is not on a CUDA device); using the ref"
     run = fallback_run(fallback_reason=cpu_reason + "erence attention")
-    assert sp.judge_fallback_run(run, None, "cpu", True) == []
-    assert "another reason" in sp.judge_fallback_run(run, None, "cuda", True)[0]
-    problems = sp.judge_fallback_run(
+    assert sc.judge_fallback_run(run, None, "cpu", True) == []
+    assert "another reason" in sc.judge_fallback_run(run, None, "cuda", True)[0]
+    problems = sc.judge_fallback_run(
         fallback_run(fallback_reason=None, attention="flashinfer", model_starts=2),
         None,
         "cuda",
@@ -268,10 +269,10 @@ def test_judge_fallback_run() -> None:
         "a service died and was restarted",
     ]
     ref = {"output_ids": [9, 30]}
-    assert sp.judge_fallback_run(fallback_run(), ref, "cuda", trained=False) == [
+    assert sc.judge_fallback_run(fallback_run(), ref, "cuda", trained=False) == [
         "first token differs from the flashinfer run"
     ]
-    assert sp.judge_fallback_run(fallback_run(), {"output_ids": [7042, 1]}, "cuda", False) == []
+    assert sc.judge_fallback_run(fallback_run(), {"output_ids": [7042, 1]}, "cuda", False) == []
 
 
 def test_merge_renders_the_startup_table(tmp_path: Path) -> None:

@@ -25,8 +25,7 @@ def requeue_running(st: SchedState) -> list[Request]:
         r.match = None  # matches point into the cache about to be reset
     for r in reversed(running):  # each goes to the head of the queue: admission order is kept
         st.requeue(r, insert=False)
-        r.jump = None
-        r.no_jump_at = -1
+        r.forget_jumps()
     st.cache.reset()
     st.handles.reset()
     st.pending_release.clear()

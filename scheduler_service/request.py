@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from radixmesh_wire.step_ops import Sampling
-from scheduler_service.cache.prefix_cache import MatchResult
+from scheduler_service.cache.prefix_cache import MatchResult, PrefixCache
 from scheduler_service.sessions.outbox import Outbox
 
 _arrivals = itertools.count()
@@ -31,7 +31,12 @@ SamplingSpec = Sampling
 class Request:
     """Invariants: `kv_slots` holds the KV slots of `fill[:kv_len]` in order; the first
     `cached_len` of them belong to the prefix cache (locked through `node`), the rest are owned
-    by this request until it finishes (then the cache takes them) or aborts (then freed)."""
+    by this request until it finishes (then the cache takes them) or aborts (then freed).
+
+    One writer: `handle`, `phase`, `kv_slots`, `kv_len`, `cached_len`, `node`, `pending`,
+    `epoch`, `jump` and `no_jump_at` change only through the transitions at the end of this
+    class (admit, extend, decode, truncate, release, requeue, ...), each of which keeps the
+    invariant; tests/unit/test_request_owner.py checks that no other module assigns them."""
 
     rid: str
     session: str
@@ -160,3 +165,107 @@ class Request:
         self.output = new_out
         self.fill = self.prompt + new_out
         return kept
+
+    # -- KV transitions: the only writers of the fields named in the class docstring ---------
+    def admit(self, handle: int, node: object, prefix: list[int]) -> None:
+        """Admitted under `handle`: `prefix` (cache-owned, locked through `node` by the adder)
+        is its KV so far; its prompt's remaining chunks come through `extend`."""
+        self.handle = handle
+        self.node = node
+        self.cached_len = len(prefix)
+        self.kv_slots = list(prefix)
+        self.kv_len = len(prefix)
+        self.phase = Phase.PREFILL
+
+    def extend(self, slots: list[int]) -> bool:
+        """The next `len(slots)` tokens of `fill` get these request-owned slots. True when all
+        of `fill` then has KV: the request decodes from now on."""
+        self.kv_slots.extend(slots)
+        self.kv_len += len(slots)
+        done = self.kv_len == len(self.fill)
+        if done:
+            self.phase = Phase.DECODE
+        return done
+
+    def decode(self, slot: int) -> None:
+        """A decode step writes the next token's KV into `slot`; its sampled token is pending
+        (with overlap `kv_len` may then be len(fill) + 1 until the result comes)."""
+        self.kv_slots.append(slot)
+        self.kv_len += 1
+        self.pending += 1
+
+    def sampling_sent(self) -> None:
+        """An admit or extend row of a sent step samples this request's next token."""
+        self.pending += 1
+
+    def sample_settled(self) -> None:
+        """A pending sample came back, or its row was skipped or dropped."""
+        self.pending -= 1
+
+    def undo_decode(self, cache: PrefixCache) -> None:
+        """The worker skips this request's last decode (or it was taken out of an unsent
+        step): its slot goes back to the pool, as if it never decoded. `pending` is settled by
+        whoever accounts the row (`sample_settled`)."""
+        cache.free_slots([self.kv_slots.pop()])
+        self.kv_len -= 1
+
+    def truncate(self, keep: int, cache: PrefixCache) -> None:
+        """Cut the KV back to `fill[:keep]` (a jump-forward's rollback); the cut slots are
+        request-owned (`keep >= cached_len`: cached KV is shared and never cut)."""
+        assert keep >= self.cached_len, "a truncation into cached KV"
+        cache.free_slots(self.kv_slots[keep : self.kv_len])
+        del self.kv_slots[keep:]
+        self.kv_len = keep
+
+    def cached_prefix(self, node: object, cached_len: int) -> None:
+        """The prefix cache took `fill[:cached_len]` (cache_unfinished): those slots are the
+        cache's now, locked through `node` (the cache moved the lock)."""
+        self.node = node
+        self.cached_len = cached_len
+
+    def release(self, cache: PrefixCache, insert: bool) -> None:
+        """Give up all KV. `insert`: its computed KV enters the prefix cache (finished, or kept
+        for a retry); otherwise its own slots are freed (aborted, failed). The handle is
+        dropped; a result of a step built before this no longer applies (`epoch`)."""
+        n = self.known_kv  # a decode of a not yet known token (overlap) is dropped
+        if insert and n:
+            cache.insert(self.cache_keys(n), self.kv_slots[:n])
+            extra = self.kv_slots[n:]
+            if extra:
+                cache.free_slots(extra)
+        elif self.owned:
+            cache.free_slots(self.kv_slots[self.cached_len :])
+        if self.node is not None:
+            cache.unlock(self.node)
+            self.node = None
+        self.handle = -1
+        self.kv_slots = []
+        self.pending = 0
+        self.epoch += 1
+        self.cached_len = 0
+        self.kv_len = 0
+        self.phase = Phase.DONE
+
+    def requeue(self) -> None:
+        """Released and waiting again (retracted, redone after a jump, or a continuation):
+        matched and admitted anew."""
+        assert self.phase is Phase.DONE and not self.kv_slots, "requeue after release"
+        self.phase = Phase.WAITING
+        self.match = None
+
+    def offer_jump(self, jump: tuple[int, list[int]]) -> None:
+        """The grammar forces text here: (rollback, tokens), applied by the next build."""
+        self.jump = jump
+
+    def drop_jump(self) -> None:
+        """The pending jump is being applied (or redone from the queue)."""
+        self.jump = None
+
+    def mark_no_jump(self) -> None:
+        """The position right after a jump does not ask for another."""
+        self.no_jump_at = len(self.output)
+
+    def forget_jumps(self) -> None:
+        """A continuation after a loss: no jump is pending and any position may ask again."""
+        self.jump = None
+        self.no_jump_at = -1

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from scheduler_service.cache.prefix_cache import PrefixCache
 from scheduler_service.grammar.ops import GrammarOps
 from scheduler_service.handles import HandlePool
-from scheduler_service.request import Phase, Request
+from scheduler_service.request import Request
 from scheduler_service.sessions.outbox import Extra, Outbox
 from scheduler_service.stats import SchedulerStats
 
@@ -60,29 +60,11 @@ class SchedState:
                 self.grammar_ops.release(req.handle)
             self.running.pop(req.handle, None)
             self.pending_release.append(req.handle)
-            req.handle = -1
-        n = req.known_kv  # a decode of a not yet known token (overlap) is dropped
-        if insert and n:
-            self.cache.insert(req.cache_keys(n), req.kv_slots[:n])
-            extra = req.kv_slots[n:]
-            if extra:
-                self.cache.free_slots(extra)
-        elif req.owned:
-            self.cache.free_slots(req.kv_slots[req.cached_len :])
-        if req.node is not None:
-            self.cache.unlock(req.node)
-            req.node = None
-        req.kv_slots = []
-        req.pending = 0
-        req.epoch += 1
-        req.cached_len = 0
-        req.kv_len = 0
-        req.phase = Phase.DONE
+        req.release(self.cache, insert)
 
     def requeue(self, req: Request, insert: bool) -> None:
         """Release a running request and put it back at the head of the queue (retracted,
         or redone after a jump or a lost grammar service); it is matched and admitted again."""
         self.release(req, insert)
-        req.phase = Phase.WAITING
-        req.match = None
+        req.requeue()
         self.waiting.insert(0, req)

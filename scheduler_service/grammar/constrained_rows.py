@@ -21,9 +21,7 @@ def constrained_prefills(st: SchedState, plan: PlannedStep) -> list[int]:
 def undo_decode(st: SchedState, r: Request) -> None:
     """The worker skips this request's decode in a sent step (LateMasks.skip) and
     drops the slot it wrote: give the slot back, so the request is as if never decoded."""
-    slot = r.kv_slots.pop()
-    r.kv_len -= 1
-    st.cache.free_slots([slot])
+    r.undo_decode(st.cache)
 
 
 def _constrained(st: SchedState, handle: int) -> bool:
@@ -47,7 +45,7 @@ def drop_rows(st: SchedState, plan: PlannedStep, handles: set[int]) -> None:
     for h in dh:
         if h in handles and (r := st.running.get(h)) is not None:
             undo_decode(st, r)
-            r.pending -= 1
+            r.sample_settled()
     plan.late = [h for h in plan.late if h not in handles]
     plan.sampling = [h for h in plan.sampling if h not in handles]
     m.masks_follow = bool(plan.late)

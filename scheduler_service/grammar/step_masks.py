@@ -163,7 +163,7 @@ class StepMasks:
                 if req is None or h in failed:
                     continue
                 if jumps and h in jumps:
-                    req.jump = jumps[h]  # applied by the next build
+                    req.offer_jump(jumps[h])  # applied by the next build
                     undo_decode(st, req)
                     skip.add(h)
                 else:

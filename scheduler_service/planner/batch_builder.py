@@ -106,7 +106,7 @@ class BatchBuilder:
             r = st.running[op.handle]
             plan.owners[op.handle] = (r, r.epoch)
             if op.sample:
-                r.pending += 1
+                r.sampling_sent()
                 sampling.append(op.handle)
         plan.sampling = sampling + plan.decoded
         m.masks_follow = bool(plan.late)
@@ -129,16 +129,14 @@ class BatchBuilder:
                 # the jump applied and is admitted again, matching the cache up to the cut: the
                 # same tokens as had it never left (decoding on instead would keep the old
                 # tokenization, and a greedy run would differ from the undisturbed one).
-                r.jump = None
+                r.drop_jump()
                 self._requeue_jumped(r, (rollback, tokens))
                 continue
             slots = st.cache.alloc(len(r.prompt) + len(new_out) - keep)
             if slots is None:
                 continue  # no room this step: decode stays paused, retry next step
-            r.jump = None
-            st.cache.free_slots(r.kv_slots[keep : r.kv_len])
-            del r.kv_slots[keep:]
-            r.kv_len = keep
+            r.drop_jump()
+            r.truncate(keep, st.cache)
             kept_out = r.take_jump(rollback, new_out)
             st.grammar_ops.rollback(r.handle, rollback)
             for t in new_out[kept_out:]:
@@ -191,9 +189,7 @@ class BatchBuilder:
         owners, late = plan.owners, plan.late
         handles = []
         for r, slot in zip(decoders, got, strict=True):
-            r.kv_slots.append(slot)
-            r.kv_len += 1
-            r.pending += 1
+            r.decode(slot)
             h = r.handle
             handles.append(h)
             owners[h] = (r, r.epoch)
@@ -250,26 +246,17 @@ class BatchBuilder:
         ids = r.fill[r.kv_len : r.kv_len + len(slots)]
         if r.phase is Phase.PREFILL:  # prompt chunks only: jump-forward tails may be cut again
             plan.prefilled.append(r)
-        r.kv_slots.extend(slots)
-        r.kv_len += len(slots)
-        done = r.kv_len == len(r.fill)
+        done = r.extend(slots)
         sample = done and r.remaining > 0
-        if done:
-            r.phase = Phase.DECODE
-            if not sample:
-                plan.prefill_only.append(r)
+        if done and not sample:
+            plan.prefill_only.append(r)
         return ExtendOp(r.handle, ids, list(slots), sample)
 
     def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]) -> None:
         """`match.node` is already locked by the adder; `slots` hold the first chunk."""
         st = self.st
         prefix = match.slots
-        r.handle = st.handles.take()
-        r.node = match.node
-        r.cached_len = len(prefix)
-        r.kv_slots = list(prefix)
-        r.kv_len = len(prefix)
-        r.phase = Phase.PREFILL
+        r.admit(st.handles.take(), match.node, prefix)
         if r.first_cached < 0:
             r.first_cached = len(prefix)
             st.stats.prompt_tokens += len(r.prompt)
@@ -303,6 +290,6 @@ def jump_queued(st: SchedState, r: Request, jump: tuple[int, list[int]]) -> None
     rollback, tokens = jump
     new_out = r.jumped_output(rollback, tokens)
     kept = r.take_jump(rollback, new_out)
-    r.no_jump_at = len(new_out)
+    r.mark_no_jump()
     st.stats.jump_forwards += 1
     st.stats.jump_forward_tokens += len(new_out) - kept

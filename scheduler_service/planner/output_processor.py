@@ -49,20 +49,20 @@ def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
                 continue  # nothing new (and the cache's part never shrinks)
             cached = st.cache.cache_unfinished(r.cache_keys(n), r.kv_slots[:n], r.node)
             if cached is not None:
-                r.node, r.cached_len = cached.node, cached.cached_len
+                r.cached_prefix(cached.node, cached.cached_len)
     decode = Phase.DECODE
     for h, tok, lp in zip(handles, res.tokens, res.logprobs, strict=True):
         r = _current(plan, h)
         if r is None:
             continue  # released (aborted, retracted, stopped) while the step ran
-        r.pending -= 1
+        r.sample_settled()
         if r.phase is decode:
             _on_token(st, r, tok, lp, top.get(h) if top else None)
     if len(handles) != len(plan.sampling):  # rows skipped by late masks, or a failed step
         got = set(handles)
         for h in plan.sampling:
             if h not in got and (r := _current(plan, h)) is not None:
-                r.pending -= 1
+                r.sample_settled()
     for r in plan.prefill_only:
         if r.handle >= 0:
             finish(st, r, "length")

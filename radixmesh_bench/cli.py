@@ -19,13 +19,13 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
         cpu_serving,
         dsl_ablation,
         online_serving,
-        radix_workloads,
+        radix_bench,
         router,
         security_cost,
     )
 
     cpu_serving.add_parser(bsub)
-    radix_workloads.add_parser(bsub)
+    radix_bench.add_parser(bsub)
     dsl_ablation.add_parser(bsub)
     constrained.add_parser(bsub)
     online_serving.add_parser(bsub)

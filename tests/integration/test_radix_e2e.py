@@ -28,7 +28,7 @@ import grpc
 import pytest
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
-from radixmesh_bench.radix_workloads import (
+from radixmesh_bench.radix_texts import (
     CHEMISTRY_QUESTIONS,
     CHEMISTRY_SHOTS,
     GEOGRAPHY_QUESTIONS,
@@ -37,8 +37,8 @@ from radixmesh_bench.radix_workloads import (
     TOT_APPROACHES,
     TOT_PROBLEMS,
     few_shot_prefix,
-    lcp,
 )
+from radixmesh_bench.radix_workloads import lcp
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -230,7 +230,7 @@ def warm_up(endpoint: str, pr: Prompts, top: int, timeout: float) -> None:
     and run the largest batch once, short, constrained and not."""
     from radixmesh.api import Client
 
-    from radixmesh_bench.constrained import wait_constrained
+    from radixmesh_bench.constrained_requests import wait_constrained
 
     with Client(endpoint, timeout=timeout) as c:
         wait_constrained(c, timeout=timeout)
@@ -243,7 +243,7 @@ def start_stack(
     model: str, device: str, sched_args: list[str], log_dir: Path, running: ExitStack
 ) -> Any:
     """The stack (radixmesh_bench.stack: the benches' one starter), held by `running`."""
-    from radixmesh_bench.constrained import BenchStack
+    from radixmesh_bench.constrained_requests import BenchStack
     from radixmesh_bench.stack import launcher_for, random_model_args
     from radixmesh_bench.stack import running as started
     from services.launcher import StackPorts, stack_specs

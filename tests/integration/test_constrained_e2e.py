@@ -37,7 +37,7 @@ from radixmesh.api import Chunk, Client, GenerateResult, RadixMeshError
 from grammar_service.compile_cache import CompileCache, GrammarError, GrammarKind
 from grammar_service.matchers import MatchError, RequestMatcher
 from grammar_service.suite import BY_NAME, SUITE, GrammarCase
-from radixmesh_bench.constrained import constrained_request
+from radixmesh_bench.constrained_requests import constrained_request
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration

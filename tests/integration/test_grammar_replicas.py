@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixmesh.api import Client, GenerateResult, RadixMeshError
 
 from grammar_service.suite import BY_NAME
-from radixmesh_bench.constrained import constrained_request
+from radixmesh_bench.constrained_requests import constrained_request
 from services.launcher import Topology
 from tests.conftest import Stack, start_topology_stack
 from tests.integration.test_constrained_e2e import Checker, Streamed

@@ -15,6 +15,7 @@ from typing import Protocol
 from scheduler_service.request import Request
 from scheduler_service.sessions.output import Sink
 from scheduler_service.sessions.replica_feed import Feed
+from scheduler_service.stats import SchedulerSnapshot
 
 __all__ = [
     "FlushOutcome",
@@ -48,36 +49,6 @@ class FlushOutcome:
     flushed: bool
     evicted_tokens: int = 0
     message: str = ""  # why not, when not flushed
-
-
-@dataclass(frozen=True)
-class SchedulerSnapshot:
-    """The scheduler's counters and KV pool at one instant (GetStats)."""
-
-    queue_length: int
-    running_requests: int
-    kv_capacity: int
-    kv_free: int
-    kv_evictable: int
-    kv_locked: int
-    kv_request_owned: int
-    cache_hit_rate: float
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    generated_tokens: int
-    evicted_tokens: int
-    finished_requests: int
-    retractions: int
-    steps: int
-    radix_seconds: float
-    mask_wait_seconds: float
-    jump_forwards: int
-    jump_forward_tokens: int
-
-    @property
-    def token_usage(self) -> float:
-        cap = self.kv_capacity
-        return 1 - self.kv_free / cap if cap else 0.0
 
 
 class SchedulerInterface(Protocol):

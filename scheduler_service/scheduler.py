@@ -200,31 +200,7 @@ class Scheduler:
         return FlushOutcome(True, evicted_tokens=freed)
 
     def snapshot(self) -> SchedulerSnapshot | None:
-        st = self.st
-        if st is None:
-            return None
-        c, s = st.cache, st.stats
-        return SchedulerSnapshot(
-            queue_length=len(st.waiting),
-            running_requests=len(st.running),
-            kv_capacity=c.allocator.capacity,
-            kv_free=c.free_size,
-            kv_evictable=c.evictable_size,
-            kv_locked=c.locked_size,
-            kv_request_owned=st.request_owned(),
-            cache_hit_rate=s.cache_hit_rate,
-            prompt_tokens=s.prompt_tokens,
-            cached_prompt_tokens=s.cached_prompt_tokens,
-            generated_tokens=s.generated_tokens,
-            evicted_tokens=c.stats.evicted_tokens,
-            finished_requests=s.finished_requests,
-            retractions=s.retractions,
-            steps=s.steps,
-            radix_seconds=c.stats.bookkeeping_seconds,
-            mask_wait_seconds=s.mask_wait_seconds,
-            jump_forwards=s.jump_forwards,
-            jump_forward_tokens=s.jump_forward_tokens,
-        )
+        return self.st.snapshot() if self.st is not None else None
 
     # -- loop ---------------------------------------------------------------------------------
     async def run(self, health: Health) -> None:

@@ -14,7 +14,7 @@ from scheduler_service.grammar.ops import GrammarOps
 from scheduler_service.handles import HandlePool
 from scheduler_service.request import Request
 from scheduler_service.sessions.outbox import Extra, Outbox
-from scheduler_service.stats import SchedulerStats
+from scheduler_service.stats import SchedulerSnapshot, SchedulerStats
 
 
 @dataclass
@@ -48,6 +48,30 @@ class SchedState:
 
     def request_owned(self) -> int:
         return sum(r.owned for r in self.running.values())
+
+    def snapshot(self) -> SchedulerSnapshot:
+        c, s = self.cache, self.stats
+        return SchedulerSnapshot(
+            queue_length=len(self.waiting),
+            running_requests=len(self.running),
+            kv_capacity=c.allocator.capacity,
+            kv_free=c.free_size,
+            kv_evictable=c.evictable_size,
+            kv_locked=c.locked_size,
+            kv_request_owned=self.request_owned(),
+            cache_hit_rate=s.cache_hit_rate,
+            prompt_tokens=s.prompt_tokens,
+            cached_prompt_tokens=s.cached_prompt_tokens,
+            generated_tokens=s.generated_tokens,
+            evicted_tokens=c.stats.evicted_tokens,
+            finished_requests=s.finished_requests,
+            retractions=s.retractions,
+            steps=s.steps,
+            radix_seconds=c.stats.bookkeeping_seconds,
+            mask_wait_seconds=s.mask_wait_seconds,
+            jump_forwards=s.jump_forwards,
+            jump_forward_tokens=s.jump_forward_tokens,
+        )
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.request_owned(), deep=False)

@@ -1,4 +1,4 @@
-"""Scheduler counters, reported through GetStats (and later /metrics)."""
+"""Scheduler counters, and the snapshot of them and of the KV pool that GetStats reports."""
 
 from __future__ import annotations
 
@@ -21,3 +21,33 @@ class SchedulerStats:
     @property
     def cache_hit_rate(self) -> float:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    """The scheduler's counters and KV pool at one instant (GetStats)."""
+
+    queue_length: int
+    running_requests: int
+    kv_capacity: int
+    kv_free: int
+    kv_evictable: int
+    kv_locked: int
+    kv_request_owned: int
+    cache_hit_rate: float
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    evicted_tokens: int
+    finished_requests: int
+    retractions: int
+    steps: int
+    radix_seconds: float
+    mask_wait_seconds: float
+    jump_forwards: int
+    jump_forward_tokens: int
+
+    @property
+    def token_usage(self) -> float:
+        cap = self.kv_capacity
+        return 1 - self.kv_free / cap if cap else 0.0

@@ -96,3 +96,37 @@ def test_the_servicer_uses_only_the_interface() -> None:
         assert parent.attr in PROTOCOL, f"line {node.lineno}: self.sched.{parent.attr}"
         used.add(parent.attr)
     assert used == PROTOCOL  # and the protocol holds nothing the links do not need
+
+
+def test_get_stats_and_flush_go_through_the_interface() -> None:
+    """The servicer's GetStats and FlushCache answer from the scheduler's snapshot and flush:
+    every snapshot field reaches the proto, and a flush refuses while work waits."""
+    import asyncio
+
+    from radixmesh_wire.pb import api_pb2, scheduler_pb2
+    from radixmesh_wire.step_ops import WorkerInfo
+    from scheduler_service.config import SchedulerConfig
+    from scheduler_service.links.frontend import SchedulerServicer
+    from scheduler_service.request import Request, SamplingSpec
+
+    sched = Scheduler(SchedulerConfig())
+    servicer = SchedulerServicer(sched)
+
+    async def scenario() -> tuple[api_pb2.Stats, api_pb2.Stats, list[bool]]:
+        empty = await servicer.GetStats(api_pb2.GetStatsRequest(), None)  # type: ignore[arg-type]
+        sched._on_connected(WorkerInfo("fake", 256, 64, 100, False, (2,), "cpu"))
+        req = Request("a", "s", [1, 2, 3], SamplingSpec(max_new_tokens=2), frozenset({2}), key=1)
+        sched.submit(req)
+        flush = scheduler_pb2.FlushCacheRequest()
+        busy = await servicer.FlushCache(flush, None)  # type: ignore[arg-type]
+        stats = await servicer.GetStats(api_pb2.GetStatsRequest(), None)  # type: ignore[arg-type]
+        sched.abort("a")
+        sched._reap_aborted()
+        idle = await servicer.FlushCache(flush, None)  # type: ignore[arg-type]
+        return empty, stats, [busy.flushed, idle.flushed]
+
+    empty, stats, flushed = asyncio.run(scenario())
+    assert empty == api_pb2.Stats()
+    assert stats.queue_length == 1 and stats.kv_capacity == 256 and stats.kv_free == 256
+    assert stats.token_usage == 0.0
+    assert flushed == [False, True]

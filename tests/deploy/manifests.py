@@ -50,7 +50,7 @@ OTHER_ENV = {
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        raise RuntimeError("kubectl is not installed: run scripts/install.sh")
+        raise RuntimeError("kubectl is not installed: run scripts/kubectl.sh")
     out = subprocess.run(
         [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
         capture_output=True,

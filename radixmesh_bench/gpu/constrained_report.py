@@ -166,6 +166,28 @@ def _div(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
 
+def _batch_row(mode: str, name: str, r: dict[str, Any], fmt: Callable[..., str]) -> list[str]:
+    """One batch of one jump-forward mode: constrained against length-matched unconstrained."""
+    c, u, v = r["constrained"], r["unconstrained_length_matched"], r["validity"]
+    return [
+        mode,
+        name,
+        fmt(c["tok_s"]),
+        fmt(u["tok_s"]),
+        fmt(r["ratio_constrained_over_unconstrained"], 3),
+        " ".join(fmt(x, 3) for x in r["ratio_rounds"]),
+        f"{fmt(c['forward_passes_per_request'])} / {fmt(u['forward_passes_per_request'])}",
+        fmt(c["mask_stall_ms_per_step"], 3),
+        fmt(c["mask_stall_fraction_of_step"], 3),
+        f"{fmt(c['ttft_ms_p50'])} / {fmt(c['ttft_ms_p99'])}",
+        f"{fmt(c['itl_ms_p50'], 2)} / {fmt(c['itl_ms_p99'], 2)}",
+        f"{fmt(u['itl_ms_p50'], 2)} / {fmt(u['itl_ms_p99'], 2)}",
+        fmt(c["output_tokens_per_request"]),
+        str(c["cut_by_length"]),
+        f"{v['valid_strict']}+{v['valid_lenient']}/{v['checked']}",
+    ]
+
+
 def render_tables(
     doc: dict[str, Any], fmt: Callable[..., str], table: Callable[..., list[str]]
 ) -> list[str]:
@@ -173,30 +195,11 @@ def render_tables(
     maker)."""
     date, dev = str(doc.get("date", ""))[:10], str(doc.get("device", "")).split(" (")[0]
     lines = [f"## Constrained decoding, JSON schema ({dev}, {date})", ""]
-    rows = []
-    for mode, res in doc.get("modes", {}).items():
-        for name, r in res.items():
-            c, u, v = r["constrained"], r["unconstrained_length_matched"], r["validity"]
-            rows.append(
-                [
-                    mode,
-                    name,
-                    fmt(c["tok_s"]),
-                    fmt(u["tok_s"]),
-                    fmt(r["ratio_constrained_over_unconstrained"], 3),
-                    " ".join(fmt(x, 3) for x in r["ratio_rounds"]),
-                    f"{fmt(c['forward_passes_per_request'])} / "
-                    f"{fmt(u['forward_passes_per_request'])}",
-                    fmt(c["mask_stall_ms_per_step"], 3),
-                    fmt(c["mask_stall_fraction_of_step"], 3),
-                    f"{fmt(c['ttft_ms_p50'])} / {fmt(c['ttft_ms_p99'])}",
-                    f"{fmt(c['itl_ms_p50'], 2)} / {fmt(c['itl_ms_p99'], 2)}",
-                    f"{fmt(u['itl_ms_p50'], 2)} / {fmt(u['itl_ms_p99'], 2)}",
-                    fmt(c["output_tokens_per_request"]),
-                    str(c["cut_by_length"]),
-                    f"{v['valid_strict']}+{v['valid_lenient']}/{v['checked']}",
-                ]
-            )
+    rows = [
+        _batch_row(mode, name, r, fmt)
+        for mode, res in doc.get("modes", {}).items()
+        for name, r in res.items()
+    ]
     lines += table(
         [
             "jump-fwd",

@@ -39,6 +39,43 @@ def gpu_idle(r: dict[str, Any]) -> str:
     return fmt(1 - busy / wall, 3)
 
 
+def _gemv_table(forms: list[dict[str, Any]]) -> list[str]:
+    """Each decode form's projections (GEMVs): weight size, calls and time against the floor."""
+    lines: list[str] = []
+    gem = [
+        [
+            f["form"],
+            g["proj"],
+            "x".join(str(x) for x in g["shape"]),
+            fmt(g["MB"], 1),
+            fmt(g["calls_per_step"], 0),
+            fmt(g["ms_per_call"] * 1e3, 1),
+            fmt(g["floor_ms"] * 1e3, 1),
+            fmt(g["fraction_of_floor"], 2),
+            fmt(g["GBps"], 0),
+        ]
+        for f in forms
+        for g in f.get("gemv", [])
+    ]
+    if gem:
+        lines += md_table(
+            [
+                "form",
+                "projection",
+                "weight",
+                "MB",
+                "calls/step",
+                "us/call",
+                "floor us",
+                "floor / time",
+                "GB/s",
+            ],
+            gem,
+        )
+        lines.append("")
+    return lines
+
+
 def profile_tables(d: dict[str, Any]) -> list[str]:
     prof = d.get("profile") or {}
     forms = prof.get("forms") or []
@@ -73,37 +110,7 @@ def profile_tables(d: dict[str, Any]) -> list[str]:
         ],
     )
     lines.append("")
-    gem = [
-        [
-            f["form"],
-            g["proj"],
-            "x".join(str(x) for x in g["shape"]),
-            fmt(g["MB"], 1),
-            fmt(g["calls_per_step"], 0),
-            fmt(g["ms_per_call"] * 1e3, 1),
-            fmt(g["floor_ms"] * 1e3, 1),
-            fmt(g["fraction_of_floor"], 2),
-            fmt(g["GBps"], 0),
-        ]
-        for f in forms
-        for g in f.get("gemv", [])
-    ]
-    if gem:
-        lines += md_table(
-            [
-                "form",
-                "projection",
-                "weight",
-                "MB",
-                "calls/step",
-                "us/call",
-                "floor us",
-                "floor / time",
-                "GB/s",
-            ],
-            gem,
-        )
-        lines.append("")
+    lines += _gemv_table(forms)
     for f in forms:
         ks = f.get("kernels", [])[:15]
         if not ks:

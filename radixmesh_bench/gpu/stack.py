@@ -134,6 +134,21 @@ def _bursts(path: Path, offset: int) -> tuple[list[dict[str, float]], int]:
     return out, offset + len(data)
 
 
+def _add_burst(r: dict[str, Any], b: dict[str, float]) -> None:
+    """The model worker's own split of a workload's burst (its longest `step_burst` line) into
+    row `r`: time inside ModelRunner.step and between steps, per step."""
+    r["worker_steps"] = b["steps"]
+    r["worker_busy_ms_per_step"] = b["busy_ms"] / b["steps"]
+    r["worker_between_ms_per_step"] = b["between_ms"] / max(b["steps"] - 1, 1)
+    r["worker_idle_fraction"] = b["between_ms"] / (b["busy_ms"] + b["between_ms"])
+    # CUDA events around each step's forward pass (model_service.runner._account)
+    for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "gpu_idle_fraction"):
+        if key in b:
+            r[key] = b[key]
+    if r["wall_ms_per_step"]:
+        r["idle_ms_per_step_from_wall"] = r["wall_ms_per_step"] - r["worker_busy_ms_per_step"]
+
+
 async def _flush(endpoint: str) -> None:
     """A pause ends the worker's burst; the next step (this tiny request) logs it. The pause
     after it keeps the tiny request's steps out of the next workload's burst (the first
@@ -194,19 +209,7 @@ def run_stack(
             asyncio.run(_flush(endpoint))
             bursts, offset = _bursts(mlog, offset)
             if bursts:
-                b = max(bursts, key=lambda x: x["steps"])
-                r["worker_steps"] = b["steps"]
-                r["worker_busy_ms_per_step"] = b["busy_ms"] / b["steps"]
-                r["worker_between_ms_per_step"] = b["between_ms"] / max(b["steps"] - 1, 1)
-                r["worker_idle_fraction"] = b["between_ms"] / (b["busy_ms"] + b["between_ms"])
-                # CUDA events around each step's forward pass (model_service.runner._account)
-                for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "gpu_idle_fraction"):
-                    if key in b:
-                        r[key] = b[key]
-                if r["wall_ms_per_step"]:
-                    r["idle_ms_per_step_from_wall"] = (
-                        r["wall_ms_per_step"] - r["worker_busy_ms_per_step"]
-                    )
+                _add_burst(r, max(bursts, key=lambda x: x["steps"]))
             res["tokens"][w["name"]] = r.pop("tokens")
             res["rows"].append(
                 {

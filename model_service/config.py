@@ -18,6 +18,21 @@ class ModelServiceConfig(ServiceConfig):
     random_weights: str = field("", "build this architecture with random weights (llama-3.1-8b)")
     tokenizer: str = field("", "tokenizer folder for --random-weights")
     device: str = field("auto", "cpu, cuda, cuda:N or auto")
+    tp: int = field(
+        1,
+        "tensor-parallel size: the model split over this many ranks, one process per GPU "
+        "(on CPU: processes), serving as one model service (docs/gpu.md)",
+    )
+    gpus: str = field(
+        "",
+        "GPU numbers (as CUDA numbers them here) for the ranks, rank r on the r-th, e.g. 0,1 "
+        "(default: 0..tp-1); with --tp 1 the one GPU to use (as --device cuda:N)",
+    )
+    tp_rank: int = field(0, "internal: this process's rank (rank 0 sets it for its ranks)")
+    tp_init: str = field("", "internal: the ranks' rendezvous address (rank 0 sets it)")
+    tp_timeout_s: float = field(
+        600.0, "a collective between the ranks that takes longer than this ends the group"
+    )
     dtype: str = field("auto", "float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on GPU)")
     attention: str = field(
         "auto", "reference, flashinfer or auto", choices=["auto", "reference", "flashinfer"]
@@ -54,7 +69,30 @@ class ModelServiceConfig(ServiceConfig):
         "may wait for late grammar masks",
     )
 
+    def gpu_ids(self) -> list[int]:
+        """--gpus as numbers ([] when not given)."""
+        try:
+            ids = [int(p) for p in self.gpus.replace(" ", "").split(",") if p]
+        except ValueError as exc:
+            raise ValueError(f"--gpus {self.gpus!r}: expected GPU numbers such as 0,1") from exc
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"--gpus {self.gpus!r} names a GPU twice")
+        return ids
+
     def validate(self) -> None:
+        if self.tp < 1:
+            raise ValueError("--tp must be >= 1")
+        if not 0 <= self.tp_rank < self.tp:
+            raise ValueError(f"--tp-rank {self.tp_rank} outside --tp {self.tp}")
+        ids = self.gpu_ids()
+        if ids and len(ids) != self.tp:
+            raise ValueError(
+                f"--gpus {self.gpus} names {len(ids)} GPUs for --tp {self.tp}: give one per rank"
+            )
+        if self.tp > 1 and self.device.startswith("cuda:"):
+            raise ValueError("--tp > 1 places ranks with --gpus, not --device cuda:N")
+        if self.tp_timeout_s <= 0:
+            raise ValueError("--tp-timeout-s must be > 0")
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("--kv-memory-fraction must be in (0, 1]")
         if self.kv_tokens < 0:

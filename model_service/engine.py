@@ -12,17 +12,19 @@ import torch
 from model_service.attention.flashinfer import FlashInferAttention, choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
-from model_service.models.llama import LlamaArgs, LlamaForCausalLM
+from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer
 from model_service.preflight import (
     GIB,
     check_architecture,
     check_kv_before_weights,
     check_kv_fits,
+    check_rank_fits,
     check_weights_fit,
     kv_pool_tokens,
     out_of_memory_as_model_error,
 )
 from model_service.runner import ModelRunner
+from model_service.tp.shard import ONE, Shard, local_args
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
 
@@ -88,8 +90,15 @@ def kv_capacity(
     )
 
 
-def build_engine(cfg: ModelServiceConfig) -> Engine:
-    device = pick_device(cfg.device)
+def build_engine(
+    cfg: ModelServiceConfig,
+    shard: Shard = ONE,
+    comm: Reducer | None = None,
+    device: torch.device | None = None,
+) -> Engine:
+    """One rank's engine (the whole model without tensor parallelism): its shard of the
+    weights, a KV pool of its KV heads for the scheduler's whole slot space."""
+    device = device or pick_device(cfg.device)
     if cfg.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
@@ -107,8 +116,11 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
     # Checks before any large allocation: a clear ModelError instead of a traceback or an OOM.
     check_architecture(hf_cfg)
-    args = LlamaArgs.from_hf_config(hf_cfg)
-    check_weights_fit(args, dtype, device, str(name), random=bool(cfg.random_weights))
+    full = LlamaArgs.from_hf_config(hf_cfg)
+    args = local_args(full, shard.size)  # this rank's shapes (all of them at --tp 1)
+    random = bool(cfg.random_weights)
+    check_rank_fits(args, dtype, device, shard, cfg.min_kv_tokens, random)
+    check_weights_fit(args, dtype, device, str(name), random=random)
     check_kv_before_weights(
         args,
         dtype,
@@ -125,9 +137,9 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         "use a smaller model or dtype",
     ):
         if cfg.random_weights:
-            model = random_model(args, dtype, device)
+            model = random_model(full, dtype, device, shard=shard, comm=comm)
         else:
-            model = load_model(model_dir, dtype, device)
+            model = load_model(model_dir, dtype, device, shard=shard, comm=comm)
     capacity = kv_capacity(cfg, model, dtype, device)
     a = model.args
     with out_of_memory_as_model_error(
@@ -171,6 +183,8 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
     log.info(
         "engine_ready",
         model=name,
+        tp_rank=shard.rank,
+        tp=shard.size,
         device=str(device),
         dtype=str(dtype),
         kv_tokens=capacity,
@@ -185,7 +199,7 @@ def build_engine(cfg: ModelServiceConfig) -> Engine:
         model_name=str(name),
         model_dir=model_dir,
         context_length=a.max_position,
-        vocab_size=a.vocab_size,
+        vocab_size=model.vocab_size,
         eos_token_ids=_eos_ids(hf_cfg),
         device=device,
         dtype=dtype,

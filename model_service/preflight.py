@@ -18,6 +18,7 @@ import torch
 
 from model_service.kv_pool import kv_bytes_per_token
 from model_service.models.llama import LlamaArgs
+from model_service.tp.shard import Shard
 from services.model_store import ModelError
 
 GIB = float(1 << 30)
@@ -137,6 +138,39 @@ def check_weights_fit(
         f"{mem[1] / GIB:.2f} GiB is free. Free the device (other processes), use one with "
         f"more memory, a 16-bit --dtype, or for benchmarks fewer layers "
         f"(--random-weights NAME:num_hidden_layers=N)"
+    )
+
+
+def check_rank_fits(
+    a: LlamaArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+    min_tokens: int,
+    random: bool,
+) -> None:
+    """Tensor parallelism: ModelError when one rank's weights (`a`: its shapes,
+    `tp.shard.local_args`) plus the smallest worthwhile KV pool of its KV heads do not fit the
+    free memory of its device. The message names every figure, so the operator can pick a
+    larger --tp or other GPUs."""
+    if shard.size == 1:
+        return
+    mem = free_memory(device)
+    if mem is None:
+        return
+    weights = weight_load_bytes(a, dtype, device, random)
+    tokens = min_kv_tokens(min_tokens, a.max_position)
+    kv = tokens * kv_bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, dtype)
+    if weights + kv <= mem[0]:
+        return
+    raise ModelError(
+        f"--tp {shard.size} does not fit: rank {shard.rank} on {device} needs "
+        f"{weights / GIB:.2f} GiB for its {param_count(a) / 1e9:.2f} B parameters "
+        f"({dtype}{', built in float32' if random and dtype != torch.float32 else ''}) plus "
+        f"{kv / GIB:.2f} GiB for {tokens} KV tokens of its {a.num_kv_heads} KV heads = "
+        f"{(weights + kv) / GIB:.2f} GiB, but only {mem[0] / GIB:.2f} GiB of "
+        f"{mem[1] / GIB:.2f} GiB is free there. Use a larger --tp (more GPUs per replica), "
+        f"GPUs with more free memory, or a 16-bit --dtype"
     )
 
 

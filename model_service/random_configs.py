@@ -15,6 +15,12 @@ Names:
   replicas share one GPU (`radixmesh bench router`).
 - `tiny-llama`: the same family in miniature (GQA, llama3 RoPE scaling, the Llama-3.1
   vocabulary) for quick tests on any device.
+- `tiny-qwen2`: a Qwen2 in miniature (q/k/v biases, one KV head, tied embeddings, Qwen2's
+  RoPE theta and 32,768-token context), for tests of the Qwen2 path, e.g. tensor parallelism
+  with fewer KV heads than ranks.
+Every shape keeps its published context length (Llama-3.1 and 3.2: 131,072), which is what
+the service reports and the front door enforces; the KV pool is sized from memory
+(`--kv-tokens` / `--kv-memory-gb` / `--kv-memory-fraction`), never from the context length.
 Overrides (e.g. `num_hidden_layers=4` for a fast numerics check with 8B shapes) go through
 `random_config(name, tokenizer_dir, **overrides)` or a name suffix `NAME:key=value,key=value`.
 
@@ -100,6 +106,27 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "head_dim": 64,
     },
+    # Qwen2-0.5B's family traits at tiny-llama's size.
+    "tiny-qwen2": {
+        "model_type": "qwen2",
+        "vocab_size": 128256,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "initializer_range": 0.02,
+    },
 }
 
 
@@ -135,16 +162,19 @@ def hf_config(fields: dict[str, Any]):  # type: ignore[no-untyped-def]
     version takes them: `rope_parameters` in 5.x, `rope_theta` + `rope_scaling` before)."""
     import inspect
 
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen2Config
 
     kw = dict(fields)
-    theta, scaling = kw.pop("rope_theta"), kw.pop("rope_scaling")
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
+    qwen = kw.pop("model_type", "llama") == "qwen2"
+    config_cls = Qwen2Config if qwen else LlamaConfig
+    theta, scaling = kw.pop("rope_theta"), kw.pop("rope_scaling") or {"rope_type": "default"}
+    if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:
         kw["rope_parameters"] = {**scaling, "rope_theta": theta}
     else:
-        kw["rope_theta"], kw["rope_scaling"] = theta, dict(scaling)
-    cfg = LlamaConfig(**kw)
-    cfg.architectures = ["LlamaForCausalLM"]
+        kw["rope_theta"] = theta
+        kw["rope_scaling"] = dict(scaling) if scaling.get("rope_type") != "default" else None
+    cfg = config_cls(**kw)
+    cfg.architectures = ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"]
     return cfg
 
 

@@ -27,9 +27,11 @@ from model_service.engine import Engine
 from model_service.metrics import ModelMetrics
 from model_service.runner import InFlight, StepError
 from model_service.step_validation import StepLimits, validate_step
+from model_service.tp.group import fatal
+from model_service.tp.steps import Leader
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
-from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output
+from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output, encode_step
 from radixmesh_wire.step_ops import StepOps
 from services.security import require_peer
 from services.watchdog import Progress
@@ -53,13 +55,13 @@ class MaskMailbox:
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._boxes: dict[int, Future[Masks]] = {}
+        self._boxes: dict[int, Future[tuple[Masks, bytes]]] = {}  # with the message's bytes
         self._closed = False
 
     def expect(self, step_id: int) -> None:
         self._box(step_id)
 
-    def _box(self, step_id: int) -> Future[Masks]:
+    def _box(self, step_id: int) -> Future[tuple[Masks, bytes]]:
         with self._lock:
             box = self._boxes.get(step_id)
             if box is None:
@@ -81,9 +83,13 @@ class MaskMailbox:
         except ValueError as exc:  # the step that waits for them fails, not the session
             box.set_exception(StepError(f"the masks of step {msg.step_id}: {exc}"))
             return
-        box.set_result((late.rows, set(late.skip)))
+        box.set_result(((late.rows, set(late.skip)), msg.SerializeToString()))
 
     def wait(self, step_id: int) -> Masks:
+        return self.wait_raw(step_id)[0]
+
+    def wait_raw(self, step_id: int) -> tuple[Masks, bytes]:
+        """The masks and the StepMasks bytes they came in (tensor parallelism forwards them)."""
         box = self._box(step_id)
         try:
             return box.result(timeout=self.wait_s)
@@ -134,6 +140,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self._session_call: grpc.aio.ServicerContext | None = None  # the open session's call
         self.session_gen = 0
         self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
+        self.tp: Leader | None = None  # tensor parallel: forwards every step to the other ranks
 
     def info(self) -> model_pb2.WorkerInfo:
         e = self.engine
@@ -149,10 +156,28 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             nan_fill=e.nan_fill,
         )
 
-    def launch(self, ops: StepOps) -> InFlight:
-        """On the step thread, so the check sees the state the launch will change."""
+    def launch(self, ops: StepOps, step: model_pb2.Step | None = None) -> InFlight:
+        """On the step thread, so the check sees the state the launch will change. With
+        tensor parallelism a valid step goes to the other ranks first (`step`: its message);
+        a crash that is not a StepError would leave the ranks out of step, so it ends the
+        group (the scheduler sees one model-service loss)."""
         validate_step(ops, self.engine.runner.requests, self.limits)
-        return self.engine.runner.launch(ops)
+        if self.tp is None:
+            return self.engine.runner.launch(ops)
+        self.tp.step(step if step is not None else encode_step(ops))
+        try:
+            return self.engine.runner.launch(ops)
+        except StepError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            fatal(f"rank 0 running step {ops.step_id}", exc)
+            raise
+
+    def reset(self) -> None:
+        """Per-request state cleared (on the step thread): on every rank."""
+        if self.tp is not None:
+            self.tp.reset()
+        self.engine.runner.reset()
 
     async def GetWorkerInfo(
         self, request: model_pb2.WorkerInfoRequest, context: grpc.aio.ServicerContext
@@ -207,7 +232,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         if gen == self.session_gen:
             self.session_id = None
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, self.engine.runner.reset)
+            await loop.run_in_executor(self.executor, self.reset)
         log.info("session_closed", generation=gen)
 
 
@@ -236,10 +261,11 @@ class StepSession:
     async def serve(self, sid: str) -> AsyncGenerator[model_pb2.StepReply, None]:
         sv = self.sv
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(sv.executor, self.runner.reset)
+        await loop.run_in_executor(sv.executor, sv.reset)
         log.info("session_opened", generation=self.gen)
         yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=sv.info()))
-        self.runner.mask_source = self.mailbox.wait
+        box = self.mailbox
+        self.runner.mask_source = sv.tp.masks_source(box.wait_raw) if sv.tp else box.wait
         reader = asyncio.create_task(self._read())
         ended_wait = asyncio.ensure_future(self.ended.wait())
         running: deque[asyncio.Task[model_pb2.StepReply]] = deque()  # in step order
@@ -297,7 +323,7 @@ class StepSession:
             for a in ops.admits:  # one line per request admission, naming it
                 log.debug("admit", rid=a.rid, handle=a.handle, input_tokens=len(a.input_ids))
             t0 = time.perf_counter()
-            fl = await loop.run_in_executor(sv.executor, sv.launch, ops)
+            fl = await loop.run_in_executor(sv.executor, sv.launch, ops, step)
             sv.progress.beat()
             out = await loop.run_in_executor(sv.waiter, self.runner.finish, fl)
             if sv.metrics is not None:

@@ -15,7 +15,8 @@ import structlog
 import torch
 from safetensors import safe_open
 
-from model_service.models.llama import LlamaArgs, LlamaForCausalLM, rope_inv_freq
+from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer, rope_inv_freq
+from model_service.tp.shard import ONE, Shard, local_args, take
 from services.model_store import ModelError
 
 log = structlog.get_logger(__name__)
@@ -41,12 +42,24 @@ def load_hf_config(folder: Path):  # type: ignore[no-untyped-def]
     return AutoConfig.from_pretrained(folder)
 
 
-def load_model(
-    folder: Path, dtype: torch.dtype, device: torch.device, fuse: bool | None = None
-) -> LlamaForCausalLM:
-    args = LlamaArgs.from_hf_config(load_hf_config(folder))
+def _meta_model(args: LlamaArgs, shard: Shard, comm: Reducer | None) -> LlamaForCausalLM:
+    """One rank's model, shapes only (local_args), to be filled by a loader."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(args)
+        return LlamaForCausalLM(local_args(args, shard.size), comm, args.vocab_size)
+
+
+def load_model(
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    fuse: bool | None = None,
+    shard: Shard = ONE,
+    comm: Reducer | None = None,
+) -> LlamaForCausalLM:
+    """An HF checkpoint; with tensor parallelism only this rank's part of each tensor is kept
+    (read one tensor at a time)."""
+    args = LlamaArgs.from_hf_config(load_hf_config(folder))
+    model = _meta_model(args, shard, comm)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"no *.safetensors files in {folder}")
@@ -54,7 +67,8 @@ def load_model(
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as st:
             for name in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                state[name] = st.get_tensor(name).to(dtype)
+                part = take(name, st.get_tensor(name), args, shard)
+                state[name] = part.to(dtype=dtype, copy=shard.size > 1)
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = {
@@ -79,20 +93,30 @@ def random_model(
     device: torch.device,
     seed: int = 0,
     fuse: bool | None = None,
+    shard: Shard = ONE,
+    comm: Reducer | None = None,
 ) -> LlamaForCausalLM:
     """Seeded normal(0, 0.02) weights, norms 1 (docs/architecture.md): same speed as trained.
     Weights are drawn in the separate form (HF parameter order), then fused where wanted, so
-    a fused and an unfused model of the same seed hold the same weights. RoPE frequencies stay
-    fp32 (`LlamaForCausalLM._apply`)."""
+    a fused and an unfused model of the same seed hold the same weights. Each tensor is drawn
+    whole, in float32 on `device`, and this rank keeps its part (`tp.shard.take`) cast to
+    `dtype`: every tensor-parallel degree holds the same model, and a rank never holds more
+    than its shard plus one whole tensor. RoPE frequencies stay fp32 (`LlamaForCausalLM._apply`)."""
+    full = _meta_model(args, Shard(), None)  # names, order and whole shapes
+    model = _meta_model(args, shard, comm).to_empty(device=device).to(dtype)
+    own = dict(model.named_parameters())
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = LlamaForCausalLM(args).to(dtype)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in full.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02)
+                own[name].fill_(1.0)
+                continue
+            whole = torch.empty(p.shape, device=device).normal_(0.0, 0.02)  # fp32, as before
+            own[name].copy_(take(name, whole, args, shard))
+            del whole
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(args).to(device)  # to_empty left the buffer uninitialised
     if want_fused(device, fuse):
         model.fuse()
     return model.eval()

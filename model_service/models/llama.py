@@ -21,13 +21,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from model_service.attention.backend import LayerAttention
+
+
+class Reducer(Protocol):
+    """The tensor-parallel collectives the model calls (`model_service.tp.comm.TPComm`)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -115,10 +126,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def _reduce(comm: Reducer | None, x: torch.Tensor) -> torch.Tensor:
+    """Row-parallel output: each rank holds a partial sum (no-op without tensor parallelism)."""
+    return x if comm is None else comm.all_reduce(x)
+
+
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs, layer: int) -> None:
+    def __init__(self, args: LlamaArgs, layer: int, comm: Reducer | None = None) -> None:
         super().__init__()
         self.layer = layer
+        self.comm = comm
         self.nh, self.nkv, self.hd = args.num_heads, args.num_kv_heads, args.head_dim
         bias = args.attention_bias
         self.q_proj = nn.Linear(args.hidden_size, self.nh * self.hd, bias=bias)
@@ -148,7 +165,7 @@ class Attention(nn.Module):
         k_cache, v_cache, slots = attn.kv_target(self.layer)
         q = ops.rope_store(self.qkv_proj(x), self.nh, self.nkv, cos, sin, k_cache, v_cache, slots)
         out = attn.attend(self.layer, q)
-        return self.o_proj(out.reshape(t, self.nh * self.hd))
+        return _reduce(self.comm, self.o_proj(out.reshape(t, self.nh * self.hd)))
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: LayerAttention
@@ -159,12 +176,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.nkv, self.hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attn.forward(self.layer, q, k, v)
-        return self.o_proj(out.reshape(t, self.nh * self.hd))
+        return _reduce(self.comm, self.o_proj(out.reshape(t, self.nh * self.hd)))
 
 
 class MLP(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, comm: Reducer | None = None) -> None:
         super().__init__()
+        self.comm = comm
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
@@ -179,10 +197,10 @@ class MLP(nn.Module):
         self.fused = True
 
     def forward_fused(self, x: torch.Tensor, ops: Any) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+        return _reduce(self.comm, self.down_proj(ops.silu_mul(self.gate_up_proj(x))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return _reduce(self.comm, self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 def _concat_linear(parts: tuple[nn.Linear, ...]) -> nn.Linear:
@@ -200,10 +218,10 @@ def _concat_linear(parts: tuple[nn.Linear, ...]) -> nn.Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs, layer: int) -> None:
+    def __init__(self, args: LlamaArgs, layer: int, comm: Reducer | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(args, layer)
-        self.mlp = MLP(args)
+        self.self_attn = Attention(args, layer, comm)
+        self.mlp = MLP(args, comm)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -235,22 +253,29 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaBody(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, comm: Reducer | None = None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, i, comm) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """forward(input_ids [T], positions [T], attn, logit_rows [R]) -> logits [R, vocab] (fp32)."""
+    """forward(input_ids [T], positions [T], attn, logit_rows [R]) -> logits [R, vocab] (fp32).
+
+    Tensor parallel (`comm` given): `args` are one rank's shapes (`tp.shard.local_args`: its
+    heads, MLP slice and `args.vocab_size` rows of the vocabulary) and `vocab_size` the whole
+    vocabulary; the outputs of o/down projections and the embedding are all-reduced and the
+    logits all-gathered, so every rank returns the same full logits."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, comm: Reducer | None = None, vocab_size: int = 0) -> None:
         super().__init__()
         self.args = args
-        self.model = LlamaBody(args)
+        self.comm = comm
+        self.vocab_size = vocab_size or args.vocab_size  # the whole vocabulary
+        self.model = LlamaBody(args, comm)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -290,7 +315,7 @@ class LlamaForCausalLM(nn.Module):
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention
     ) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         cos, sin = self.rope(positions)
         if self.fused:
             ops, residual = self.ops, None
@@ -305,6 +330,17 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.comm is None:
+            return self.model.embed_tokens(input_ids)
+        # Vocab-parallel: this rank looks up only its rows; exactly one rank holds each id, so
+        # the all-reduce sums one value with zeros (bit-exact).
+        n = self.args.vocab_size
+        local = input_ids - self.comm.rank * n
+        outside = (local < 0) | (local >= n)
+        x = self.model.embed_tokens(local.masked_fill(outside, 0))
+        return self.comm.all_reduce(x.masked_fill(outside[:, None], 0))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -313,4 +349,7 @@ class LlamaForCausalLM(nn.Module):
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         h = self.hidden(input_ids, positions, attn)
-        return self.lm_head(h.index_select(0, logit_rows)).float()
+        logits = self.lm_head(h.index_select(0, logit_rows))
+        if self.comm is not None:  # each rank's vocabulary rows, side by side; drop padding
+            logits = self.comm.all_gather_last(logits)[:, : self.vocab_size]
+        return logits.float()

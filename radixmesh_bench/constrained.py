@@ -154,24 +154,13 @@ def jump_forward_ablation(
     return out
 
 
-def run(ns: argparse.Namespace) -> dict[str, Any]:
+def _report_head(ns: argparse.Namespace, sched_args: list[str], jf_ok: bool) -> dict[str, Any]:
     import torch  # only for the machine description
 
-    from services.logging import configure_logging
-
-    configure_logging("bench", "warning")  # the launcher's events must not reach stdout
-    quick = ns.quick
-    n_reuse = ns.reuse_n or (8 if quick else 16)
-    rounds = ns.rounds or (1 if quick else 3)
-    b1 = mixed_cases(3 if quick else 6)
-    b16 = mixed_cases(16)
-    progress("asking the scheduler's flag parser about --jump-forward")
-    jf_ok, jf_msg = scheduler_accepts(["--jump-forward", "on"])
-    sched_args = ["--jump-forward", ns.jump_forward] if ns.jump_forward and jf_ok else []
-    report: dict[str, Any] = {
+    return {
         "bench": "constrained",
         "model": ns.model,
-        "quick": quick,
+        "quick": ns.quick,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -187,6 +176,104 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         },
         "paper": PAPER,
     }
+
+
+def _mask_stall(
+    st: BenchStack,
+    tp: dict[str, Any],
+    batches: dict[str, list[GrammarCase]],
+    kept: dict[str, list[Outcome]],
+) -> dict[str, Any]:
+    """(b) the mask stall: the constrained outputs replayed through a Masks session of ours."""
+    progress("mask stall: replaying the constrained outputs through a Masks session")
+    stall: dict[str, Any] = {
+        batch: asyncio.run(
+            mask_replay(st.grammar_address, replay_rows(cases, kept[f"{batch}_constrained"]))
+        )
+        for batch, cases in batches.items()
+    }
+    for batch in batches:
+        step_ms = tp[batch]["constrained"]["ms_per_step"]  # wall / scheduler steps
+        stall[batch]["e2e_ms_per_step"] = step_ms
+        stall[batch]["stall_fraction_of_step"] = (
+            round(stall[batch]["rtt_ms_mean"] / step_ms, 4) if step_ms else None
+        )
+    stall["gap"] = STATS_GAP
+    return stall
+
+
+def _compile_report(
+    st: BenchStack,
+    cold: dict[str, dict[str, Any]],
+    cached: dict[str, dict[str, Any]],
+    tp: dict[str, Any],
+    rounds: int,
+    n_reuse: int,
+    timeout: float,
+) -> dict[str, Any]:
+    """(a, continued) reuse, and compile cost against request time."""
+    reuse_case = max(
+        (c for c in SUITE if c.kind.value == "json_schema"),
+        key=lambda c: cold[c.name]["server_ms"],
+    )
+    reuse_rounds = []
+    for i in range(rounds):
+        progress(
+            f"reuse round {i + 1}/{rounds}: {n_reuse} x '{reuse_case.name}', one "
+            "schema vs distinct schemas"
+        )
+        reuse_rounds.append(reuse_round(st, reuse_case, n_reuse, timeout))
+    same = _median_by(reuse_rounds, "same_schema")
+    distinct = _median_by(reuse_rounds, "distinct_schemas")
+    req_b1 = tp["batch1"]["constrained"]["latency_s_p50"] * 1e3
+    req_b16 = tp["batch16"]["constrained"]["latency_s_p50"] * 1e3
+    cs = compile_summary(cold)
+    return {
+        "cold": cs,
+        "cached": compile_summary(cached),
+        "per_grammar_cold": cold,
+        "per_grammar_cached": cached,
+        "vs_request": {
+            "request_ms_p50_batch1": round(req_b1, 1),
+            "request_ms_p50_batch16": round(req_b16, 1),
+            "cold_median_pct_of_batch1_request": round(100 * cs["server_ms_median"] / req_b1, 3)
+            if req_b1
+            else None,
+            "cold_max_pct_of_batch1_request": round(100 * cs["server_ms_max"] / req_b1, 3)
+            if req_b1
+            else None,
+        },
+        "reuse": {
+            "schema": reuse_case.name,
+            "n": n_reuse,
+            "cold_compile_ms": cold[reuse_case.name]["server_ms"],
+            "same_schema": same,
+            "distinct_schemas": distinct,
+            "throughput_ratio_same_over_distinct": round(
+                same["output_tok_s"] / distinct["output_tok_s"], 3
+            )
+            if distinct["output_tok_s"]
+            else None,
+            "grammar_cpu_s_same": same["stack_cpu_s"].get("grammar"),
+            "grammar_cpu_s_distinct": distinct["stack_cpu_s"].get("grammar"),
+            "rounds": reuse_rounds,
+        },
+    }
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    from services.logging import configure_logging
+
+    configure_logging("bench", "warning")  # the launcher's events must not reach stdout
+    quick = ns.quick
+    n_reuse = ns.reuse_n or (8 if quick else 16)
+    rounds = ns.rounds or (1 if quick else 3)
+    b1 = mixed_cases(3 if quick else 6)
+    b16 = mixed_cases(16)
+    progress("asking the scheduler's flag parser about --jump-forward")
+    jf_ok, jf_msg = scheduler_accepts(["--jump-forward", "on"])
+    sched_args = ["--jump-forward", ns.jump_forward] if ns.jump_forward and jf_ok else []
+    report = _report_head(ns, sched_args, jf_ok)
     if ns.jump_forward and not jf_ok:
         report["stack"]["note"] = f"--jump-forward {ns.jump_forward} not passed: {jf_msg}"
     with bench_stack(ns.model, sched_args, ["--disable-xgrammar-cache"]) as st:
@@ -207,70 +294,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
         tp = _median_round(rows)
         report["throughput"] = tp
-        progress("mask stall: replaying the constrained outputs through a Masks session")
-        stall: dict[str, Any] = {
-            batch: asyncio.run(
-                mask_replay(st.grammar_address, replay_rows(cases, kept[f"{batch}_constrained"]))
-            )
-            for batch, cases in (("batch1", b1), ("batch16", b16))
-        }
-        for batch in ("batch1", "batch16"):
-            step_ms = tp[batch]["constrained"]["ms_per_step"]  # wall / scheduler steps
-            stall[batch]["e2e_ms_per_step"] = step_ms
-            stall[batch]["stall_fraction_of_step"] = (
-                round(stall[batch]["rtt_ms_mean"] / step_ms, 4) if step_ms else None
-            )
-        stall["gap"] = STATS_GAP
-        report["mask_stall"] = stall
-
-        # (a, continued) reuse, and compile cost against request time
-        reuse_case = max(
-            (c for c in SUITE if c.kind.value == "json_schema"),
-            key=lambda c: cold[c.name]["server_ms"],
-        )
-        reuse_rounds = []
-        for i in range(rounds):
-            progress(
-                f"reuse round {i + 1}/{rounds}: {n_reuse} x '{reuse_case.name}', one "
-                "schema vs distinct schemas"
-            )
-            reuse_rounds.append(reuse_round(st, reuse_case, n_reuse, ns.timeout))
-        same = _median_by(reuse_rounds, "same_schema")
-        distinct = _median_by(reuse_rounds, "distinct_schemas")
-        req_b1 = tp["batch1"]["constrained"]["latency_s_p50"] * 1e3
-        req_b16 = tp["batch16"]["constrained"]["latency_s_p50"] * 1e3
-        cs = compile_summary(cold)
-        report["compile"] = {
-            "cold": cs,
-            "cached": compile_summary(cached),
-            "per_grammar_cold": cold,
-            "per_grammar_cached": cached,
-            "vs_request": {
-                "request_ms_p50_batch1": round(req_b1, 1),
-                "request_ms_p50_batch16": round(req_b16, 1),
-                "cold_median_pct_of_batch1_request": round(100 * cs["server_ms_median"] / req_b1, 3)
-                if req_b1
-                else None,
-                "cold_max_pct_of_batch1_request": round(100 * cs["server_ms_max"] / req_b1, 3)
-                if req_b1
-                else None,
-            },
-            "reuse": {
-                "schema": reuse_case.name,
-                "n": n_reuse,
-                "cold_compile_ms": cold[reuse_case.name]["server_ms"],
-                "same_schema": same,
-                "distinct_schemas": distinct,
-                "throughput_ratio_same_over_distinct": round(
-                    same["output_tok_s"] / distinct["output_tok_s"], 3
-                )
-                if distinct["output_tok_s"]
-                else None,
-                "grammar_cpu_s_same": same["stack_cpu_s"].get("grammar"),
-                "grammar_cpu_s_distinct": distinct["stack_cpu_s"].get("grammar"),
-                "rounds": reuse_rounds,
-            },
-        }
+        report["mask_stall"] = _mask_stall(st, tp, {"batch1": b1, "batch16": b16}, kept)
+        report["compile"] = _compile_report(st, cold, cached, tp, rounds, n_reuse, ns.timeout)
         report["throughput_rounds"] = rows
 
         # (c) jump-forward ablation

@@ -66,6 +66,13 @@ class TokenizerConfig(ServiceConfig):
     http_port: int = field(8000, "HTTP port (OpenAI- and SGLang-compatible APIs); 0 = off")
     served_model_name: str = field("", "model name the HTTP APIs answer to (default: the model's)")
     chat_template: str = field("", "chat template (Jinja) file or text overriding the tokenizer's")
+    tool_call_parser: str = field(
+        "auto",
+        "how tool calls are read out of the model's text: hermes (<tool_call> JSON: Hermes, "
+        "Qwen), llama3 (a JSON object reply), auto (from the chat template; hermes when the "
+        "template renders no tools, whose prompt the server then writes in that format)",
+        choices=["auto", "hermes", "llama3"],
+    )
     http_max_body_bytes: int = field(32 << 20, "largest HTTP request body (413 beyond it)")
     api_keys: str = field("", "comma-separated API keys; each key is its own tenant. Empty: open")
     admin_api_keys: str = field("", "comma-separated API keys that also have the admin scope")

@@ -68,6 +68,7 @@ class GenerateInput:
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions the template renders
     add_generation_prompt: bool = True
     sampling: api_pb2.SamplingParams = field(default_factory=api_pb2.SamplingParams)
     logprobs: api_pb2.LogprobOptions = field(default_factory=api_pb2.LogprobOptions)
@@ -127,21 +128,28 @@ class FrontDoor:
             check_input_ids(inp.input_ids, self.tok.vocab_size)
             return list(inp.input_ids)
         if inp.messages is not None:
-            return await self.chat_ids(inp.messages, inp.add_generation_prompt)
+            return await self.chat_ids(inp.messages, inp.add_generation_prompt, inp.tools)
         raise InvalidRequest("no input: set text, input_ids or chat messages")
 
     async def chat_ids(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         if not messages:
             raise InvalidRequest("chat has no messages")
+        # OpenAI's `developer` role is the system prompt of newer models: `system` here.
+        messages = [
+            {**m, "role": "system"} if m.get("role") == "developer" else m for m in messages
+        ]
         check_chat_roles([m.get("role", "") for m in messages])
         chars = sum(len(m.get("content", "")) + len(m.get("role", "")) for m in messages)
         check_text_size(chars, self._text_limit(), "the chat")
         try:
-            if chars <= INLINE_TOKENIZE_CHARS:
-                return self.tok.apply_chat(messages, add_generation_prompt)
-            return await self._off_loop(self.tok.apply_chat, messages, add_generation_prompt)
+            if chars <= INLINE_TOKENIZE_CHARS and not tools:
+                return self.tok.apply_chat(messages, add_generation_prompt, tools)
+            return await self._off_loop(self.tok.apply_chat, messages, add_generation_prompt, tools)
         except Exception as exc:  # template errors (bad roles, order) are the caller's to fix
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from tokenizers import Tokenizer
@@ -98,20 +99,39 @@ class Tokenization:
     def has_special_text(self, text: str) -> bool:
         return any(s in text for s in self.special_texts)
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list (else the front door writes them
+        into the system message)."""
+        return "tools" in self.chat_template
+
+    def tool_call_parser(self) -> str:
+        """The parser family of this template's tool calls (used for --tool-call-parser auto)."""
+        t = self.chat_template
+        if "<tool_call>" in t or not self.renders_tools:
+            return "hermes"
+        if "<|python_tag|>" in t or "ipython" in t:
+            return "llama3"
+        return "hermes"
+
     def apply_chat(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send text or input_ids")
         if not any(self.has_special_text(m["content"]) for m in messages):
             # the template already carries any BOS it wants
-            return self.encode(self._render(messages, add_generation_prompt), False)
+            return self.encode(self._render(messages, add_generation_prompt, tools), False)
         # Render with a placeholder per content, then tokenize the template's pieces with
         # its special tokens and each content as plain text.
         marks = [_CONTENT.format(i) for i in range(len(messages))]
         text = self._render(
             [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)],
             add_generation_prompt,
+            tools,
         )
         ids: list[int] = []
         for m, mark in zip(messages, marks, strict=True):
@@ -125,9 +145,19 @@ class Tokenization:
             ids += self.encode_plain(m["content"])
         return ids + (self.encode(text, add_special_tokens=False) if text else [])
 
-    def _render(self, messages: list[dict[str, str]], gen: bool = False) -> str:
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        gen: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         return str(
-            self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+            self.tok.apply_chat_template(
+                messages,
+                tools=tools,  # type: ignore[arg-type]  # OpenAI tool dicts, as transformers takes
+                tokenize=False,
+                add_generation_prompt=gen,
+            )
         )
 
     def _role_info(self) -> RoleInfo:

@@ -148,7 +148,7 @@ def check_input_ids(ids: list[int], vocab_size: int) -> None:
 # The roles every supported chat template renders (the DSL's rm.system/user/assistant too).
 # Templates differ in what they do with others (SmolLM2's renders any name as a turn), so the
 # front door refuses them rather than let a typo ("bot") become a prompt.
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # OpenAI's `developer` is `system`
 
 
 def check_chat_roles(roles: list[str]) -> None:

@@ -6,6 +6,7 @@ here knows about the scheduler.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import aclosing
@@ -38,6 +39,7 @@ from tokenizer_service.http.openai_params import (
     parse_completion,
 )
 from tokenizer_service.http.sse import DONE, frame, open_stream
+from tokenizer_service.http.tools import StreamedCalls, plan_tools, prepare_messages, reply_calls
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +89,8 @@ class OpenAIApi:
             model = self._model(req.model)
             for inp in req.inputs:
                 inp.tenant = request.get(TENANT, "")
+            if req.chat is not None:
+                self._tools(req)
             rid = request.get(REQUEST_ID) or uuid.uuid4().hex
             name_inputs(rid, req.inputs)
             if not self.core.ready:
@@ -105,6 +109,18 @@ class OpenAIApi:
         except GenerateError as exc:
             return error_response(_openai_error(exc))
         return web.json_response(shape.whole(results))
+
+    def _tools(self, req: OpenAIRequest) -> None:
+        """The chat's tool plan: its messages and tools for the template, its grammar."""
+        assert req.chat is not None
+        tok = self.core.tok
+        parser = self.core.cfg.tool_call_parser
+        plan = plan_tools(req.chat, tok.tool_call_parser() if parser == "auto" else parser)
+        req.tools = plan
+        for inp in req.inputs:
+            inp.messages, inp.tools = prepare_messages(inp.messages or [], plan, tok.renders_tools)
+            if plan.constrained:
+                inp.sampling.json_schema = json.dumps(plan.schema())
 
     def _model(self, model: str | None) -> str:
         if model is None or model in self.names:
@@ -148,9 +164,20 @@ class OpenAIApi:
                         else self.core.tok.decode(inp.input_ids or [])
                     )
                     await resp.write(frame(shape.chunk(i, text=echo)))
+            calls = shape.tool_streams(len(inputs))
             async with aclosing(merged(self.core, inputs)) as events:
                 async for i, ev in events:
-                    if isinstance(ev, Chunk):
+                    if calls is not None:  # the reply's text goes through the tool parser
+                        deltas = calls[i].feed(ev.text) if isinstance(ev, Chunk) else []
+                        if isinstance(ev, Complete):
+                            deltas = calls[i].finish()
+                        for d in deltas:
+                            await resp.write(frame(shape.delta_chunk(i, d)))
+                        if isinstance(ev, Complete):
+                            results[i] = ev
+                            called = calls[i].sent > 0
+                            await resp.write(frame(shape.chunk(i, finish=ev, called=called)))
+                    elif isinstance(ev, Chunk):
                         if ev.text or ev.logprobs:
                             await resp.write(frame(shape.chunk(i, ev)))
                     else:
@@ -164,6 +191,11 @@ class OpenAIApi:
         await resp.write(DONE)
         await resp.write_eof()
         return resp
+
+
+def _called(finish_reason: str) -> str:
+    """A reply that called tools ends with `tool_calls` (unless it was cut or aborted)."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def _openai_error(exc: GenerateError) -> HttpError:
@@ -221,11 +253,23 @@ class _Shape:
 
     def _choice(self, i: int, r: Complete) -> dict[str, Any]:
         if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": r.text}
+            finish = r.finish_reason
+            plan = self.req.tools
+            if plan is not None and plan.active:
+                content, calls = reply_calls(plan, r.text)
+                if calls:
+                    message = {
+                        "role": "assistant",
+                        "content": content or None,
+                        "tool_calls": [c.as_dict() for c in calls],
+                    }
+                    finish = _called(finish)
             return {
                 "index": i,
-                "message": {"role": "assistant", "content": r.text},
+                "message": message,
                 "logprobs": self._chat_lps(r.output_logprobs) if self.req.logprobs else None,
-                "finish_reason": r.finish_reason,
+                "finish_reason": finish,
                 "matched_stop": r.matched_stop or None,
             }
         text = r.text
@@ -288,11 +332,14 @@ class _Shape:
         role: bool = False,
         finish: Complete | None = None,
         text: str = "",
+        called: bool = False,
     ) -> dict[str, Any]:
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": None}
         if finish is not None:
-            choice["finish_reason"] = finish.finish_reason
+            choice["finish_reason"] = (
+                _called(finish.finish_reason) if called else finish.finish_reason
+            )
             choice["matched_stop"] = finish.matched_stop or None
         if self.chat:
             delta: dict[str, Any] = {}
@@ -308,6 +355,20 @@ class _Shape:
             if ev is not None and self.req.logprobs:
                 choice["logprobs"] = self._completion_lps(ev.logprobs)
         out["choices"] = [choice]
+        if self.req.include_usage:
+            out["usage"] = None
+        return out
+
+    def tool_streams(self, n: int) -> list[StreamedCalls] | None:
+        """One tool-call reader per choice when the request's tools are on, else None."""
+        plan = self.req.tools
+        if plan is None or not plan.active:
+            return None
+        return [StreamedCalls(plan) for _ in range(n)]
+
+    def delta_chunk(self, i: int, delta: dict[str, Any]) -> dict[str, Any]:
+        out = self._head("chat.completion.chunk")
+        out["choices"] = [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]
         if self.req.include_usage:
             out["usage"] = None
         return out

@@ -24,6 +24,7 @@ from tokenizer_service.http.protocol import (
     SGLangSampling,
     validate,
 )
+from tokenizer_service.http.tools import ToolPlan
 
 __all__ = ["MAX_N", "OpenAIRequest", "parse_chat", "parse_completion", "sampling_params"]
 
@@ -52,6 +53,7 @@ class OpenAIRequest:
     cache_salt: str = ""  # vLLM's extension: prefix-cache isolation within the tenant
     prompt_texts: list[str] = field(default_factory=list)  # for echo
     chat: ChatRequest | None = None  # the typed body of a chat request (tools, tool_choice)
+    tools: ToolPlan | None = None  # a chat's tool plan (openai.OpenAIApi._tools)
 
 
 _NUMBERS = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import sys
 from pathlib import Path
@@ -91,7 +92,24 @@ def main(argv: list[str] | None = None) -> None:
             if runner is not None:
                 await runner.cleanup()
 
+    _event_loop(cfg.event_loop)
     run(serve)
+
+
+def _event_loop(choice: str) -> None:
+    """uvloop when asked (or installed, with auto): the front door's cost is per streamed
+    event (callbacks, socket writes), which uvloop runs in C; asyncio otherwise."""
+    if choice == "asyncio":
+        return
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit(
+                "tokenizer: --event-loop uvloop needs the PyPI package uvloop"
+            ) from None
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def _template_text(value: str) -> str:

@@ -95,3 +95,9 @@ class TokenizerConfig(ServiceConfig):
     )
     max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
     tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
+    event_loop: str = field(
+        "auto",
+        "the event loop: uvloop (PyPI `uvloop`; cheaper per streamed event), asyncio, or auto "
+        "(uvloop when installed)",
+        choices=["auto", "uvloop", "asyncio"],
+    )

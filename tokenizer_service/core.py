@@ -28,8 +28,9 @@ import structlog
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
-from tokenizer_service.events import Complete, Event
+from tokenizer_service.events import Chunk, Complete, Event
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
+from tokenizer_service.pacing import Pacer
 from tokenizer_service.routing.deltas import Update
 from tokenizer_service.routing.replica_set import ReplicaSet
 from tokenizer_service.routing.scheduler_link import DuplicateRequest, SchedulerLost
@@ -95,6 +96,7 @@ class FrontDoor:
         self.metrics = metrics or FrontDoorMetrics()
         self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
+        self.pacer = Pacer()  # fewer, fuller events while the loop runs late (pacing.py)
 
     @property
     def context_length(self) -> int:
@@ -186,6 +188,7 @@ class FrontDoor:
         generator early aborts the request. Every log line of the request carries its id, and
         its outcome and latencies go to the front door's metrics."""
         rid = inp.rid or uuid.uuid4().hex
+        self.pacer.start()
         structlog.contextvars.bind_contextvars(rid=rid)
         timer = self.metrics.start()
         done: Complete | None = None
@@ -246,26 +249,15 @@ class FrontDoor:
         try:
             while True:
                 item = await queue.get()
-                # Everything already queued is one event: a consumer that fell behind (a
-                # slow client, a busy loop) catches up in one chunk of several tokens
-                # instead of one event per token; an idle one still gets every token at once.
-                tokens = 0
-                while True:
-                    failure = _failure(item)
-                    if failure is not None:
-                        # the scheduler ended it (an error update), unlike a lost link
-                        finished = not isinstance(item, Exception)
-                        held = stream.held_chunk()  # tokens before the failure still go out
-                        if held is not None:
-                            yield held
-                        raise failure
-                    assert not isinstance(item, Exception)
-                    tokens += len(item.token_ids)
-                    chunk, done = stream.on_delta(item, hold=not queue.empty())
-                    if done or queue.empty():
-                        break
-                    item = queue.get_nowait()
+                if self.pacer.busy and isinstance(item, Update) and item.extras is None:
+                    await self.pacer.next_tick()  # the loop runs late: let more tokens come
+                chunk, done, tokens, failure = _drain(item, queue, stream)
                 timer.tokens(tokens)
+                if failure is not None:
+                    error, finished = failure  # an error update: the scheduler ended it
+                    if chunk is not None:  # tokens before the failure still go out
+                        yield chunk
+                    raise error
                 if chunk is not None:
                     yield chunk
                 if done:
@@ -323,13 +315,34 @@ def _log_end(
     )
 
 
-def _failure(item: Update | Exception) -> GenerateError | None:
-    """What ends the request with an error: a lost link, or an error update."""
+def _drain(
+    item: Update | Exception, queue: asyncio.Queue[Update | Exception], stream: TextStream
+) -> tuple[Chunk | None, bool, int, tuple[GenerateError, bool] | None]:
+    """Apply `item` and every update queued behind it as one event: (its chunk, done, tokens,
+    the failure that ends the request or None: see `_failure`). A consumer that fell behind
+    catches up in one chunk of several tokens; one that keeps up sends each update as it
+    comes."""
+    tokens = 0
+    while True:
+        failure = _failure(item)
+        if failure is not None:
+            return stream.held_chunk(), False, tokens, failure
+        assert not isinstance(item, Exception)
+        tokens += len(item.token_ids)
+        chunk, done = stream.on_delta(item, hold=not queue.empty())
+        if done or queue.empty():
+            return chunk, done, tokens, None
+        item = queue.get_nowait()
+
+
+def _failure(item: Update | Exception) -> tuple[GenerateError, bool] | None:
+    """What ends the request with an error, and whether the scheduler ended it there: a lost
+    link (False: it must still be aborted), or an error update (True)."""
     if isinstance(item, Exception):
-        return GenerateError(grpc.StatusCode.UNAVAILABLE, str(item))
+        return GenerateError(grpc.StatusCode.UNAVAILABLE, str(item)), False
     ex = item.extras
     if ex is not None and ex.error_code:
-        return GenerateError(_status(ex.error_code), ex.error_message)
+        return GenerateError(_status(ex.error_code), ex.error_message), True
     return None
 
 

@@ -34,9 +34,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -56,6 +57,14 @@ SAMPLE = (
 
 
 SERVED_NAME = "front-door-load"
+
+_loads: Callable[[bytes], Any] = json.loads
+try:  # the clients parse every event: orjson keeps them from being the bottleneck
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - orjson is optional
+    pass
 
 # ---------------------------------------------------------------- the scheduler stand-in
 
@@ -183,7 +192,7 @@ async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
         body = line[6:].strip()
         if body == b"[DONE]":
             return
-        yield json.loads(body)
+        yield _loads(body)
 
 
 async def sglang_stream(http: aiohttp.ClientSession, url: str, ns: argparse.Namespace, t: Tally):
@@ -325,6 +334,34 @@ async def wait_ready(addr: str, proc: subprocess.Popen[bytes]) -> None:
         await asyncio.sleep(0.2)
 
 
+def run_clients(http_url: str, grpc_addr: str, ns: argparse.Namespace) -> dict[str, Tally]:
+    """`--client-procs` processes share the streams, so that the clients (Python too) are not
+    what limits the front door; their tallies are merged."""
+    if ns.client_procs <= 1:
+        return asyncio.run(drive(http_url, grpc_addr, ns))
+    me = str(Path(__file__).resolve())
+    procs = []
+    for k in range(ns.client_procs):
+        share = ns.streams // ns.client_procs + (k < ns.streams % ns.client_procs)
+        argv = [*sys.argv[1:], "--client-of", f"{http_url},{grpc_addr}", "--streams", str(share)]
+        procs.append(subprocess.Popen([sys.executable, me, *argv], stdout=subprocess.PIPE))
+    tallies: dict[str, Tally] = {}
+    for proc in procs:
+        out, _ = proc.communicate()
+        for p, d in json.loads(out).items():
+            merge(tallies.setdefault(p, Tally()), Tally(**d))
+    return tallies
+
+
+def merge(into: Tally, t: Tally) -> None:
+    into.streams += t.streams
+    into.failed += t.failed
+    into.tokens += t.tokens
+    into.events += t.events
+    into.itl_ms += t.itl_ms
+    into.errors += t.errors
+
+
 async def main_async(ns: argparse.Namespace) -> dict:
     sched_port, grpc_port, http_port = free_port(), free_port(), free_port()
     me = str(Path(__file__).resolve())
@@ -356,7 +393,8 @@ async def main_async(ns: argparse.Namespace) -> dict:
         if ns.front_door_pid_file:
             Path(ns.front_door_pid_file).write_text(str(front.pid))
         cpu0, t0 = cpu_seconds(front.pid), time.perf_counter()
-        tallies = await drive(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", ns)
+        urls = (f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
+        tallies = await asyncio.to_thread(run_clients, *urls, ns)
         wall, cpu = time.perf_counter() - t0, cpu_seconds(front.pid) - cpu0
     finally:
         front.terminate()
@@ -365,12 +403,7 @@ async def main_async(ns: argparse.Namespace) -> dict:
         stand_in.wait()
     total = Tally()
     for t in tallies.values():
-        total.streams += t.streams
-        total.failed += t.failed
-        total.tokens += t.tokens
-        total.events += t.events
-        total.itl_ms += t.itl_ms
-        total.errors += t.errors
+        merge(total, t)
     return {
         "bench": "front_door_load",
         "streams": ns.streams,
@@ -379,6 +412,7 @@ async def main_async(ns: argparse.Namespace) -> dict:
         "step_ms": ns.step_ms,
         "offered_tokens_per_s": round(ns.streams * 1000 / ns.step_ms, 1),
         "front_door_args": ns.front_door_args,
+        "client_procs": ns.client_procs,
         "wall_s": round(wall, 2),
         "front_door_cpu_s": round(cpu, 2),
         "front_door_cores_busy": round(cpu / wall, 2),
@@ -402,8 +436,15 @@ def main() -> None:
     )
     p.add_argument("--front-door-args", default="", help="extra flags for the front door")
     p.add_argument("--front-door-pid-file", default="", help="write the front door's pid here")
+    p.add_argument("--client-procs", type=int, default=2, help="client processes")
     p.add_argument("--stand-in", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--client-of", default="", help=argparse.SUPPRESS)
     ns = p.parse_args()
+    if ns.client_of:  # a child process: clients only, tallies as JSON on stdout
+        http_url, grpc_addr = ns.client_of.split(",")
+        tallies = asyncio.run(drive(http_url, grpc_addr, ns))
+        print(json.dumps({p: vars(t) for p, t in tallies.items()}))
+        return
     if ns.stand_in:  # the child process: the scheduler stand-in only
         tokens = json.loads(os.environ["FRONT_DOOR_LOAD_TOKENS"])
         asyncio.run(serve_stand_in(ns.stand_in, tokens, ns.step_ms / 1000))

@@ -27,7 +27,7 @@ from tokenizer_service.config import TokenizerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "gpu-tp")
 WORKLOADS = ("Deployment", "Job")
 
 # The module a container runs -> the config dataclass that reads its flags and environment.
@@ -43,6 +43,7 @@ OTHER_ENV = {
     "RADIXMESH_CACHE",  # services.model_store.cache_root
     "HF_HOME",  # huggingface_hub / transformers cache (a writable emptyDir)
     "HF_TOKEN",  # huggingface_hub: gated model downloads
+    "NCCL_NVLS_ENABLE",  # NCCL between tensor-parallel ranks: NVLink multicast off
 }
 
 

@@ -64,7 +64,7 @@ def _names(objs: tuple[dict[str, Any], ...]) -> dict[str, set[str]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_topology(overlay: str) -> None:
     want = {k: set(v) for k, v in EXPECTED_KINDS.items()}
-    if overlay == "gpu":
+    if overlay.startswith("gpu"):
         for k, v in GPU_EXTRA.items():
             want.setdefault(k, set()).update(v)
     objs = render(overlay)
@@ -418,3 +418,17 @@ def test_peers_are_found_through_headless_services_by_dns(overlay: str) -> None:
         assert _selects(svc["spec"]["selector"], labels), spec.host
         (cp,) = [p for p in target.spec["ports"] if p["name"] == sp["targetPort"]]
         assert cp["containerPort"] == parsed_config(target).port, (caller, field)
+
+
+def test_tp_overlay_gives_the_model_pod_one_gpu_per_rank() -> None:
+    """gpu-tp: one replica pod holds its N GPUs (nvidia.com/gpu: N, request = limit), its
+    model service runs --tp N, NVLink multicast stays off; the other GPU overlay keeps one."""
+    for overlay, n in (("gpu", 1), ("gpu-tp", 2)):
+        (model,) = [
+            c for c in containers(render(overlay)) if c.spec["name"] == "model" and not c.init
+        ]
+        res = model.spec["resources"]
+        assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == n
+        assert parsed_config(model).tp == n
+        if n > 1:
+            assert model.env()["NCCL_NVLS_ENABLE"] == "0"

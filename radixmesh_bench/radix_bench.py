@@ -60,7 +60,7 @@ class BenchStack:
             self._running.enter_context(running(self.launcher, timeout=600))
             self.started = True
             return
-        restart_scheduler(self.launcher, [*self.base_args, *args], timeout=120)
+        restart_scheduler(self.launcher, [*self.base_args, *args], timeout=120, stop_wait_s=5)
 
     def stop(self) -> None:
         self._running.close()

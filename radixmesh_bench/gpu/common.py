@@ -15,8 +15,10 @@ set of these documents into markdown tables.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 SCHEMA = 1
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def versions() -> dict[str, str]:
@@ -191,3 +194,20 @@ def ours_from_state(
     if fuse:
         model.fuse()
     return model.eval()
+
+
+def json_worker(
+    cmd: list[str], out: Path, timeout: float, what: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run a worker process that writes its result to `out` as JSON (from the repository root,
+    at most `timeout` s): the result with `worker_wall_s`, or {"error": ...} naming `what`."""
+    t = time.perf_counter()
+    try:
+        rc: int | str = subprocess.run(cmd, timeout=timeout, cwd=ROOT, env=env).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != 0 or not out.exists():
+        return {"error": f"{what} exited with {rc} after {time.perf_counter() - t:.0f}s"}
+    res: dict[str, Any] = json.loads(out.read_text())
+    res["worker_wall_s"] = time.perf_counter() - t
+    return res

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from radixmesh_bench.gpu import serving_workloads as wl  # noqa: E402
-from radixmesh_bench.gpu.common import log, new_doc  # noqa: E402
+from radixmesh_bench.gpu.common import json_worker, log, new_doc  # noqa: E402
 from radixmesh_bench.gpu.serving_client import drive, summarize  # noqa: E402
 from radixmesh_bench.gpu.serving_stack import ServingStack  # noqa: E402
 from radixmesh_bench.report import write_json  # noqa: E402
@@ -88,16 +87,7 @@ def _subprocess_json(args: list[str], timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as td:
         path = Path(td) / "out.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), *args, "--json", str(path)]
-        t = time.perf_counter()
-        try:
-            rc: int | str = subprocess.run(cmd, timeout=timeout, cwd=ROOT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc != 0 or not path.exists():
-            return {"error": f"{args[0]} exited with {rc} after {time.perf_counter() - t:.0f}s"}
-        out: dict[str, Any] = json.loads(path.read_text())
-        out["worker_wall_s"] = time.perf_counter() - t
-        return out
+        return json_worker(cmd, path, timeout, args[0])
 
 
 class Part:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from radixmesh_bench.radix_workloads import lcp
+
 VOCAB_TEXT = 128000
 
 
@@ -111,14 +113,6 @@ def default_sample_path() -> Path:
 
 
 # -- offline optimum ----------------------------------------------------------------------------
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def optimal_hit_rate(prompts: Sequence[Sequence[int]]) -> float:
     """Best hit rate any order can reach with an unbounded cache (Theorem 3.1: visit the
     prompts' radix tree depth first): in sorted order each prompt takes from the cache its
@@ -126,7 +120,7 @@ def optimal_hit_rate(prompts: Sequence[Sequence[int]]) -> float:
     is always computed, for its logits). Outputs extend no later prompt in these workloads."""
     order = sorted(tuple(p) for p in prompts)
     total = sum(len(p) for p in order)
-    cached = sum(min(len(p) - 1, _lcp(p, q)) for q, p in zip(order, order[1:], strict=False))
+    cached = sum(min(len(p) - 1, lcp(p, q)) for q, p in zip(order, order[1:], strict=False))
     return cached / total if total else 0.0
 
 

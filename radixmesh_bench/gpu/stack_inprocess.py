@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from radixmesh_bench.gpu.common import log
-
-ROOT = Path(__file__).resolve().parents[2]
+from radixmesh_bench.gpu.common import json_worker, log
 
 
 def graph_max_bs(workloads: list[dict[str, Any]]) -> int:
@@ -129,15 +126,5 @@ def run_inprocess(
         "--workloads-file",
         str(wl),
     ]
-    t = time.perf_counter()
-    try:
-        rc: int | str = subprocess.run(
-            cmd, timeout=timeout, cwd=ROOT, env={**os.environ, **worker_env(workloads)}
-        ).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    if rc != 0 or not path.exists():
-        return {"error": f"in-process worker exited with {rc} after {time.perf_counter() - t:.0f}s"}
-    out: dict[str, Any] = json.loads(path.read_text())
-    out["worker_wall_s"] = time.perf_counter() - t
-    return out
+    env = {**os.environ, **worker_env(workloads)}
+    return json_worker(cmd, path, timeout, "in-process worker", env)

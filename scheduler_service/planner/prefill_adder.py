@@ -232,6 +232,11 @@ def _allocate(
         total -= n
         reason = "memory"
         slots = cache.alloc(total)
+    if slots is None and any(conts[1:]):
+        # Short of memory for every prefill in progress: the head alone still progresses (the
+        # others' chunks wait; retraction frees room if decodes need it).
+        conts = [conts[0]] + [0] * (len(conts) - 1)
+        slots = cache.alloc(conts[0])
     if slots is None:
         return PrefillPlan([], None, "continuation_blocked")
     pos = 0

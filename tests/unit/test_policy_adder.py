@@ -302,6 +302,17 @@ def test_a_newcomer_is_chunked_beside_the_head_and_others_come_first() -> None:
     assert c.locked_size == 0
 
 
+def test_the_head_progresses_when_memory_is_short_for_every_prefill() -> None:
+    c = tree(10)
+    assert c.alloc(4) is not None  # 6 free
+    nothing: list[Item] = []
+    plan = admit_prefills(
+        nothing, c, chunk_budget=10, max_running=5, num_running=2, chunked_remaining=[20, 4]
+    )
+    assert plan.continuation_slots is not None and len(plan.continuation_slots) == 5
+    assert plan.more_slots == [[]] and c.free_size == 1
+
+
 def test_continuation_blocked_and_max_running() -> None:
     c = tree(10)
     assert c.alloc(8) is not None

@@ -195,3 +195,44 @@ def test_waiting_work_that_a_returning_model_cannot_serve_fails_fast() -> None:
     assert "context window is 48" in big.error_message
     assert not [k for b in out for k in b.keys if k == 1]  # no token of it
     assert [ev for b in out for k, ev in zip(b.keys, b.events, strict=True) if k == 2] == [7] * 3
+
+
+def test_the_issue_reproducers_through_the_servicer() -> None:
+    """Issue 26 item 6, as a front-door certificate sends them (SubmitRequest protos through
+    the servicer): a 5,000-token prompt for a 4,096-token window fails at once with
+    INVALID_ARGUMENT naming the window; a second submit under a live key is ALREADY_EXISTS
+    (before: accepted, its output mixed into the first request's)."""
+    from radixmesh_wire.pb import api_pb2, scheduler_pb2
+    from scheduler_service.links.frontend import SchedulerServicer
+
+    def submit(rid: str, key: int, n: int) -> scheduler_pb2.SubmitRequest:
+        return scheduler_pb2.SubmitRequest(
+            rid=rid,
+            key=key,
+            input_ids=[5] * n,
+            sampling=api_pb2.SamplingParams(max_new_tokens=4, temperature=0),
+            eos_token_ids=[2],
+        )
+
+    async def scenario() -> list[Batch]:
+        sched = Scheduler(SchedulerConfig())
+        sched.link = _Link(_info(16384, 4096))  # type: ignore[assignment]
+        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: sched.link.connected)
+        out: list[Batch] = []
+        servicer = SchedulerServicer(sched)
+        sched.open_session("s", out.append)
+        servicer._submit(submit("long", 1, 5000), "s", out.append)
+        servicer._submit(submit("a", 2, 3), "s", out.append)
+        servicer._submit(submit("b", 2, 3), "s", out.append)
+        await _until(lambda: any(ex.finish for ex in _extras(out, 2)))
+        task.cancel()
+        return out
+
+    out = asyncio.run(scenario())
+    (long,) = _extras(out, 1)
+    assert long.error_code == Status.INVALID_ARGUMENT
+    assert "5000 tokens but the context window is 4096" in long.error_message
+    dup = [ex for ex in _extras(out, 2) if ex.rid == "b"]
+    assert dup and dup[0].error_code == Status.ALREADY_EXISTS
+    assert [ex.rid for ex in _extras(out, 2) if ex.finish] == ["a"]

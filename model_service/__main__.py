@@ -40,6 +40,9 @@ def _placement(cfg: ModelServiceConfig, argv: list[str]):  # type: ignore[no-unt
     device = group.rank_device(base, ids, cfg.tp, cfg.tp_rank)
     init = cfg.tp_init
     if shard.rank == 0:
+        from model_service.engine import model_config
+
+        model_config(cfg)  # an unsupported model or split fails here, before any rank starts
         init = f"tcp://127.0.0.1:{free_port()}"
         group.start_children(argv, cfg.tp, init)
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import structlog
 import torch
@@ -24,7 +24,7 @@ from model_service.preflight import (
     out_of_memory_as_model_error,
 )
 from model_service.runner import ModelRunner
-from model_service.tp.shard import ONE, Shard, local_args
+from model_service.tp.shard import ONE, Shard, check_divisible, local_args
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
 
@@ -90,6 +90,23 @@ def kv_capacity(
     )
 
 
+def model_config(cfg: ModelServiceConfig) -> tuple[Any, Path, str]:
+    """(HF config, model folder, name) of the model to serve, its architecture checked and,
+    with --tp, its split over the ranks (before any large allocation or rank process)."""
+    if cfg.random_weights:
+        from model_service.random_configs import random_config
+
+        hf_cfg, model_dir = random_config(cfg.random_weights, cfg.tokenizer)
+        name = f"random-{cfg.random_weights}"
+    else:
+        model_dir = resolve_model(cfg.model)
+        hf_cfg = load_hf_config(model_dir)
+        name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
+    check_architecture(hf_cfg)
+    check_divisible(LlamaArgs.from_hf_config(hf_cfg), cfg.tp)
+    return hf_cfg, model_dir, str(name)
+
+
 def build_engine(
     cfg: ModelServiceConfig,
     shard: Shard = ONE,
@@ -105,17 +122,7 @@ def build_engine(
         dtype = _DTYPES[cfg.dtype]
     if cfg.threads and device.type == "cpu":
         torch.set_num_threads(cfg.threads)
-    if cfg.random_weights:
-        from model_service.random_configs import random_config
-
-        hf_cfg, model_dir = random_config(cfg.random_weights, cfg.tokenizer)
-        name = f"random-{cfg.random_weights}"
-    else:
-        model_dir = resolve_model(cfg.model)
-        hf_cfg = load_hf_config(model_dir)
-        name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
-    # Checks before any large allocation: a clear ModelError instead of a traceback or an OOM.
-    check_architecture(hf_cfg)
+    hf_cfg, model_dir, name = model_config(cfg)
     full = LlamaArgs.from_hf_config(hf_cfg)
     args = local_args(full, shard.size)  # this rank's shapes (all of them at --tp 1)
     random = bool(cfg.random_weights)

@@ -34,6 +34,8 @@ class Shard:
 
 def check_divisible(a: LlamaArgs, tp: int) -> None:
     """ModelError unless `a` splits over `tp` ranks (heads, KV heads, MLP width)."""
+    if tp == 1:
+        return
     problems = []
     if a.num_heads % tp:
         problems.append(f"{a.num_heads} attention heads")

@@ -310,3 +310,30 @@ def test_explicit_flashinfer_on_cpu_starts_with_the_reference_and_a_warning(
     assert build_engine(parse_config(ModelServiceConfig, argv)).attention_backend == "reference"
     assert [e for e, _ in warnings] == ["attention_fallback"]
     assert "not on a CUDA device" in warnings[0][1]["reason"]
+
+
+# -- tensor parallelism ----------------------------------------------------------------------
+def test_tp_that_does_not_split_the_model_exits_2_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model_service.tp import group
+
+    monkeypatch.setattr(group, "start_children", lambda *a: pytest.fail("a rank was started"))
+    line = startup_error(capsys, ["--model", str(tiny_folder(tmp_path)), "--tp", "3"])
+    assert "--tp 3 cannot split this model: 4 attention heads" in line
+    assert "2 KV heads" in line and "MLP width 64" in line  # every reason is named
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tp", "2", "--gpus", "0"], "--gpus 0 names 1 GPUs for --tp 2: give one per rank"),
+        (["--tp", "2", "--device", "cuda:1"], "--tp > 1 places ranks with --gpus"),
+        (["--gpus", "0,0", "--tp", "2"], "--gpus '0,0' names a GPU twice"),
+        (["--tp", "0"], "--tp must be >= 1"),
+    ],
+)
+def test_tp_flags_that_contradict_each_other_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_config(ModelServiceConfig, argv)
+    assert message in str(exc.value)

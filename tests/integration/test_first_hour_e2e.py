@@ -75,7 +75,7 @@ def test_unknown_chat_role_is_refused_with_the_valid_roles(stack: Stack) -> None
                 call()
             assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
             assert exc.value.message == (
-                "chat message 0 has role 'bot'; valid roles are system, user, assistant"
+                "chat message 0 has role 'bot'; valid roles are system, user, assistant, tool"
             )
 
 

@@ -97,7 +97,7 @@ def test_unknown_chat_role_names_the_valid_ones() -> None:
     with pytest.raises(InvalidRequest) as exc:
         check_chat_roles(["user", "bot"])
     assert str(exc.value) == (
-        "chat message 1 has role 'bot'; valid roles are system, user, assistant"
+        "chat message 1 has role 'bot'; valid roles are system, user, assistant, tool"
     )
 
 

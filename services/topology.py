@@ -1,0 +1,259 @@
+"""A local stack's shape: which services run (Topology), on which ports (sequential_ports,
+free_port), with which arguments (topology_specs -> ServiceSpec). Pure description: nothing
+here starts a process (services.launcher does).
+
+Port order (Topology.names): the first of each kind in the classic order (front door,
+scheduler, model, grammar: 50051-50054 under `radixmesh serve`), then the other replicas'
+scheduler+model pairs, the other grammar services, the other front doors.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.drain import INTERNAL_EXTRA_S
+from services.ports import PortUse
+
+_HANDED_OUT: set[int] = set()  # ports this process gave out: never twice
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral range (outgoing connections' local ports) starts."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A free localhost port for a service to bind a moment later. Taken below the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) can be taken by any outgoing
+    connection before the service binds it, which failed a CI run with "address in use"."""
+    low, high = 10_000, _ephemeral_low()
+    for _ in range(200 if high - low > 1000 else 0):
+        port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServiceSpec:
+    name: str
+    module: str
+    port: int
+    args: list[str] = field(default_factory=list)
+    public: bool = False  # the front door: its port is the public API, never mutual TLS
+    health_port: int = 0  # probe this plaintext health-only port instead (--health-port)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of this service
+    # Other ports the service binds (HTTP, /metrics), checked with the gRPC one before start.
+    extra_ports: tuple[PortUse, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def port_uses(self) -> list[PortUse]:
+        """Every port this service binds, each with the `radixmesh serve` flag that moves it."""
+        uses = [PortUse(self.port, f"the {self.name} service's gRPC port", "--port")]
+        if self.health_port:
+            uses.append(PortUse(self.health_port, f"the {self.name} service's health port"))
+        return [*uses, *self.extra_ports]
+
+    @property
+    def probe_address(self) -> str:
+        return f"127.0.0.1:{self.health_port or self.port}"
+
+
+@dataclass
+class StackPorts:
+    tokenizer: int = 50051
+    scheduler: int = 50052
+    model: int = 50053
+    grammar: int = 50054
+    http: int = 8000  # the front door's HTTP APIs (0: off)
+
+    @staticmethod
+    def free() -> StackPorts:
+        return StackPorts(free_port(), free_port(), free_port(), free_port(), free_port())
+
+
+def stack_specs(
+    ports: StackPorts,
+    model: str = "default",
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    tokenizer_args: Sequence[str] = (),
+    grammar_args: Sequence[str] = (),
+    shutdown_grace: float | None = None,
+    metrics: StackPorts | None = None,
+) -> list[ServiceSpec]:
+    """One of each service on the given ports (see `topology_specs`)."""
+    return topology_specs(
+        Topology(),
+        lambda name: int(getattr(ports, name)),
+        model,
+        http_port=ports.http,
+        model_args=model_args,
+        scheduler_args=scheduler_args,
+        tokenizer_args=tokenizer_args,
+        grammar_args=grammar_args,
+        shutdown_grace=shutdown_grace,
+        metrics_port=(lambda name: int(getattr(metrics, name))) if metrics else None,
+    )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many of each service a local stack runs. A replica is one scheduler with its own
+    model service (the scheduler owns that model's KV slots). Every front door connects to
+    every replica; every scheduler to every grammar service. `replica_env`: extra environment
+    per replica's model service, cycled (e.g. CUDA_VISIBLE_DEVICES per GPU)."""
+
+    replicas: int = 1
+    front_doors: int = 1
+    grammars: int = 1
+    replica_env: tuple[dict[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if min(self.replicas, self.front_doors, self.grammars) < 1:
+            raise ValueError(f"every count must be at least 1: {self}")
+
+    def names(self) -> list[str]:
+        """Service names in port order. With one of a kind its name is the kind
+        ("scheduler"); with several, "scheduler-0", "scheduler-1", ... The first of each
+        kind comes first in the classic order (front door, scheduler, model, grammar on
+        consecutive ports: 50051-50054 whatever the counts), then the other replicas'
+        scheduler+model pairs, the other grammar services and the other front doors."""
+        fd = _named("tokenizer", self.front_doors)
+        pairs = zip(_named("scheduler", self.replicas), _named("model", self.replicas), strict=True)
+        flat = [name for pair in pairs for name in pair]
+        grammars = _named("grammar", self.grammars)
+        return [fd[0], *flat[:2], grammars[0], *flat[2:], *grammars[1:], *fd[1:]]
+
+
+def service_role(name: str) -> str:
+    """The role a service authenticates as: its kind ("scheduler-1" -> "scheduler")."""
+    return name.split("-", 1)[0]
+
+
+def _named(kind: str, n: int) -> list[str]:
+    return [kind] if n == 1 else [f"{kind}-{i}" for i in range(n)]
+
+
+def sequential_ports(base: int, topo: Topology) -> Callable[[str], int]:
+    """`radixmesh serve`'s ports: the front door on `base`, the rest on the next ones in
+    `Topology.names` order."""
+    table = {name: base + i for i, name in enumerate(topo.names())}
+    return table.__getitem__
+
+
+def topology_specs(
+    topo: Topology,
+    port_of: Callable[[str], int],
+    model: str = "default",
+    http_port: int = 0,
+    model_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+    tokenizer_args: Sequence[str] = (),
+    grammar_args: Sequence[str] = (),
+    shutdown_grace: float | None = None,
+    metrics_port: Callable[[str], int] | None = None,
+) -> list[ServiceSpec]:
+    """Specs for `topo`. `port_of(name)` gives each service's port (name per
+    `Topology.names`, with the kind as the key when there is one of it: "scheduler");
+    front door i serves HTTP on `http_port + i` (0: off). `shutdown_grace`: the front doors'
+    SIGTERM grace; internal services get a little more (services.drain), so requests
+    that fit it never lose a dependency first. `metrics_port(name)`: each service's /metrics
+    port (None: metrics off). `model_args` go to every model service as given (`--kv-tokens`
+    is per model service here: the CLI splits a total)."""
+    extra: dict[str, list[str]] = {"model": [], "grammar": [], "scheduler": [], "tokenizer": []}
+    if shutdown_grace is not None:
+        inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
+        for kind in ("model", "grammar", "scheduler"):
+            extra[kind] += inner
+        extra["tokenizer"] += ["--shutdown-grace-s", str(shutdown_grace)]
+    names = topo.names()
+    kinds = {name: service_role(name) for name in names}
+
+    def args(name: str, own: Sequence[str]) -> list[str]:
+        out = [*own, *extra[kinds[name]]]
+        if metrics_port is not None:
+            out.append(f"--metrics-port={metrics_port(name)}")
+        return out
+
+    def ports(name: str, http: int = 0) -> tuple[PortUse, ...]:
+        uses = []
+        if http:
+            uses.append(PortUse(http, f"the {name} service's HTTP API", "--http-port"))
+        if metrics_port is not None and metrics_port(name):
+            uses.append(
+                PortUse(metrics_port(name), f"the {name} service's /metrics", "--metrics-port")
+            )
+        return tuple(uses)
+
+    def addr(name: str) -> str:
+        return f"127.0.0.1:{port_of(name)}"
+
+    schedulers = _named("scheduler", topo.replicas)
+    models = _named("model", topo.replicas)
+    grammars = _named("grammar", topo.grammars)
+    grammar_list = ",".join(addr(g) for g in grammars)
+    scheduler_list = ",".join(addr(s) for s in schedulers)
+    specs: list[ServiceSpec] = []
+    for i, (sched, mod) in enumerate(zip(schedulers, models, strict=True)):
+        env = topo.replica_env[i % len(topo.replica_env)] if topo.replica_env else {}
+        margs = ["--model", model, *model_args]
+        specs.append(
+            ServiceSpec(
+                mod,
+                "model_service",
+                port_of(mod),
+                args(mod, margs),
+                env=env,
+                extra_ports=ports(mod),
+            )
+        )
+        sargs = [f"--model-address={addr(mod)}", f"--grammar-address={grammar_list}"]
+        sargs = args(sched, [*sargs, *scheduler_args])
+        specs.append(
+            ServiceSpec(sched, "scheduler_service", port_of(sched), sargs, extra_ports=ports(sched))
+        )
+    for g in grammars:
+        gargs = ["--tokenizer", model, *grammar_args]
+        specs.append(
+            ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs), extra_ports=ports(g))
+        )
+    for i, fd in enumerate(_named("tokenizer", topo.front_doors)):
+        http = http_port + i if http_port else 0
+        targs = [
+            f"--scheduler-address={scheduler_list}",
+            f"--http-port={http}",
+            "--model",
+            model,
+            *tokenizer_args,
+        ]
+        specs.append(
+            ServiceSpec(
+                fd,
+                "tokenizer_service",
+                port_of(fd),
+                args(fd, targs),
+                public=True,
+                extra_ports=ports(fd, http),
+            )
+        )
+    return specs

@@ -236,3 +236,17 @@ def test_sglang_unknown_fields_are_named_and_known_ones_pass() -> None:
         {"text": "a", "sampling_params": {"n": 1, "no_stop_trim": True, "stop": None}}, 4096
     )
     assert ok.inputs[0].text == "a"
+    # what sglang.bench_serving sends (0.5.x), lora_path null when no adapter
+    bench = parse_sglang(
+        {
+            "text": "a",
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True},
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "lora_path": None,
+            "return_logprob": False,
+            "logprob_start_len": -1,
+        },
+        4096,
+    )
+    assert bench.stream and bench.inputs[0].sampling.max_new_tokens == 8

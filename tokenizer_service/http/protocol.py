@@ -177,6 +177,7 @@ class SGLangGenerate(Strict):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool | None = None
     rid: str | list[str] | None = None
+    stream_options: StreamOptions | None = None  # bench_serving sends it; usage is always in
 
 
 # --- errors ---------------------------------------------------------------------------------

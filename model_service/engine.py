@@ -12,7 +12,7 @@ import torch
 from model_service.attention.flashinfer import FlashInferAttention, choose_attention
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
-from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer
+from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.preflight import (
     GIB,
     check_architecture,
@@ -24,6 +24,7 @@ from model_service.preflight import (
     out_of_memory_as_model_error,
 )
 from model_service.runner import ModelRunner
+from model_service.tp.comm import TPComm
 from model_service.tp.shard import ONE, Shard, check_divisible, local_args
 from model_service.weights import load_hf_config, load_model, random_model
 from services.model_store import ModelError, resolve_model
@@ -110,7 +111,7 @@ def model_config(cfg: ModelServiceConfig) -> tuple[Any, Path, str]:
 def build_engine(
     cfg: ModelServiceConfig,
     shard: Shard = ONE,
-    comm: Reducer | None = None,
+    comm: TPComm | None = None,
     device: torch.device | None = None,
 ) -> Engine:
     """One rank's engine (the whole model without tensor parallelism): its shard of the
@@ -148,6 +149,12 @@ def build_engine(
         else:
             model = load_model(model_dir, dtype, device, shard=shard, comm=comm)
     capacity = kv_capacity(cfg, model, dtype, device)
+    if comm is not None:
+        # Every rank holds the same slot indices: the pool is as large as the smallest rank's
+        # memory allows (ranks on GPUs with other tenants may have less free).
+        own, capacity = capacity, comm.agree_min(capacity)
+        if capacity < own:
+            log.info("kv_tokens_agreed", own=own, kv_tokens=capacity, tp_rank=shard.rank)
     a = model.args
     with out_of_memory_as_model_error(
         f"allocating the KV pool ({capacity} tokens)",

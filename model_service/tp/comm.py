@@ -71,6 +71,12 @@ class TPComm:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def agree_min(self, value: int) -> int:
+        """The smallest of every rank's `value` (start-up: the KV pool size all ranks hold)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
+        return int(t[0])
+
     # -- control channel (host bytes, rank 0 -> all) -----------------------------------------
     def send(self, tag: bytes, payload: bytes = b"") -> None:
         """Rank 0 only: every other rank's `recv` returns (tag, payload)."""

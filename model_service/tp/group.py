@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -93,6 +94,9 @@ def _watch_child(rank: int, child: subprocess.Popen[bytes]) -> None:
 def watch_leader() -> None:
     """Ranks 1..N-1: exit as soon as rank 0 (our parent) is gone."""
     leader = int(os.environ.get("RADIXMESH_TP_LEADER_PID", "0")) or os.getppid()
+    # Ctrl-C in a terminal reaches the whole process group: rank 0 drains and stops, and
+    # the other ranks follow it rather than dying first and cutting its drain short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == leader:

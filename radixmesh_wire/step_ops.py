@@ -26,6 +26,7 @@ class WorkerInfo:
     nan_fill: bool  # debug: freed slots are poisoned, so the scheduler reports them
     eos_token_ids: tuple[int, ...] = ()  # a constrained request ends at these (its grammar's end)
     device: str = ""  # "cuda..." or else CPU: the default prefill chunk sizes (chunk_budget)
+    host_kv_capacity: int = 0  # host-memory KV slots (issue 31): 0 = no host tier
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,18 @@ class ExtendOp:
     sample: bool
 
 
+@dataclass(frozen=True)
+class KVCopy:
+    """Copy the KV of slots ``src`` of every layer's K and V into slots ``dst`` of the other
+    pool: GPU -> host (``to_host``, a save) or host -> GPU (a load). The same op on every
+    tensor-parallel rank: each copies its own KV heads. A step's copies run in list order,
+    after its releases and before its forward pass (docs/radix.md, "Host tier")."""
+
+    to_host: bool
+    src: list[int]
+    dst: list[int]
+
+
 @dataclass
 class StepOps:
     step_id: int
@@ -100,6 +113,7 @@ class StepOps:
     freed_slots: list[int] = field(default_factory=list)
     masks: dict[int, EncodedRow] = field(default_factory=dict)  # grammar masks by handle
     masks_follow: bool = False  # the constrained decode rows' masks come in a later LateMasks
+    copies: list[KVCopy] = field(default_factory=list)  # host-tier saves and loads, in order
 
 
 @dataclass

@@ -5,7 +5,7 @@ Reads the cache's private fields on purpose: it verifies them against a full wal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,8 +40,7 @@ def check_radix_integrity(
                 fail(f"dead node still in the tree: {child!r}")
             if child.parent is not node:
                 fail(f"bad parent pointer at {child!r}")
-            if not child.key or len(child.key) != len(child.value):
-                fail(f"bad edge {child!r}: {len(child.key)} tokens, {len(child.value)} slots")
+            _check_tiers(child, node, root, fail)
             if child.key[0] != tok:
                 fail(f"child keyed by {tok} but its edge starts with {child.key[0]}")
             if child.lock_ref < 0 or child.direct < 0:
@@ -63,11 +62,13 @@ def check_radix_integrity(
             and (parent.protect_until < node.protect_until)
         ):
             fail(f"{node!r} is protected longer than its parent")
+        if not node.value:
+            continue  # host-only: outside the GPU tier's accounting
         if node.lock_ref:
             locked += len(node.key)
         else:
             evictable += len(node.key)
-            if not node.children:
+            if not any(c.value for c in node.children.values()):
                 unlocked_leaves.append(node)
         if deep:
             tree_slots += node.value
@@ -78,6 +79,8 @@ def check_radix_integrity(
             f"sizes say evictable={cache._evictable} locked={cache._locked}, tree has "
             f"evictable={evictable} locked={locked}"
         )
+    if cache.host is not None:
+        check_host_integrity(cache, deep=deep)
     cap = cache.allocator.capacity
     if not deep:
         total = cache.allocator.free_count + evictable + locked + request_owned
@@ -119,8 +122,68 @@ def check_radix_integrity(
     valid = {
         id(n)
         for t, _, n in cache._heap
-        if not n.dead and not n.children and not n.lock_ref and key(n) == t
+        if not n.dead and n.value and not n.lock_ref and key(n) == t
     }
     missing = [n for n in unlocked_leaves if id(n) not in valid]
     if missing:
         fail(f"unlocked leaves missing from the eviction heap: {missing[:3]}")
+
+
+def _check_tiers(child: _Node, parent: _Node, root: _Node, fail: Callable[[str], None]) -> None:
+    """A node's tiers are consistent with its slots: GPU slots for every token or none, host
+    slots for every token or none, at least one of the two; the GPU-resident nodes form a
+    subtree containing the root (a GPU node's parent is on the GPU); nothing host-only is
+    locked or pinned."""
+    n = len(child.key)
+    if not n or len(child.value) not in (0, n):
+        fail(f"bad edge {child!r}: {n} tokens, {len(child.value)} slots")
+    if child.host is not None and len(child.host) != n:
+        fail(f"bad host copy {child!r}: {n} tokens, {len(child.host)} host slots")
+    if not child.value and child.host is None:
+        fail(f"{child!r} holds its KV in neither tier")
+    if child.value and parent is not root and not parent.value:
+        fail(f"{child!r} is on the GPU under a host-only parent")
+    if not child.value and child.lock_ref:
+        fail(f"host-only {child!r} is locked")
+    if child.pinned:
+        fail(f"{child!r} is still pinned")
+
+
+def check_host_integrity(cache: RadixCache, *, deep: bool = True) -> None:
+    """The host tier's invariants (``host_tier`` module docstring): ``free + held ==
+    capacity``, each host slot once and never free, every eligible node in its LRU heap."""
+    from scheduler_service.cache.host_tier import eligible
+
+    def fail(msg: str) -> None:
+        raise AssertionError(f"host tier integrity: {msg}")
+
+    host = cache.host
+    assert host is not None
+    held = 0
+    slots: list[int] = []
+    want_heap: list[_Node] = []
+    for node in cache._iter_nodes():
+        if node.host is not None:
+            held += len(node.host)
+            if deep:
+                slots += node.host
+                if eligible(node):
+                    want_heap.append(node)
+    if held != host.held:
+        fail(f"held says {host.held} host tokens, the tree holds {held}")
+    alloc = host.allocator
+    if alloc.free_count + held != alloc.capacity:
+        fail(f"free {alloc.free_count} + held {held} != capacity {alloc.capacity}")
+    if not deep:
+        return
+    if len(set(slots)) != len(slots):
+        fail("a host slot is held by two nodes")
+    if any(not 0 <= s < alloc.capacity for s in slots):
+        fail("host slot id out of range")
+    both = set(slots) & set(alloc.free_list())
+    if both:
+        fail(f"host slots both held and free: {sorted(both)[:10]}")
+    in_heap = host.heap_nodes()
+    missing = [n for n in want_heap if id(n) not in in_heap]
+    if missing:
+        fail(f"eligible nodes missing from the host LRU heap: {missing[:3]}")

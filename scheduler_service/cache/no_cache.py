@@ -88,6 +88,9 @@ class NoCache:
     def free_slots(self, slots: Sequence[int]) -> None:
         self.allocator.free(slots)
 
+    def load_host(self, m: MatchResult) -> MatchResult | None:
+        return None  # no host tier: only the tree has one
+
     def node_parent(self, node: object) -> object | None:
         return None
 

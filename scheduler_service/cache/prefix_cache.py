@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from scheduler_service.cache.allocator import SlotAllocator
 
 CACHE_MODES = ("tree", "table", "off")
+# A host-tier hit's worth, in GPU-hit tokens, when policies rank matches: loading KV back costs
+# a copy, far less than recomputing it and more than using it in place (docs/radix.md).
+HOST_HIT_WEIGHT = 0.5
 EVICTION_POLICIES = ("lru", "lfu")
 
 
@@ -36,11 +39,15 @@ class MatchResult:
     """A cached prefix: ``slots[i]`` holds the KV of ``tokens[i]``.
 
     ``node`` is an opaque handle for ``lock``/``unlock``; it is never ``None`` (the cache's root
-    when nothing matched) and covers exactly ``slots``.
+    when nothing matched) and covers exactly ``slots``. With a host tier (issue 31) the next
+    ``host_len`` tokens are cached in host memory only, up to ``host_node``: ``load_host``
+    brings them back onto the GPU.
     """
 
     slots: list[int]
     node: object
+    host_len: int = 0
+    host_node: object | None = None
 
     @property
     def length(self) -> int:
@@ -157,6 +164,12 @@ class PrefixCache(Protocol):
         """Free request-owned slots that never entered the cache (abort, unused allocations)."""
         ...
 
+    def load_host(self, m: MatchResult) -> MatchResult | None:
+        """Bring ``m``'s host-tier part onto the GPU (the caller holds ``lock(m.node)``): the
+        whole match in GPU slots with the lock moved to its end, or ``None`` (nothing changed)
+        when there is no host part or no room. Only the tree has a host tier."""
+        ...
+
     def node_parent(self, node: object) -> object | None:
         """Parent handle of a node (``None`` for the root); used by the dfs-weight policy."""
         ...
@@ -202,20 +215,30 @@ def make_prefix_cache(
     eviction: str = "lru",
     protect_s: float = 0.0,
     observer: CacheObserver | None = None,
+    host_capacity: int = 0,
 ) -> PrefixCache:
     """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``).
 
     ``eviction`` (``--eviction``) and ``protect_s`` (``--protect-ms``) configure the tree's
     eviction order and insert protection, ``observer`` (``--cache-events``) watches its
     contents; ``table`` and ``off`` ignore all three (they publish no cache events).
+    ``host_capacity`` (``--host-kv-tokens``) adds the tree's host-memory tier (issue 31).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
+    if host_capacity < 0 or (host_capacity and mode != "tree"):
+        raise ValueError(f"a host KV tier ({host_capacity} tokens) needs --radix tree")
     # Imported here: the implementations import MatchResult from this module.
     if mode == "tree":
         from scheduler_service.cache.radix_cache import RadixCache
 
-        return RadixCache(allocator, eviction=eviction, protect_s=protect_s, observer=observer)
+        return RadixCache(
+            allocator,
+            eviction=eviction,
+            protect_s=protect_s,
+            observer=observer,
+            host_capacity=host_capacity,
+        )
     if mode == "table":
         from scheduler_service.cache.table_cache import TableCache
 

@@ -49,6 +49,7 @@ from time import monotonic, perf_counter
 from typing import Any
 
 from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
     EVICTION_POLICIES,
     CachedPrefix,
@@ -70,6 +71,8 @@ class _Node:
         "dead",
         "uses",
         "protect_until",
+        "host",
+        "pinned",
     )
 
     def __init__(self, key: list[int], value: list[int], parent: _Node | None, now: int) -> None:
@@ -83,6 +86,10 @@ class _Node:
         self.dead = False  # evicted, or dropped by reset(): the handle is stale
         self.uses = 0  # locks ever taken through this node (the LFU frequency)
         self.protect_until = 0.0  # held out of the admission budget until this clock() time
+        # Host tier (issue 31): host slot of each token, or None. A node is on the GPU when
+        # `value` is non-empty, host-only when `value` is [] (then `host` is set).
+        self.host: list[int] | None = None
+        self.pinned = False  # being loaded back: the host tier must not drop it
 
     def __repr__(self) -> str:
         head = self.key[:4]
@@ -105,6 +112,15 @@ def intern_tokens(tokens: Iterable[int]) -> list[int]:
     """
     canon = _CANONICAL
     return [canon.setdefault(t, t) for t in tokens]
+
+
+def _gpu_leaf(node: _Node) -> bool:
+    """No child on the GPU (host-only children do not keep a node on the GPU). A loop, not
+    all(): this runs on every unlock and eviction, and a generator costs more."""
+    for c in node.children.values():  # noqa: SIM110
+        if c.value:
+            return False
+    return True
 
 
 def _lru_key(node: _Node) -> int:
@@ -167,6 +183,7 @@ class RadixCache:
         protect_s: float = 0.0,
         clock: Callable[[], float] = monotonic,
         observer: CacheObserver | None = None,
+        host_capacity: int = 0,
     ) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
@@ -189,6 +206,10 @@ class RadixCache:
         self._locked = 0
         self._nodes = 0  # non-root nodes in the tree
         self.observer = observer
+        # The host-memory tier (--host-kv-tokens > 0): evicted KV is saved there, not dropped.
+        self.host: HostTier | None = (
+            HostTier(host_capacity, self._unlink, debug=allocator.debug) if host_capacity else None
+        )
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -220,7 +241,7 @@ class RadixCache:
         for node in prot:
             if node.dead or node.protect_until <= now:
                 expired.append(node)
-            elif node.lock_ref == 0:
+            elif node.lock_ref == 0 and node.value:
                 total += len(node.key)
         for node in expired:
             del prot[node]
@@ -243,9 +264,15 @@ class RadixCache:
         node = self._root
         slots: list[int] = []
         pos = 0
+        host_len = 0
+        host_node: _Node | None = None
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
+                break
+            if not child.value:  # host-only: the GPU part of the match ends here
+                if self.host is not None:
+                    host_len, host_node = self._match_host(node, toks, pos, n, now)
                 break
             key = child.key
             end = pos + len(key)
@@ -262,13 +289,34 @@ class RadixCache:
             slots += node.value
             pos += k
             break
-        if node is not self._root and not node.children and node.lock_ref == 0:
+        if node is not self._root and node.lock_ref == 0 and _gpu_leaf(node):
             self._push(node)  # its LRU time changed
         st = self.stats
         st.match_calls += 1
         st.matched_tokens += pos
         st.bookkeeping_seconds += perf_counter() - t0
-        return MatchResult(slots, node)
+        return MatchResult(slots, node, host_len, host_node)
+
+    def _match_host(
+        self, node: _Node, toks: list[int], pos: int, n: int, now: int
+    ) -> tuple[int, _Node | None]:
+        """Continue a match below the GPU frontier ``node`` through host-only nodes; returns
+        (host tokens matched, deepest host-only node covering exactly them)."""
+        start = pos
+        deepest: _Node | None = None
+        while pos < n:
+            child = node.children.get(toks[pos])
+            if child is None:
+                break
+            k = _edge_match(child.key, toks, pos, n)
+            if k < len(child.key):
+                child = self._split(child, k)
+            child.last_access = now
+            node = deepest = child
+            pos += k
+            if k < len(node.key):
+                break
+        return pos - start, deepest
 
     def _split(self, child: _Node, k: int) -> _Node:
         """Cut ``child``'s edge after ``k`` tokens; the new upper node is returned."""
@@ -282,6 +330,10 @@ class RadixCache:
         upper.protect_until = child.protect_until
         if upper.protect_until:
             self._protected[upper] = None
+        if child.host is not None:
+            upper.host = child.host[:k]
+            child.host = child.host[k:]
+            upper.pinned = child.pinned
         child.key = child.key[k:]
         child.value = child.value[k:]
         child.parent = upper
@@ -290,6 +342,8 @@ class RadixCache:
         self._nodes += 1
         if self.observer is not None:
             self.observer.split(child, upper, k)
+        if self.host is not None:
+            self.host.push(upper)
         return upper
 
     # -- lock ---------------------------------------------------------------------------------
@@ -303,8 +357,8 @@ class RadixCache:
         n = self._node(node)
         root = self._root
         if n is not root:
-            if n.dead:
-                raise ValueError(f"lock of a stale node (evicted or reset): {n!r}")
+            if n.dead or not n.value:
+                raise ValueError(f"lock of a stale or host-only node: {n!r}")
             n.direct += 1
             self._lock_up(n, root)
         self.stats.bookkeeping_seconds += perf_counter() - t0
@@ -341,7 +395,7 @@ class RadixCache:
                     size = len(n.key)
                     self._evictable += size
                     self._locked -= size
-                    if not n.children:
+                    if _gpu_leaf(n):
                         self._push(n)
                 n = n.parent  # type: ignore[assignment]
 
@@ -368,9 +422,16 @@ class RadixCache:
                 break
             key = child.key
             k = _edge_match(key, toks, pos, n)
-            self._free_duplicates(child.value, sl, pos, k)
-            if k < len(key):
-                child = self._split(child, k)
+            if child.value:
+                self._free_duplicates(child.value, sl, pos, k)
+                if k < len(key):
+                    child = self._split(child, k)
+            else:  # host-only: the caller's fresh GPU copy puts it back on the GPU
+                if k < len(key):
+                    child = self._split(child, k)
+                if cached < 0:
+                    cached = pos
+                self._to_gpu(child, toks, pos, sl[pos : pos + k])
             child.last_access = now
             node = child
             path.append(child)
@@ -378,10 +439,21 @@ class RadixCache:
         if cached < 0:
             cached = n  # everything was already there
         self._protect(path)
-        if node is not self._root and not node.children and node.lock_ref == 0:
+        if node is not self._root and node.lock_ref == 0 and _gpu_leaf(node):
             self._push(node)
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return cached, node
+
+    def _to_gpu(self, node: _Node, keys: list[int], start: int, slots: list[int]) -> None:
+        """Host-only ``node`` (whose parent is on the GPU) gets GPU ``slots`` for its KV
+        (loaded back, or computed again by a request); it keeps its host copy. Its tokens
+        enter the GPU tier as evictable; ``keys[:start + len(slots)]`` is its root path."""
+        node.value = slots
+        self._evictable += len(slots)
+        if self.observer is not None:
+            self.observer.added(node, keys[: start + len(slots)], start)
+        if self.host is not None:
+            self.host.push(node)  # both tiers: its host copy can be dropped at no loss
 
     def _free_duplicates(self, cached: list[int], sl: list[int], pos: int, k: int) -> None:
         """The caller computed tokens the tree already holds: free the caller's copies.
@@ -509,7 +581,7 @@ class RadixCache:
         heap = [
             (key(n), next(self._seq), n)
             for n in self._iter_nodes()
-            if not n.children and n.lock_ref == 0
+            if n.value and n.lock_ref == 0 and _gpu_leaf(n)
         ]
         heapq.heapify(heap)
         self._heap = heap
@@ -521,29 +593,37 @@ class RadixCache:
         free = self.allocator.free
         key = self._key
         obs = self.observer
+        host = self.host
         node: _Node | None = None
         while freed < n:
             if node is None:
                 if not heap:
                     break
                 t, _, node = heapq.heappop(heap)
-                if node.dead or node.children or node.lock_ref or key(node) != t:
+                if (
+                    node.dead
+                    or not node.value
+                    or node.lock_ref
+                    or key(node) != t
+                    or not _gpu_leaf(node)
+                ):
                     node = None
                     continue  # stale entry
-            free(node.value)
             size = len(node.value)
             freed += size
             self._evictable -= size
             parent = node.parent
             assert parent is not None
-            del parent.children[node.key[0]]
-            node.dead = True
             if obs is not None:
-                obs.evicted(node)
-            node.parent = None
-            self._nodes -= 1
+                obs.evicted(node)  # cache events publish GPU-resident blocks only
+            if host is not None and host.save(node):
+                free(node.value)  # the queued save runs before any new use of these slots
+                node.value = []  # host-only now: it keeps its place in the tree
+            else:
+                free(node.value)
+                self._drop(node)
             node = None
-            if parent is not root and not parent.children and parent.lock_ref == 0:
+            if parent is not root and parent.lock_ref == 0 and _gpu_leaf(parent):
                 # It just became an unlocked leaf. When it would be the very next pop (its key
                 # below every entry's; a tie would go to the older entry) evict it directly:
                 # a finished request's prompt node and output leaf go together without a
@@ -555,6 +635,32 @@ class RadixCache:
                     heap = self._heap  # _push may have rebuilt it
         self.stats.evicted_tokens += freed
         return freed
+
+    def _unlink(self, node: _Node) -> None:
+        """Take ``node`` out of the tree (its slots are already freed by the caller)."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key[0]]
+        node.dead = True
+        node.parent = None
+        self._nodes -= 1
+
+    def _drop(self, node: _Node) -> None:
+        """Evict ``node`` for good, with its host-only subtree (their host copies freed)."""
+        host = self.host
+        if host is not None:
+            host.stats.lost_tokens += len(node.key)
+            stack = list(node.children.values())
+            while stack:
+                d = stack.pop()
+                stack.extend(d.children.values())
+                host.drop(d)
+                d.dead = True
+                d.parent = None
+                self._nodes -= 1
+            host.drop(node)
+            node.children = {}
+        self._unlink(node)
 
     def evict(self, n: int) -> int:
         t0 = perf_counter()
@@ -582,6 +688,55 @@ class RadixCache:
     def free_slots(self, slots: Sequence[int]) -> None:
         self.allocator.free(slots)
 
+    def load_host(self, m: MatchResult) -> MatchResult | None:
+        """Load the host part of match ``m`` back into GPU slots (the caller holds
+        ``lock(m.node)``). Returns the whole match on the GPU, its lock moved to the new end
+        node, with the host -> GPU copies queued for the next step; ``None`` (nothing
+        changed) when there is no host part or no GPU room for it."""
+        host = self.host
+        end = m.host_node
+        if host is None or not m.host_len or end is None:
+            return None
+        t0 = perf_counter()
+        top = self._node(m.node)
+        path: list[_Node] = []
+        n: _Node | None = self._node(end)
+        while n is not top:
+            if n is None or n.dead or n.value:
+                return None  # stale (the caller matched long ago)
+            path.append(n)
+            n = n.parent
+        path.reverse()
+        for p in path:
+            p.pinned = True
+        try:
+            slots = self.alloc(m.host_len)
+        finally:
+            for p in path:
+                p.pinned = False
+        if slots is None:
+            return None
+        keys = self._path_keys(path[-1])
+        pos = 0
+        depth = len(m.slots)
+        for p in path:
+            mine = slots[pos : pos + len(p.key)]
+            host.load(p, mine)
+            self._to_gpu(p, keys, depth + pos, mine)
+            pos += len(mine)
+        host.stats.host_hit_tokens += m.host_len
+        self._move_lock(path[-1], top)
+        self.stats.bookkeeping_seconds += perf_counter() - t0
+        return MatchResult(m.slots + slots, path[-1])
+
+    def _path_keys(self, node: _Node) -> list[int]:
+        parts: list[list[int]] = []
+        n: _Node | None = node
+        while n is not None and n is not self._root:
+            parts.append(n.key)
+            n = n.parent
+        return [t for part in reversed(parts) for t in part]
+
     def node_parent(self, node: object) -> object | None:
         n = self._node(node)
         return None if n is self._root else n.parent
@@ -598,6 +753,8 @@ class RadixCache:
         self._locked = 0
         self._nodes = 0
         self.allocator.reset()
+        if self.host is not None:
+            self.host.reset()  # the host pool is lost with its model service
         if self.observer is not None:
             self.observer.reset()
 
@@ -610,25 +767,28 @@ class RadixCache:
             stack.extend(node.children.values())
 
     def debug_paths(self) -> Iterator[tuple[object, int, list[int]]]:
-        """Every non-root node with its depth above its edge and its whole root path's keys
-        (tests and integrity checks only; O(tokens x depth))."""
-        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in self._root.children.values()]
+        """Every GPU-resident non-root node with its depth above its edge and its whole root
+        path's keys (tests and integrity checks only; O(tokens x depth))."""
+        roots = self._root.children.values()
+        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in roots if c.value]
         while stack:
             node, above = stack.pop()
             path = above + node.key
             yield node, len(above), path
-            stack.extend((c, path) for c in node.children.values())
+            stack.extend((c, path) for c in node.children.values() if c.value)
 
     def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
-        """Every cached prefix -> KV slot of its last token (tests only; O(tokens x depth))."""
+        """Every GPU-cached prefix -> KV slot of its last token (tests only; O(tokens x
+        depth))."""
         out: dict[tuple[int, ...], int] = {}
-        stack: list[tuple[_Node, tuple[int, ...]]] = [(c, ()) for c in self._root.children.values()]
+        roots = self._root.children.values()
+        stack: list[tuple[_Node, tuple[int, ...]]] = [(c, ()) for c in roots if c.value]
         while stack:
             node, path = stack.pop()
             for tok, slot in zip(node.key, node.value, strict=True):
                 path = path + (tok,)
                 out[path] = slot
-            stack.extend((c, path) for c in node.children.values())
+            stack.extend((c, path) for c in node.children.values() if c.value)
         return out
 
     def check_integrity(

@@ -285,6 +285,9 @@ class TableCache:
     def free_slots(self, slots: Sequence[int]) -> None:
         self.allocator.free(slots)
 
+    def load_host(self, m: MatchResult) -> MatchResult | None:
+        return None  # no host tier: only the tree has one
+
     def node_parent(self, node: object) -> object | None:
         # Flat: every entry hangs off the root.
         return None if self._entry(node) is self._root else self._root

@@ -1,0 +1,190 @@
+"""The host-memory tier under the radix tree (issue 31): KV that outlives GPU memory.
+
+A radix node's KV lives on the GPU (``node.value``, GPU slot ids), in host memory
+(``node.host``, host slot ids), or both. The scheduler owns the host slot index space exactly
+as it owns the GPU one (a second :class:`SlotAllocator`); the model service only executes the
+copies this tier queues (``KVCopy``: save GPU -> host, load host -> GPU), in queue order, at
+the start of the next step it is sent (after the step's releases, before its forward pass).
+
+Policy: **write-back on eviction**. A GPU leaf chosen for eviction is copied to the host (if it
+has no host copy yet) and keeps its place in the tree as a host-only node; a node that already
+has a host copy (it was loaded back, or re-evicted) costs no copy at all, because a token
+path's KV never changes. Write-through of every finished request would copy everything the GPU
+tier never loses; write-back copies exactly what would otherwise be recomputed.
+
+The host tier has its own LRU eviction (always LRU: ``last_access``, the tree's logical clock).
+Its candidates are nodes with a host copy that are either on the GPU too (the host copy is
+dropped, the node stays) or host-only leaves (the node leaves the tree). Pinned nodes (a path
+being loaded back right now) are skipped.
+
+Invariants (checked by ``integrity.check_host_integrity``):
+- ``allocator.free_count + held == capacity`` where ``held`` is the host tokens of tree nodes
+  (requests never own host slots and nothing is locked in host memory outside a load, so the
+  tier's ``evictable + locked + owned`` is just ``held``);
+- every host slot is in at most one node and never free; ``len(node.host) == len(node.key)``;
+- every eligible node (above) has an entry in the heap; no node stays pinned between calls.
+
+Pure bookkeeping: no torch, no protobuf (``KVCopy`` is a plain dataclass of the wire package).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixmesh_wire.step_ops import KVCopy
+from scheduler_service.cache.allocator import SlotAllocator
+
+
+@dataclass(slots=True)
+class HostStats:
+    """Monotonic counters of the host tier (metrics and GetStats)."""
+
+    host_hit_tokens: int = 0  # matched tokens served from host memory (loaded back)
+    saved_tokens: int = 0  # copied GPU -> host (write-back on eviction)
+    loaded_tokens: int = 0  # copied host -> GPU
+    host_evicted_tokens: int = 0  # host copies dropped by the host tier's own LRU
+    lost_tokens: int = 0  # evicted from the GPU with no room on the host: recomputed if needed
+
+
+def eligible(node: Any) -> bool:
+    """Whether the host tier may drop ``node``'s host copy now."""
+    return not node.dead and node.host is not None and (bool(node.value) or not node.children)
+
+
+class HostTier:
+    """Host slots, their LRU and the copy queue (see the module docstring).
+
+    ``unlink(node)`` is the tree's removal of a host-only leaf (the tree owns its structure).
+    """
+
+    def __init__(
+        self, capacity: int, unlink: Callable[[Any], None], *, debug: bool = False
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"host tier capacity must be > 0, got {capacity}")
+        self.allocator = SlotAllocator(capacity, debug=debug)
+        self.stats = HostStats()
+        self._unlink = unlink
+        self._heap: list[tuple[int, int, Any]] = []
+        self._seq = itertools.count()
+        self._copies: list[KVCopy] = []
+        self.held = 0  # host tokens held by tree nodes
+
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    # -- LRU ----------------------------------------------------------------------------------
+    def push(self, node: Any) -> None:
+        """``node`` may have become eligible (or its time changed): give it a heap entry."""
+        if eligible(node):
+            heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
+            if len(self._heap) > 4 * len(self._live()) + 256:
+                self._rebuild()
+
+    def _live(self) -> set[Any]:
+        return {n for _, _, n in self._heap if eligible(n)}
+
+    def _rebuild(self) -> None:
+        heap = [(n.last_access, next(self._seq), n) for n in self._live()]
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def heap_nodes(self) -> set[int]:
+        """ids of the nodes with a live entry (integrity checks)."""
+        return {id(n) for n in self._live()}
+
+    def evict(self, n: int) -> int:
+        """Drop at least ``n`` host tokens, least recently used first; returns tokens freed."""
+        heap = self._heap
+        freed = 0
+        skipped: list[Any] = []
+        while freed < n and heap:
+            t, _, node = heapq.heappop(heap)
+            if not eligible(node):
+                continue  # stale entry
+            if node.last_access != t:  # used since it was pushed: its real place is later
+                heapq.heappush(heap, (node.last_access, next(self._seq), node))
+                continue
+            if node.pinned:
+                skipped.append(node)
+                continue
+            freed += self.drop(node)
+            if not node.value:  # host-only leaf: it leaves the tree
+                parent = node.parent
+                self._unlink(node)
+                if parent is not None:
+                    self.push(parent)
+        for node in skipped:
+            self.push(node)
+        self.stats.host_evicted_tokens += freed
+        return freed
+
+    def drop(self, node: Any) -> int:
+        """Free ``node``'s host copy (the caller handles the tree); returns its tokens."""
+        host = node.host
+        if host is None:
+            return 0
+        self.allocator.free(host)
+        node.host = None
+        self.held -= len(host)
+        return len(host)
+
+    # -- copies -------------------------------------------------------------------------------
+    def save(self, node: Any) -> bool:
+        """Write-back: ``node`` is about to lose its GPU slots. True when its KV is (or will be,
+        by a queued copy) in host memory; False when there is no room (the caller drops it)."""
+        if node.host is not None:
+            return True  # already there: a token path's KV never changes
+        n = len(node.value)
+        alloc = self.allocator
+        if n > alloc.capacity:
+            return False
+        if n > alloc.free_count:
+            self.evict(n - alloc.free_count)
+        slots = alloc.alloc(n)
+        if slots is None:
+            return False
+        node.host = slots
+        self.held += n
+        self._copies.append(KVCopy(True, list(node.value), slots))
+        self.stats.saved_tokens += n
+        self.push(node)
+        return True
+
+    def load(self, node: Any, gpu_slots: list[int]) -> None:
+        """Queue the copy of host-only ``node`` into ``gpu_slots`` (it keeps its host copy)."""
+        self._copies.append(KVCopy(False, list(node.host), gpu_slots))
+        self.stats.loaded_tokens += len(gpu_slots)
+
+    def take_copies(self) -> list[KVCopy]:
+        """The queued copies, oldest first, for the step about to be sent. Neighbours of the
+        same direction are merged (fewer, larger copies) unless a destination repeats: a host
+        slot freed and reused inside one queue must be written in order."""
+        out: list[KVCopy] = []
+        dsts: set[int] = set()
+        for c in self._copies:
+            if out and out[-1].to_host == c.to_host and dsts.isdisjoint(c.dst):
+                last = out[-1]
+                out[-1] = KVCopy(c.to_host, last.src + c.src, last.dst + c.dst)
+            else:
+                out.append(c)
+                dsts = set()
+            dsts.update(c.dst)
+        self._copies = []
+        return out
+
+    @property
+    def queued(self) -> int:
+        return len(self._copies)
+
+    def reset(self) -> None:
+        """The model service lost its host pool with its GPU pool: everything is free."""
+        self.allocator.reset()
+        self._heap = []
+        self._copies = []
+        self.held = 0

@@ -11,6 +11,8 @@ slots still hold its prefix.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -132,7 +134,7 @@ class HostTierMachine(RuleBasedStateMachine):
         owned = [s for r in self.running for s in r.slots[r.cached :]]
         c.check_integrity(len(owned), owned)
         assert c.host is not None and c.host.queued == 0
-        stack = [(n, ()) for n in c._root.children.values()]
+        stack: list[tuple[Any, tuple[int, ...]]] = [(n, ()) for n in c._root.children.values()]
         while stack:
             node, above = stack.pop()
             paths = [above + tuple(node.key[: j + 1]) for j in range(len(node.key))]

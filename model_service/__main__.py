@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 
 import structlog
-import torch
 
 from model_service.config import ModelServiceConfig
 from services.config import parse_config
@@ -24,6 +23,8 @@ from services.watchdog import Watchdog
 def _placement(cfg: ModelServiceConfig, argv: list[str]):  # type: ignore[no-untyped-def]
     """(shard, comm, device) of this process: no group at --tp 1 (device from --gpus or
     --device); at --tp N rank 0 starts the other ranks first, then every rank joins."""
+    import torch
+
     from model_service.engine import pick_device
     from model_service.tp.shard import ONE, Shard
 

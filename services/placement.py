@@ -11,12 +11,16 @@ Rules:
 - Replica i takes GPUs [i*T, (i+1)*T) of the list: neighbours, which on the usual hosts share
   a switch or NVLink. GPUs left over are named in the note, never silently used.
 - No GPU at all: the CPU, T and R as given (default 1 each); rank processes share the cores.
-Refusals are `ValueError`s that name the numbers.
+Refusals are `ValueError`s that name the numbers. `visible_gpus()` finds the host's GPU ids
+without torch (CUDA_VISIBLE_DEVICES, else nvidia-smi).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Every process of a multi-GPU replica keeps NVLink multicast off (the machines require it).
@@ -100,3 +104,40 @@ def plan_placement(
     if spare:
         note += f"; GPU(s) {_ids(spare)} left unused"
     return Placement(t, groups, note)
+
+
+def _nvidia_smi() -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+def visible_gpus(
+    env: Mapping[str, str] | None = None, query: Callable[[], str] = _nvidia_smi
+) -> list[int]:
+    """The host's GPU ids this process may hand out, without importing torch (the CLI stays
+    light): CUDA_VISIBLE_DEVICES when set (its ids are the host's, as a child's own
+    CUDA_VISIBLE_DEVICES must name them), else every GPU nvidia-smi lists; [] without either."""
+    env = os.environ if env is None else env
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        parts = [p.strip() for p in given.split(",") if p.strip()]
+        try:
+            return [int(p) for p in parts]
+        except ValueError as exc:
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES={given!r}: placement needs GPU numbers (not UUIDs or "
+                "MIG names); set numbers, or pass --gpus"
+            ) from exc
+    return [int(line) for line in query().split() if line.strip().isdigit()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.placement import plan_placement
+from services.placement import plan_placement, visible_gpus
 
 
 def test_defaults_use_every_visible_gpu_one_replica_each() -> None:
@@ -66,3 +66,12 @@ def test_no_gpu_means_the_cpu_with_the_sizes_given() -> None:
     assert plan_placement([]).replicas == ((),)
     with pytest.raises(ValueError, match="GPU 0 is not visible"):
         plan_placement([], gpus=[0])
+
+
+def test_visible_gpus_from_cuda_visible_devices_else_nvidia_smi() -> None:
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}, lambda: "0\n1\n") == [2, 3]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, lambda: "0\n") == []
+    assert visible_gpus({}, lambda: "0\n1\n2\n3\n") == [0, 1, 2, 3]
+    assert visible_gpus({}, lambda: "") == []  # no nvidia-smi: the CPU
+    with pytest.raises(ValueError, match="GPU numbers"):
+        visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5f3c"}, lambda: "")

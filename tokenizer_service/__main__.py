@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
 import sys
 from pathlib import Path
@@ -93,7 +94,19 @@ def main(argv: list[str] | None = None) -> None:
                 await runner.cleanup()
 
     _event_loop(cfg.event_loop)
+    _quiet_gc()
     run(serve)
+
+
+def _quiet_gc() -> None:
+    """Every streamed token allocates a few small objects, so the cyclic collector runs often;
+    with the tokenizer's and the libraries' objects in the old generations its full passes
+    showed as ~20% of the front door's profile under 1,024 streams. Those start-up objects
+    live for the process: freeze them (never scanned again) and collect the young generation
+    less often (a few MB more garbage held between passes)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def _event_loop(choice: str) -> None:

@@ -17,11 +17,12 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import structlog
+import torch
 
 from model_service.engine import Engine
 from model_service.metrics import ModelMetrics
@@ -130,12 +131,16 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             kv_capacity=engine.runner.pool.capacity,
             context_length=engine.context_length,
             max_handles=max_handles,
+            host_kv_capacity=engine.runner.pool.host_capacity,
         )
         # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
         # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.
         self.progress = progress or Progress("model step", 120.0)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
-        self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-wait")
+        # The current CUDA device is per thread: the step and wait threads use the engine's
+        # (a rank on --gpus 2,3 runs on GPU 2, not on the default GPU 0).
+        on_device = _device_setter(engine.device)
+        self.executor = ThreadPoolExecutor(1, "model-step", initializer=on_device)
+        self.waiter = ThreadPoolExecutor(1, "model-wait", initializer=on_device)
         self.session_id: str | None = None
         self._session_call: grpc.aio.ServicerContext | None = None  # the open session's call
         self.session_gen = 0
@@ -147,6 +152,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         return model_pb2.WorkerInfo(
             model_name=e.model_name,
             kv_capacity=e.runner.pool.capacity,
+            host_kv_capacity=e.runner.pool.host_capacity,
             vocab_size=e.vocab_size,
             context_length=e.context_length,
             eos_token_ids=e.eos_token_ids,
@@ -357,6 +363,12 @@ class StepSession:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
         await self.sv.close_session(self.gen)
+
+
+def _device_setter(device: torch.device) -> Callable[[], None] | None:
+    if device.type != "cuda":
+        return None
+    return lambda: torch.cuda.set_device(device)
 
 
 def _rows(ops: StepOps) -> int:

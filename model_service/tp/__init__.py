@@ -1,0 +1,1 @@
+"""Tensor parallelism of the model service: sharding, collectives, the rank processes."""

@@ -177,12 +177,12 @@ def error_hint(exc: RadixMeshError) -> str:
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from radixmesh.api import Client, GenerateResult, RadixMeshError
-
-    problem = listen_problem(ns.endpoint)
+    problem = listen_problem(ns.endpoint)  # before gRPC is even imported: an instant answer
     if problem is not None:
         print(f"radixmesh generate: {problem}", file=sys.stderr)
         return EXIT_ERROR
+    from radixmesh.api import Client, GenerateResult, RadixMeshError
+
     kw = generate_kwargs(ns)
     result: GenerateResult | None = None
     try:

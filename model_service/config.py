@@ -39,6 +39,12 @@ class ModelServiceConfig(ServiceConfig):
     )
     kv_tokens: int = field(0, "KV pool size in tokens (0: from the memory budget)")
     kv_memory_gb: float = field(0.5, "KV memory budget on CPU, GiB")
+    host_kv_tokens: int = field(
+        0,
+        "host-memory KV tier in tokens (issue 31; pinned memory on CUDA): the scheduler saves "
+        "evicted KV there and loads hits back; 0 = off. The scheduler's --host-kv-tokens "
+        "must be on too",
+    )
     kv_memory_fraction: float = field(0.85, "fraction of free GPU memory for the KV pool")
     min_kv_tokens: int = field(
         0,
@@ -95,6 +101,8 @@ class ModelServiceConfig(ServiceConfig):
             raise ValueError("--tp-timeout-s must be > 0")
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("--kv-memory-fraction must be in (0, 1]")
+        if self.host_kv_tokens < 0:
+            raise ValueError("--host-kv-tokens must be >= 0")
         if self.kv_tokens < 0:
             raise ValueError("--kv-tokens must be >= 0")
         if self.min_kv_tokens < 0:

@@ -172,6 +172,8 @@ def build_engine(
             nan_fill=cfg.nan_fill,
         )
     pool.capacity = capacity
+    if cfg.host_kv_tokens:
+        pool.add_host_tier(cfg.host_kv_tokens)
     attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads, a.head_dim)
     if note:
         log.warning("attention_fallback", reason=note)
@@ -202,6 +204,7 @@ def build_engine(
         device=str(device),
         dtype=str(dtype),
         kv_tokens=capacity,
+        host_kv_tokens=cfg.host_kv_tokens,
         layers=a.num_layers,
         attention=attention.name,
         fused=model.fused,

@@ -147,8 +147,14 @@ class ModelRunner:
         fl = InFlight(ops.step_id, t0)
         for handle in ops.releases:  # first: a released handle may be re-admitted this step
             self.requests.pop(handle, None)
+        for c in ops.copies:  # host tier: in order, before the slots are poisoned or reused
+            self.pool.copy(c.to_host, c.src, c.dst)
         if ops.freed_slots:
-            self.pool.poison(to_device(ops.freed_slots, torch.int64, self.device))
+            freed = ops.freed_slots
+            if ops.copies:  # a slot freed and then loaded into in this step holds good KV
+                loaded = {s for c in ops.copies if not c.to_host for s in c.dst}
+                freed = [s for s in freed if s not in loaded]
+            self.pool.poison(to_device(freed, torch.int64, self.device))
         for handle, length in ops.truncates:
             st = self._get(handle)
             st.slots.truncate(length)

@@ -22,6 +22,7 @@ class StepLimits:
     kv_capacity: int  # slot ids are 0..kv_capacity-1
     context_length: int  # most tokens (KV slots) one request may hold
     max_handles: int  # handle ids are 0..max_handles-1
+    host_kv_capacity: int = 0  # host slot ids are 0..host_kv_capacity-1 (0: no host tier)
 
 
 def _in_range(what: str, values: Iterable[int], hi: int) -> None:
@@ -51,12 +52,29 @@ def _check_sampling(handle: int, s: Sampling, lim: StepLimits) -> None:
     _in_range(f"handle {handle}: penalty history id", s.penalty_history, lim.vocab_size)
 
 
+def _check_copies(ops: StepOps, lim: StepLimits) -> None:
+    """Host-tier copies: a host pool exists, as many sources as destinations, every id in
+    its pool, no destination twice in one copy (the result would depend on write order)."""
+    for i, c in enumerate(ops.copies):
+        what = f"KV copy {i} ({'save' if c.to_host else 'load'})"
+        if not lim.host_kv_capacity:
+            raise StepError(f"{what}: this model service has no host KV pool (--host-kv-tokens)")
+        if len(c.src) != len(c.dst):
+            raise StepError(f"{what}: {len(c.src)} source slots for {len(c.dst)} destinations")
+        gpu, host = (c.src, c.dst) if c.to_host else (c.dst, c.src)
+        _in_range(f"{what}: slot", gpu, lim.kv_capacity)
+        _in_range(f"{what}: host slot", host, lim.host_kv_capacity)
+        if len(set(c.dst)) != len(c.dst):
+            raise StepError(f"{what}: a destination slot appears twice")
+
+
 def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepLimits) -> None:
     """Raise StepError unless every operation of `ops` is consistent with `requests` (the
     runner's state) and `lim`. Mirrors the order `ModelRunner.launch` applies them in:
     releases, truncates, then admits, extends and decodes."""
     _in_range("released handle", ops.releases, lim.max_handles)
     _in_range("freed slot", ops.freed_slots, lim.kv_capacity)
+    _check_copies(ops, lim)
     live = set(requests) - set(ops.releases)
     lengths = {h: len(requests[h].slots) for h in live}
     truncated: set[int] = set()

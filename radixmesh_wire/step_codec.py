@@ -15,6 +15,7 @@ from radixmesh_wire.pb import grammar_pb2, model_pb2
 from radixmesh_wire.step_ops import (
     AdmitOp,
     ExtendOp,
+    KVCopy,
     LateMasks,
     PromptLogprobs,
     Sampling,
@@ -100,6 +101,8 @@ def encode_step(ops: StepOps) -> model_pb2.Step:
         )
     for h, n in ops.truncates:
         msg.truncates.add(handle=h, length=n)
+    for c in ops.copies:
+        msg.copies.add(to_host=c.to_host, src=pack_i32(c.src), dst=pack_i32(c.dst))
     if ops.masks:
         _add_rows(msg.masks, ops.masks)
     return msg
@@ -154,6 +157,7 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
     ops.freed_slots = unpack_i32(msg.freed_slots)
     ops.masks = _row_map(list(msg.masks))
     ops.masks_follow = msg.masks_follow
+    ops.copies = [KVCopy(c.to_host, unpack_i32(c.src), unpack_i32(c.dst)) for c in msg.copies]
     return ops
 
 
@@ -216,4 +220,5 @@ def decode_worker_info(info: model_pb2.WorkerInfo) -> WorkerInfo:
         nan_fill=info.nan_fill,
         eos_token_ids=tuple(info.eos_token_ids),
         device=info.device,
+        host_kv_capacity=int(info.host_kv_capacity),
     )

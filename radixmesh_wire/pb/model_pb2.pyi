@@ -13,7 +13,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_name", "kv_capacity", "vocab_size", "context_length", "eos_token_ids", "device", "dtype", "attention_backend", "nan_fill")
+    __slots__ = ("model_name", "kv_capacity", "vocab_size", "context_length", "eos_token_ids", "device", "dtype", "attention_backend", "nan_fill", "host_kv_capacity")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class WorkerInfo(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     NAN_FILL_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     kv_capacity: int
     vocab_size: int
@@ -32,7 +33,8 @@ class WorkerInfo(_message.Message):
     dtype: str
     attention_backend: str
     nan_fill: bool
-    def __init__(self, model_name: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., nan_fill: _Optional[bool] = ...) -> None: ...
+    host_kv_capacity: int
+    def __init__(self, model_name: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., nan_fill: _Optional[bool] = ..., host_kv_capacity: _Optional[int] = ...) -> None: ...
 
 class OpenSession(_message.Message):
     __slots__ = ("session_id",)
@@ -118,8 +120,18 @@ class Truncate(_message.Message):
     length: int
     def __init__(self, handle: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class KVCopy(_message.Message):
+    __slots__ = ("to_host", "src", "dst")
+    TO_HOST_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    to_host: bool
+    src: bytes
+    dst: bytes
+    def __init__(self, to_host: _Optional[bool] = ..., src: _Optional[bytes] = ..., dst: _Optional[bytes] = ...) -> None: ...
+
 class Step(_message.Message):
-    __slots__ = ("step_id", "admits", "extends", "decode_handles", "decode_slots", "truncates", "release_handles", "freed_slots", "masks", "masks_follow")
+    __slots__ = ("step_id", "admits", "extends", "decode_handles", "decode_slots", "truncates", "release_handles", "freed_slots", "masks", "masks_follow", "copies")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     ADMITS_FIELD_NUMBER: _ClassVar[int]
     EXTENDS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +142,7 @@ class Step(_message.Message):
     FREED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     MASKS_FIELD_NUMBER: _ClassVar[int]
     MASKS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     admits: _containers.RepeatedCompositeFieldContainer[Admit]
     extends: _containers.RepeatedCompositeFieldContainer[Extend]
@@ -140,7 +153,8 @@ class Step(_message.Message):
     freed_slots: bytes
     masks: _containers.RepeatedCompositeFieldContainer[_grammar_pb2.MaskRow]
     masks_follow: bool
-    def __init__(self, step_id: _Optional[int] = ..., admits: _Optional[_Iterable[_Union[Admit, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[Extend, _Mapping]]] = ..., decode_handles: _Optional[bytes] = ..., decode_slots: _Optional[bytes] = ..., truncates: _Optional[_Iterable[_Union[Truncate, _Mapping]]] = ..., release_handles: _Optional[bytes] = ..., freed_slots: _Optional[bytes] = ..., masks: _Optional[_Iterable[_Union[_grammar_pb2.MaskRow, _Mapping]]] = ..., masks_follow: _Optional[bool] = ...) -> None: ...
+    copies: _containers.RepeatedCompositeFieldContainer[KVCopy]
+    def __init__(self, step_id: _Optional[int] = ..., admits: _Optional[_Iterable[_Union[Admit, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[Extend, _Mapping]]] = ..., decode_handles: _Optional[bytes] = ..., decode_slots: _Optional[bytes] = ..., truncates: _Optional[_Iterable[_Union[Truncate, _Mapping]]] = ..., release_handles: _Optional[bytes] = ..., freed_slots: _Optional[bytes] = ..., masks: _Optional[_Iterable[_Union[_grammar_pb2.MaskRow, _Mapping]]] = ..., masks_follow: _Optional[bool] = ..., copies: _Optional[_Iterable[_Union[KVCopy, _Mapping]]] = ...) -> None: ...
 
 class StepMasks(_message.Message):
     __slots__ = ("step_id", "rows", "skip_handles")

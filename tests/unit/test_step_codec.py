@@ -22,6 +22,7 @@ from radixmesh_wire.step_codec import (
 from radixmesh_wire.step_ops import (
     AdmitOp,
     ExtendOp,
+    KVCopy,
     LateMasks,
     PromptLogprobs,
     RowOutput,
@@ -66,6 +67,7 @@ def _ops() -> StepOps:
         freed_slots=[40],
         masks={3: row},
         masks_follow=True,
+        copies=[KVCopy(True, [1, 2], [7, 8]), KVCopy(False, [8], [3])],
     )
 
 
@@ -132,6 +134,8 @@ def test_failed_step_and_worker_info() -> None:
         model_name="m", kv_capacity=4096, vocab_size=VOCAB, context_length=2048, nan_fill=True
     )
     assert decode_worker_info(_wire(info)) == WorkerInfo("m", 4096, 2048, VOCAB, True)
+    info.host_kv_capacity = 1 << 20
+    assert decode_worker_info(_wire(info)).host_kv_capacity == 1 << 20
 
 
 def test_status_numbers_are_grpc_codes() -> None:

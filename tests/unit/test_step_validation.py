@@ -4,13 +4,16 @@ duplicate handles and bad sampling values are refused before any state changes."
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
+import torch
 
+from model_service.kv_pool import KVPool
 from model_service.runner import RequestState, StepError
 from model_service.slot_seq import SlotSeq
 from model_service.step_validation import StepLimits, validate_step
-from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
+from radixmesh_wire.step_ops import AdmitOp, ExtendOp, KVCopy, Sampling, StepOps
 
 LIM = StepLimits(vocab_size=100, kv_capacity=64, context_length=16, max_handles=8)
 
@@ -75,3 +78,38 @@ def test_refusals() -> None:
     _bad(StepOps(1, truncates=[(0, 9)]), "truncate to 9 of a 4-token")
     _bad(StepOps(1, releases=[-1]), "released handle -1")
     _bad(StepOps(1, freed_slots=[99]), "freed slot 99")
+
+
+@pytest.mark.parametrize(
+    ("copy", "lim_host", "needle"),
+    [
+        (KVCopy(True, [1], [2]), 0, "no host KV pool"),
+        (KVCopy(True, [1, 2], [3]), 32, "2 source slots for 1 destinations"),
+        (KVCopy(True, [64], [3]), 32, "slot 64 is outside [0, 64)"),
+        (KVCopy(True, [1], [32]), 32, "host slot 32 is outside [0, 32)"),
+        (KVCopy(False, [40], [1]), 32, "host slot 40 is outside [0, 32)"),
+        (KVCopy(False, [1, 2], [5, 5]), 32, "a destination slot appears twice"),
+    ],
+)
+def test_host_tier_copies_are_checked(copy: KVCopy, lim_host: int, needle: str) -> None:
+    lim = StepLimits(
+        vocab_size=100, kv_capacity=64, context_length=16, max_handles=8, host_kv_capacity=lim_host
+    )
+    with pytest.raises(StepError, match=re.escape(needle)):
+        validate_step(StepOps(step_id=1, copies=[copy]), {}, lim)
+    ok = StepOps(step_id=1, copies=[KVCopy(True, [0, 63], [31, 0]), KVCopy(False, [31], [7])])
+    validate_step(ok, {}, StepLimits(100, 64, 16, 8, host_kv_capacity=32))
+
+
+def test_kv_pool_copies_round_trip_on_cpu() -> None:
+    pool = KVPool(2, 8, 1, 2, torch.float32, "cpu")
+    pool.add_host_tier(4)
+    pool.k[:, 3] = 3.0
+    pool.v[:, 3] = -3.0
+    pool.k[:, 5] = 5.0
+    pool.copy(True, [3, 5], [1, 0])  # save
+    pool.k.zero_()
+    pool.v.zero_()
+    pool.copy(False, [0, 1], [6, 2])  # load back elsewhere
+    assert pool.k[:, 6].eq(5.0).all() and pool.k[:, 2].eq(3.0).all()
+    assert pool.v[:, 2].eq(-3.0).all() and pool.k[:, 3].eq(0.0).all()

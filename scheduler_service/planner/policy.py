@@ -29,7 +29,12 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from scheduler_service.cache.prefix_cache import MatchResult, PrefixCache, match_limit
+from scheduler_service.cache.prefix_cache import (
+    HOST_HIT_WEIGHT,
+    MatchResult,
+    PrefixCache,
+    match_limit,
+)
 
 POLICY_NAMES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 CACHE_AWARE_POLICIES = frozenset({"lpm", "dfs-weight"})
@@ -105,12 +110,13 @@ class SchedulePolicy:
             out = sorted(waiting, key=_arrival)  # the result depends only on the seed
             self._rng.shuffle(out)
             return out
-        lengths: dict[int, int] = {}
+        lengths: dict[int, float] = {}
         for w in waiting:
             toks = w.tokens
             m = cache.match_prefix(toks, match_limit(len(toks), w.prefix_limit))
             w.match = m
-            lengths[id(w)] = m.length
+            # A host-tier hit ranks between a GPU hit and recomputing (HOST_HIT_WEIGHT).
+            lengths[id(w)] = m.length + HOST_HIT_WEIGHT * m.host_len
         if eff == "lpm":
             return sorted(waiting, key=lambda w: (-lengths[id(w)], w.arrival))
         return _dfs_weight_order(waiting, cache)

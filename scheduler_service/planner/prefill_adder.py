@@ -33,6 +33,11 @@ newcomer waits for the ones that started before it, oldest excepted. All slots o
 allocated with one ``cache.alloc`` after selection, so the eviction it triggers can never hit
 a prefix selected this step (they are all locked by then).
 
+A candidate whose match continues in the host tier (issue 31) loads that part back at
+admission (``cache.load_host``: GPU slots now, a host -> GPU copy in the step) when it fits:
+a host hit is never recomputed, and the loaded tokens count neither against the chunk budget
+(nothing is computed) nor twice against memory.
+
 Ownership after :func:`admit_prefills` returns, per admitted request:
 - ``match.slots``: cache-owned, protected by the lock the adder took on ``match.node``;
 - ``new_slots``: request-owned KV slots for ``tokens[match.length : match.length + n_tokens]``.
@@ -205,6 +210,12 @@ def admit_prefills(
             cache.unlock(m.node)
             reason = "memory"
             break
+        if m.host_len:  # host-tier hit: load it back rather than recompute it
+            loaded = cache.load_host(m)
+            if loaded is not None:  # its GPU slots are taken and locked already
+                need -= loaded.length - m.length
+                m = w.match = loaded
+                extend = len(toks) - m.length
         n = min(extend, chunk_left)
         committed += need
         chunk_left -= n

@@ -51,12 +51,12 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
             async with aclosing(self.core.generate(inp)) as events:
                 async for ev in events:
                     if isinstance(ev, Chunk):
-                        chunk = api_pb2.GenerateChunk(
-                            text=ev.text,
-                            token_ids=ev.token_ids,
-                            logprobs=_lps(ev.logprobs),
-                            rollback=ev.rollback,
-                        )
+                        # the common chunk is text and ids: no empty fields to build per event
+                        chunk = api_pb2.GenerateChunk(text=ev.text, token_ids=ev.token_ids)
+                        if ev.logprobs:
+                            chunk.logprobs.extend(_lps(ev.logprobs))
+                        if ev.rollback:
+                            chunk.rollback = ev.rollback
                         yield api_pb2.GenerateResponse(request_id=inp.rid, chunk=chunk)
                     else:
                         complete = _complete(ev)

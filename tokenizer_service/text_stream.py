@@ -84,7 +84,7 @@ class TextStream:
                 self.finish = ex.finish_reason
                 if ex.HasField("matched_stop_token"):
                     self.matched_stop = str(ex.matched_stop_token)
-        hit = self.stops.find(self.text, old)
+        hit = self.stops.find(self.text, old) if self.stops.stops else None
         if hit is not None:
             self.text = self.text[: hit[0]]
             self.finish = api_pb2.FINISH_REASON_STOP

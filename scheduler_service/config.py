@@ -34,6 +34,12 @@ class SchedulerConfig(ServiceConfig):
         "radix cache eviction order: lru, or lfu (fewest uses first, ties LRU)",
         choices=["lru", "lfu"],
     )
+    host_kv_tokens: int = field(
+        0,
+        "host-memory KV tier under the radix tree, in tokens (issue 31): GPU eviction saves KV "
+        "there and a later hit loads it back instead of recomputing; 0 = off. The model "
+        "service's --host-kv-tokens must be on too (the smaller of the two is used)",
+    )
     protect_ms: float = field(
         100.0,
         "keep freshly inserted cache (a finished request's context) out of admission's reach "
@@ -108,6 +114,8 @@ class SchedulerConfig(ServiceConfig):
             raise ValueError("--in-batch-prefix-tokens must be >= 0")
         if self.protect_ms < 0:
             raise ValueError("--protect-ms must be >= 0")
+        if self.host_kv_tokens < 0 or (self.host_kv_tokens and self.radix != "tree"):
+            raise ValueError("--host-kv-tokens must be >= 0 and needs --radix tree")
         if self.model_probe_s <= 0 or self.model_hold_s < 0:
             raise ValueError("--model-probe-s must be > 0 and --model-hold-s >= 0")
         if self.max_top_logprobs < 0:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 
+from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.state import SchedState
 from services.metrics import (
     BATCH_BUCKETS,
@@ -97,6 +98,7 @@ class SchedulerMetrics(ServiceMetrics):
         yield Reading(
             "evicted_tokens", "counter", "Prefix-cache tokens evicted.", cache.stats.evicted_tokens
         )
+        yield from _host_tier(getattr(cache, "host", None))
         if self._cache_blocks is not None:
             yield Reading(
                 "cache_blocks",
@@ -104,3 +106,27 @@ class SchedulerMetrics(ServiceMetrics):
                 "Prefix-cache blocks published to the front doors (0: publishing none).",
                 self._cache_blocks(),
             )
+
+
+def _host_tier(host: HostTier | None) -> Iterator[Reading]:
+    """The host-memory KV tier's readings (issue 31); none without a tier."""
+    if host is None:
+        return
+    h = host.stats
+    yield Reading("host_kv_tokens", "gauge", "Host KV tier capacity in tokens.", host.capacity)
+    yield Reading("host_kv_used_tokens", "gauge", "Host KV slots holding cached KV.", host.held)
+    yield Reading(
+        "host_hit_tokens", "counter", "Prompt tokens served from the host tier.", h.host_hit_tokens
+    )
+    yield Reading(
+        "host_saved_tokens", "counter", "KV tokens copied GPU to host (eviction).", h.saved_tokens
+    )
+    yield Reading(
+        "host_loaded_tokens", "counter", "KV tokens copied host to GPU (hits).", h.loaded_tokens
+    )
+    yield Reading(
+        "host_evicted_tokens",
+        "counter",
+        "Host KV tokens dropped by the host tier's LRU.",
+        h.host_evicted_tokens,
+    )

@@ -311,11 +311,26 @@ class Scheduler:
                 self._fail_all(Status.UNAVAILABLE, msg)
         self._flush(idle=True)
 
+    def _host_capacity(self, info: WorkerInfo) -> int:
+        """Host KV tier slots: the smaller of ours and the model service's (issue 31)."""
+        want = self.cfg.host_kv_tokens
+        if want and not info.host_kv_capacity:
+            log.warning(
+                "host_kv_tier_off",
+                reason="the model service has no host KV pool: start it with --host-kv-tokens",
+            )
+        return min(want, info.host_kv_capacity)
+
     def _on_connected(self, info: WorkerInfo) -> None:
         self.info = info
         cap = info.kv_capacity
+        host_cap = self._host_capacity(info)
         old = st = self.st
-        if old is None or old.cache.allocator.capacity != cap:
+        if (
+            old is None
+            or old.cache.allocator.capacity != cap
+            or getattr(getattr(old.cache, "host", None), "capacity", 0) != host_cap
+        ):
             alloc = SlotAllocator(cap, track_freed=info.nan_fill)
             st = self.st = SchedState(
                 cache=make_prefix_cache(
@@ -324,6 +339,7 @@ class Scheduler:
                     eviction=self.cfg.eviction,
                     protect_s=self.cfg.protect_ms / 1e3,
                     observer=self.feed.publisher,
+                    host_capacity=host_cap,
                 ),
                 context_length=info.context_length,
             )
@@ -412,7 +428,7 @@ class Scheduler:
                 plan = self.builder.build()
                 st.stats.step_seconds += time.perf_counter() - t0
                 await self.masks.before_send(plan)
-                if not plan.empty or plan.ops.releases:
+                if not plan.empty or plan.ops.releases or plan.ops.copies:
                     plan.sent_at = time.perf_counter()
                     inflight.append((plan, self.link.send(plan.ops)))
                     sent = True

@@ -51,6 +51,19 @@ class SchedState:
 
     def snapshot(self) -> SchedulerSnapshot:
         c, s = self.cache, self.stats
+        host = getattr(c, "host", None)  # only the radix tree has a host tier
+        tier = (
+            {
+                "host_kv_capacity": host.capacity,
+                "host_kv_used": host.held,
+                "host_hit_tokens": host.stats.host_hit_tokens,
+                "host_saved_tokens": host.stats.saved_tokens,
+                "host_loaded_tokens": host.stats.loaded_tokens,
+                "host_evicted_tokens": host.stats.host_evicted_tokens,
+            }
+            if host is not None
+            else {}
+        )
         return SchedulerSnapshot(
             queue_length=len(self.waiting),
             running_requests=len(self.running),
@@ -71,6 +84,7 @@ class SchedState:
             mask_wait_seconds=s.mask_wait_seconds,
             jump_forwards=s.jump_forwards,
             jump_forward_tokens=s.jump_forward_tokens,
+            **tier,
         )
 
     def check_integrity(self) -> None:

@@ -46,6 +46,13 @@ class SchedulerSnapshot:
     mask_wait_seconds: float
     jump_forwards: int
     jump_forward_tokens: int
+    # Host tier (issue 31): all 0 without one.
+    host_kv_capacity: int = 0
+    host_kv_used: int = 0
+    host_hit_tokens: int = 0
+    host_saved_tokens: int = 0
+    host_loaded_tokens: int = 0
+    host_evicted_tokens: int = 0
 
     @property
     def token_usage(self) -> float:

@@ -274,7 +274,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight", "mask_wait_seconds", "jump_forwards", "jump_forward_tokens", "replicas", "router_policy")
+    __slots__ = ("queue_length", "running_requests", "kv_capacity", "kv_free", "kv_evictable", "kv_locked", "kv_request_owned", "token_usage", "cache_hit_rate", "prompt_tokens", "cached_prompt_tokens", "generated_tokens", "evicted_tokens", "finished_requests", "retractions", "steps", "radix_seconds", "frontend_inflight", "mask_wait_seconds", "jump_forwards", "jump_forward_tokens", "host_kv_capacity", "host_kv_used", "host_hit_tokens", "host_saved_tokens", "host_loaded_tokens", "host_evicted_tokens", "replicas", "router_policy")
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +296,12 @@ class Stats(_message.Message):
     MASK_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_USED_FIELD_NUMBER: _ClassVar[int]
+    HOST_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_SAVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_POLICY_FIELD_NUMBER: _ClassVar[int]
     queue_length: int
@@ -319,9 +325,15 @@ class Stats(_message.Message):
     mask_wait_seconds: float
     jump_forwards: int
     jump_forward_tokens: int
+    host_kv_capacity: int
+    host_kv_used: int
+    host_hit_tokens: int
+    host_saved_tokens: int
+    host_loaded_tokens: int
+    host_evicted_tokens: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
     router_policy: str
-    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., router_policy: _Optional[str] = ...) -> None: ...
+    def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., host_kv_capacity: _Optional[int] = ..., host_kv_used: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., host_saved_tokens: _Optional[int] = ..., host_loaded_tokens: _Optional[int] = ..., host_evicted_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., router_policy: _Optional[str] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
     __slots__ = ("address", "instance_id", "connected", "draining", "routed", "moved_in", "exact_cache", "cached_blocks", "load_tokens", "inflight", "waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_free", "scheduler", "error", "serving")

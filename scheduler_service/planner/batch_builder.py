@@ -95,6 +95,11 @@ class BatchBuilder:
         self._track_samplers(plan)
         # Last: the worker poisons these (NaN-fill debug) before this step writes any slot.
         plan.ops.freed_slots = st.cache.allocator.drain_freed()
+        host = getattr(st.cache, "host", None)  # the tree's host tier (issue 31)
+        if host is not None:
+            # Last too: every save of a slot this step reuses, every load of a prefix it
+            # admits, queued in order; the worker runs them before the forward pass.
+            plan.ops.copies = host.take_copies()
         return plan
 
     def _track_samplers(self, plan: PlannedStep) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import structlog
@@ -26,6 +27,7 @@ import torch
 
 from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
+from model_service.image_rows import RequestImages, RowSpan, step_image_rows
 from model_service.kv_pool import KVPool
 from model_service.mask_device import allowed_on_device
 from model_service.models.llama import LlamaForCausalLM
@@ -66,6 +68,7 @@ class RequestState:
     pending_lp: torch.Tensor | None = None  # log-softmax of the last prompt position
     counts: TokenCounts = field(default_factory=TokenCounts)  # for penalties only
     prompt_len: int = -1  # known at its first sampled row: sequence length - output_offset
+    images: RequestImages | None = None  # its images (multimodal models), from its ADMIT
 
 
 @dataclass
@@ -179,6 +182,8 @@ class ModelRunner:
             if a.handle in self.requests:
                 raise StepError(f"handle {a.handle} admitted twice")
             st = RequestState(a.sampling, SlotSeq(a.prefix_slots), a.output_offset)
+            if a.images:
+                st.images = RequestImages(a.images)
             self.requests[a.handle] = st
             rows.append(_Row(a.handle, st, a.input_ids, a.slots, a.sample))
         for e in ops.extends:
@@ -225,10 +230,13 @@ class ModelRunner:
         # per row: (first logit row index, first absolute position with logits) for prompt lp
         lp_spans: list[tuple[int, int, int] | None] = []
         sample_rows: list[int] = []
+        image_spans: list[RowSpan] = []
         cursor = 0
         for r in rows:
             st, n = r.state, r.n
             start = len(st.slots)
+            if st.images is not None and r.input_ids is not None:
+                image_spans.append(RowSpan(st.images, start, n, cursor))
             st.slots.extend(r.new_slots)
             pos.extend(range(start, start + n))
             out_slots.extend(r.new_slots)
@@ -275,11 +283,18 @@ class ModelRunner:
             self.attn.plan(plans, to_device(out_slots, torch.int64, dev), kv_flat)
             if fl.gpu_start is not None:
                 fl.gpu_start.record()
+            # Image positions take the vision tower's features (only multimodal models
+            # admit requests with images: step_validation).
+            images = (
+                step_image_rows(cast(Any, self.model), image_spans, dev) if image_spans else None
+            )
+            extra = {"images": images} if images is not None else {}
             logits = self.model(
                 ids,
                 to_device(pos, torch.int64, dev),
                 self.attn,
                 to_device(logit_rows, torch.int64, dev),
+                **extra,
             )
         fl.prompt_lps = self._prompt_logprobs(rows, lp_spans, logits)
         if ops.masks_follow and self.cuda:

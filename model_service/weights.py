@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer, rope_inv_freq
+from model_service.models.llava import LlavaForCausalLM, is_llava, llava_key, vision_key_for
 from model_service.tp.shard import ONE, Shard, local_args, take
 from services.model_store import ModelError
 
@@ -58,11 +59,14 @@ def load_model(
 ) -> LlamaForCausalLM:
     """An HF checkpoint; with tensor parallelism only this rank's part of each tensor is kept
     (read one tensor at a time)."""
-    args = LlamaArgs.from_hf_config(load_hf_config(folder))
-    model = _meta_model(args, shard, comm)
+    hf_cfg = load_hf_config(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"no *.safetensors files in {folder}")
+    if is_llava(hf_cfg):
+        return load_llava(hf_cfg, files, dtype, device, comm)
+    args = LlamaArgs.from_hf_config(hf_cfg)
+    model = _meta_model(args, shard, comm)
     state: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as st:
@@ -120,3 +124,41 @@ def random_model(
     if want_fused(device, fuse):
         model.fuse()
     return model.eval()
+
+
+def load_llava(
+    hf_cfg: object,
+    files: list[Path],
+    dtype: torch.dtype,
+    device: torch.device,
+    comm: Reducer | None = None,
+) -> LlavaForCausalLM:
+    """An HF LLaVA checkpoint (either layout, `models.llava.llava_key`); never fused (the
+    vision path runs the separate form on every device for now)."""
+    with torch.device("meta"):
+        model = LlavaForCausalLM(hf_cfg, comm)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a dict)
+                key = vision_key_for(model, llava_key(name))
+                state[key] = st.get_tensor(name).to(dtype=dtype)
+    tied = model.args.tie_word_embeddings
+    if tied:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
+    missing = expected - state.keys()
+    if missing:
+        raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(model.args)
+    # Non-persistent buffers of the CLIP tower (position ids) are still on meta: rebuild them.
+    for mod in model.vision_tower.modules():
+        for bname, buf in list(mod.named_buffers(recurse=False)):
+            if buf.is_meta and bname == "position_ids":
+                mod.register_buffer(
+                    bname, torch.arange(buf.shape[-1]).expand(buf.shape), persistent=False
+                )
+    return model.to(device).eval()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh_wire.images import ImageInput
 from radixmesh_wire.mask_rows import EncodedRow
 
 
@@ -79,6 +80,7 @@ class AdmitOp:
     slots: list[int]
     sample: bool
     rid: str = ""  # the request's id: the model service's log lines about it name it
+    images: tuple[ImageInput, ...] = ()  # its images with their pixels (multimodal models)
 
 
 @dataclass(frozen=True)

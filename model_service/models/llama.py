@@ -313,9 +313,14 @@ class LlamaForCausalLM(nn.Module):
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: LayerAttention,
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed(input_ids)
+        """`embeds`: the input embeddings when the caller computed them (LLaVA's images)."""
+        x = self.embed(input_ids) if embeds is None else embeds
         cos, sin = self.rope(positions)
         if self.fused:
             ops, residual = self.ops, None
@@ -347,8 +352,9 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         attn: LayerAttention,
         logit_rows: torch.Tensor,
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.hidden(input_ids, positions, attn)
+        h = self.hidden(input_ids, positions, attn, embeds)
         logits = self.lm_head(h.index_select(0, logit_rows))
         if self.comm is not None:  # each rank's vocabulary rows, side by side; drop padding
             logits = self.comm.all_gather_last(logits)[:, : self.vocab_size]

@@ -1,0 +1,105 @@
+"""Image features for a step: which rows of the step's tokens are image positions, and the
+features to write there (LLaVA; see models/llava.py).
+
+A request's images arrive once, in its ADMIT (`AdmitOp.images`), and stay with its runner
+state (`RequestImages`). A row (admit or extend chunk) covering positions [start, start + n)
+takes the features of every image overlapping that span; an image split over two prefill
+chunks is encoded once (its features are kept until its last position has been written, then
+dropped). The images of all rows of a step that need encoding go through the vision tower as
+one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from radixmesh_wire.images import ImageInput
+
+
+class VisionModel(Protocol):
+    tokens_per_image: int
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class RequestImages:
+    images: tuple[ImageInput, ...]
+    feats: dict[int, torch.Tensor] = field(default_factory=dict)  # by image index, while needed
+
+
+@dataclass(frozen=True)
+class RowSpan:
+    """One row of a step: its request's images, first position, token count, and its first
+    row index among the step's tokens."""
+
+    images: RequestImages
+    start: int
+    n: int
+    cursor: int
+
+
+def check_images(images: tuple[ImageInput, ...], per_image: int) -> str:
+    """'' if the images fit the model, else what is wrong."""
+    end = -1
+    for im in images:
+        bad = im.check()
+        if bad:
+            return bad
+        if im.n_tokens != per_image:
+            return f"an image of {im.n_tokens} tokens; this model's images have {per_image}"
+        if im.offset < end:
+            return "images overlap or are out of order"
+        end = im.offset + im.n_tokens
+    return ""
+
+
+def step_image_rows(
+    model: VisionModel, spans: list[RowSpan], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows [K], features [K, hidden]) for every image position in `spans`, or None."""
+    todo: list[tuple[RequestImages, int]] = []
+    for sp in spans:
+        for i, im in enumerate(sp.images.images):
+            if _overlap(im, sp) and i not in sp.images.feats:
+                todo.append((sp.images, i))
+    if todo:
+        pixels = torch.stack([_pixels(ri.images[i], device) for ri, i in todo])
+        feats = model.image_features(pixels)
+        for (ri, i), f in zip(todo, feats, strict=True):
+            ri.feats[i] = f
+    rows: list[int] = []
+    parts: list[torch.Tensor] = []
+    for sp in spans:
+        for i, im in enumerate(sp.images.images):
+            lo, hi = max(im.offset, sp.start), min(im.offset + im.n_tokens, sp.start + sp.n)
+            if lo >= hi:
+                continue
+            rows.extend(range(sp.cursor + lo - sp.start, sp.cursor + hi - sp.start))
+            parts.append(sp.images.feats[i][lo - im.offset : hi - im.offset])
+            if hi == im.offset + im.n_tokens:
+                del sp.images.feats[i]  # its last position is written: not needed again
+    if not rows:
+        return None
+    return torch.tensor(rows, dtype=torch.int64, device=device), torch.cat(parts)
+
+
+def _overlap(im: ImageInput, sp: RowSpan) -> bool:
+    return im.offset < sp.start + sp.n and sp.start < im.offset + im.n_tokens
+
+
+def _pixels(im: ImageInput, device: torch.device) -> torch.Tensor:
+    arr = np.frombuffer(im.pixels, dtype=np.float32).reshape(im.shape)
+    return torch.from_numpy(arr.copy()).to(device)
+
+
+def uncovered_pseudo_ids(ids: torch.Tensor, rows: torch.Tensor | None, vocab_size: int) -> int:
+    """How many ids >= vocab_size get no image feature (must be 0)."""
+    mask = ids >= vocab_size
+    if rows is not None:
+        mask[rows] = False
+    return int(mask.sum())

@@ -1,0 +1,58 @@
+"""Images in a token sequence: how they are keyed (pseudo ids) and what a step carries.
+
+An image occupies `n_tokens` consecutive positions of a sequence (as many as the model's
+vision tower yields features). Those positions hold one *pseudo id*, derived from a hash of
+the image's content: an id at or above the vocabulary, never looked up in an embedding table,
+used only as the radix tree's key. So two requests with the same image (and the same text
+before it) share the prefix, different images never do, and the hash is computed once, where
+the image enters (the front door). The model service replaces the embeddings at those
+positions with the image's features.
+
+Pseudo ids stay below 2**31 (the wire packs ids as int32).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+ID_LIMIT = 2**31 - 1  # ids travel as int32
+
+
+def content_hash(data: bytes) -> bytes:
+    """The image's key: SHA-256 of its preprocessed pixels (so two encodings of the same
+    picture that preprocess alike share the cache)."""
+    return hashlib.sha256(data).digest()
+
+
+def pseudo_id(digest: bytes, vocab_size: int) -> int:
+    """An id in [vocab_size, 2**31 - 1) from an image's content hash. Different images
+    collide with probability about 1 / (2**31 - vocab_size) per pair."""
+    span = ID_LIMIT - vocab_size
+    if span <= 0:
+        raise ValueError(f"vocabulary {vocab_size} leaves no room for image ids below 2**31")
+    return vocab_size + int.from_bytes(digest[:8], "big") % span
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image of a request, as the model service receives it (once, in its ADMIT).
+
+    `offset`: the sequence position of its first placeholder token; `n_tokens` placeholders
+    follow, each holding `pseudo_id`. `pixels`: float32 values of the preprocessed image, C
+    order, of `shape` (channels, height, width)."""
+
+    offset: int
+    n_tokens: int
+    pseudo_id: int
+    pixels: bytes
+    shape: tuple[int, int, int]
+
+    def check(self) -> str:
+        """'' if consistent, else what is wrong (the receiver refuses the step)."""
+        c, h, w = self.shape
+        if min(self.shape) <= 0 or len(self.pixels) != 4 * c * h * w:
+            return f"{len(self.pixels)} pixel bytes for shape {self.shape}"
+        if self.offset < 0 or self.n_tokens <= 0:
+            return f"offset {self.offset}, {self.n_tokens} tokens"
+        return ""

@@ -24,45 +24,46 @@ _sym_db = _symbol_database.Default()
 
 
 from radixmesh_wire.pb import grammar_pb2 as radixmesh_dot_v1_dot_grammar__pb2
+from radixmesh_wire.pb import images_pb2 as radixmesh_dot_v1_dot_images__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18radixmesh/v1/model.proto\x12\x0cradixmesh.v1\x1a\x1aradixmesh/v1/grammar.proto\"\x13\n\x11WorkerInfoRequest\"\xde\x01\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x08 \x01(\t\x12\x10\n\x08nan_fill\x18\t \x01(\x08\x12\x18\n\x10host_kv_capacity\x18\n \x01(\x04\"!\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x86\x03\n\x0fRequestSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x10\n\x08has_seed\x18\x06 \x01(\x08\x12\x16\n\x0ereturn_logprob\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x12\x1c\n\x14prompt_logprobs_from\x18\t \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\n \x01(\x05\x12\x10\n\x08stop_ids\x18\x0b \x01(\x0c\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0e \x01(\x02\x12\x16\n\x0elogit_bias_ids\x18\x0f \x01(\x0c\x12\x19\n\x11logit_bias_values\x18\x10 \x01(\x0c\x12\x17\n\x0fpenalty_history\x18\x11 \x01(\x0c\"\xb4\x01\n\x05\x41\x64mit\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.radixmesh.v1.RequestSampling\x12\x15\n\routput_offset\x18\x03 \x01(\r\x12\x14\n\x0cprefix_slots\x18\x04 \x01(\x0c\x12\x11\n\tinput_ids\x18\x05 \x01(\x0c\x12\r\n\x05slots\x18\x06 \x01(\x0c\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12\x0b\n\x03rid\x18\x08 \x01(\t\"J\n\x06\x45xtend\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x11\n\tinput_ids\x18\x02 \x01(\x0c\x12\r\n\x05slots\x18\x03 \x01(\x0c\x12\x0e\n\x06sample\x18\x04 \x01(\x08\"*\n\x08Truncate\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x0e\n\x06length\x18\x02 \x01(\r\"3\n\x06KVCopy\x12\x0f\n\x07to_host\x18\x01 \x01(\x08\x12\x0b\n\x03src\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64st\x18\x03 \x01(\x0c\"\xcc\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x06\x61\x64mits\x18\x02 \x03(\x0b\x32\x13.radixmesh.v1.Admit\x12%\n\x07\x65xtends\x18\x03 \x03(\x0b\x32\x14.radixmesh.v1.Extend\x12\x16\n\x0e\x64\x65\x63ode_handles\x18\x04 \x01(\x0c\x12\x14\n\x0c\x64\x65\x63ode_slots\x18\x05 \x01(\x0c\x12)\n\ttruncates\x18\x06 \x03(\x0b\x32\x16.radixmesh.v1.Truncate\x12\x17\n\x0frelease_handles\x18\x07 \x01(\x0c\x12\x13\n\x0b\x66reed_slots\x18\x08 \x01(\x0c\x12$\n\x05masks\x18\t \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12\x14\n\x0cmasks_follow\x18\n \x01(\x08\x12$\n\x06\x63opies\x18\x0b \x03(\x0b\x32\x14.radixmesh.v1.KVCopy\"W\n\tStepMasks\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12\x14\n\x0cskip_handles\x18\x03 \x01(\x0c\"\x8e\x01\n\x0bStepRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.OpenSessionH\x00\x12\"\n\x04step\x18\x02 \x01(\x0b\x32\x12.radixmesh.v1.StepH\x00\x12(\n\x05masks\x18\x03 \x01(\x0b\x32\x17.radixmesh.v1.StepMasksH\x00\x42\x06\n\x04kind\"z\n\tRowExtras\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x0f\n\x07top_ids\x18\x02 \x01(\x0c\x12\x14\n\x0ctop_logprobs\x18\x03 \x01(\x0c\x12\x17\n\x0fprompt_logprobs\x18\x04 \x01(\x0c\x12\x1d\n\x15prompt_logprobs_start\x18\x05 \x01(\r\"\x9c\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0f\n\x07handles\x18\x02 \x01(\x0c\x12\x0e\n\x06tokens\x18\x03 \x01(\x0c\x12\x10\n\x08logprobs\x18\x04 \x01(\x0c\x12\'\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x17.radixmesh.v1.RowExtras\x12\x12\n\nforward_ms\x18\x06 \x01(\x01\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"K\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x04info\x18\x02 \x01(\x0b\x32\x18.radixmesh.v1.WorkerInfo\"n\n\tStepReply\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.SessionOpenedH\x00\x12*\n\x06result\x18\x02 \x01(\x0b\x32\x18.radixmesh.v1.StepResultH\x00\x42\x06\n\x04kind2\x9a\x01\n\x0bModelWorker\x12J\n\rGetWorkerInfo\x12\x1f.radixmesh.v1.WorkerInfoRequest\x1a\x18.radixmesh.v1.WorkerInfo\x12?\n\x05Steps\x12\x19.radixmesh.v1.StepRequest\x1a\x17.radixmesh.v1.StepReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18radixmesh/v1/model.proto\x12\x0cradixmesh.v1\x1a\x1aradixmesh/v1/grammar.proto\x1a\x19radixmesh/v1/images.proto\"\x13\n\x11WorkerInfoRequest\"\xf4\x01\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x08 \x01(\t\x12\x10\n\x08nan_fill\x18\t \x01(\x08\x12\x18\n\x10host_kv_capacity\x18\n \x01(\x04\x12\x14\n\x0cimage_tokens\x18\x0b \x01(\r\"!\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x86\x03\n\x0fRequestSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x10\n\x08has_seed\x18\x06 \x01(\x08\x12\x16\n\x0ereturn_logprob\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x12\x1c\n\x14prompt_logprobs_from\x18\t \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\n \x01(\x05\x12\x10\n\x08stop_ids\x18\x0b \x01(\x0c\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0e \x01(\x02\x12\x16\n\x0elogit_bias_ids\x18\x0f \x01(\x0c\x12\x19\n\x11logit_bias_values\x18\x10 \x01(\x0c\x12\x17\n\x0fpenalty_history\x18\x11 \x01(\x0c\"\xde\x01\n\x05\x41\x64mit\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.radixmesh.v1.RequestSampling\x12\x15\n\routput_offset\x18\x03 \x01(\r\x12\x14\n\x0cprefix_slots\x18\x04 \x01(\x0c\x12\x11\n\tinput_ids\x18\x05 \x01(\x0c\x12\r\n\x05slots\x18\x06 \x01(\x0c\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12\x0b\n\x03rid\x18\x08 \x01(\t\x12(\n\x06images\x18\t \x03(\x0b\x32\x18.radixmesh.v1.ImageInput\"J\n\x06\x45xtend\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x11\n\tinput_ids\x18\x02 \x01(\x0c\x12\r\n\x05slots\x18\x03 \x01(\x0c\x12\x0e\n\x06sample\x18\x04 \x01(\x08\"*\n\x08Truncate\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x0e\n\x06length\x18\x02 \x01(\r\"3\n\x06KVCopy\x12\x0f\n\x07to_host\x18\x01 \x01(\x08\x12\x0b\n\x03src\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64st\x18\x03 \x01(\x0c\"\xcc\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x06\x61\x64mits\x18\x02 \x03(\x0b\x32\x13.radixmesh.v1.Admit\x12%\n\x07\x65xtends\x18\x03 \x03(\x0b\x32\x14.radixmesh.v1.Extend\x12\x16\n\x0e\x64\x65\x63ode_handles\x18\x04 \x01(\x0c\x12\x14\n\x0c\x64\x65\x63ode_slots\x18\x05 \x01(\x0c\x12)\n\ttruncates\x18\x06 \x03(\x0b\x32\x16.radixmesh.v1.Truncate\x12\x17\n\x0frelease_handles\x18\x07 \x01(\x0c\x12\x13\n\x0b\x66reed_slots\x18\x08 \x01(\x0c\x12$\n\x05masks\x18\t \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12\x14\n\x0cmasks_follow\x18\n \x01(\x08\x12$\n\x06\x63opies\x18\x0b \x03(\x0b\x32\x14.radixmesh.v1.KVCopy\"W\n\tStepMasks\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.radixmesh.v1.MaskRow\x12\x14\n\x0cskip_handles\x18\x03 \x01(\x0c\"\x8e\x01\n\x0bStepRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.radixmesh.v1.OpenSessionH\x00\x12\"\n\x04step\x18\x02 \x01(\x0b\x32\x12.radixmesh.v1.StepH\x00\x12(\n\x05masks\x18\x03 \x01(\x0b\x32\x17.radixmesh.v1.StepMasksH\x00\x42\x06\n\x04kind\"z\n\tRowExtras\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x0f\n\x07top_ids\x18\x02 \x01(\x0c\x12\x14\n\x0ctop_logprobs\x18\x03 \x01(\x0c\x12\x17\n\x0fprompt_logprobs\x18\x04 \x01(\x0c\x12\x1d\n\x15prompt_logprobs_start\x18\x05 \x01(\r\"\x9c\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0f\n\x07handles\x18\x02 \x01(\x0c\x12\x0e\n\x06tokens\x18\x03 \x01(\x0c\x12\x10\n\x08logprobs\x18\x04 \x01(\x0c\x12\'\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x17.radixmesh.v1.RowExtras\x12\x12\n\nforward_ms\x18\x06 \x01(\x01\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"K\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x04info\x18\x02 \x01(\x0b\x32\x18.radixmesh.v1.WorkerInfo\"n\n\tStepReply\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.SessionOpenedH\x00\x12*\n\x06result\x18\x02 \x01(\x0b\x32\x18.radixmesh.v1.StepResultH\x00\x42\x06\n\x04kind2\x9a\x01\n\x0bModelWorker\x12J\n\rGetWorkerInfo\x12\x1f.radixmesh.v1.WorkerInfoRequest\x1a\x18.radixmesh.v1.WorkerInfo\x12?\n\x05Steps\x12\x19.radixmesh.v1.StepRequest\x1a\x17.radixmesh.v1.StepReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERINFOREQUEST']._serialized_start=70
-  _globals['_WORKERINFOREQUEST']._serialized_end=89
-  _globals['_WORKERINFO']._serialized_start=92
-  _globals['_WORKERINFO']._serialized_end=314
-  _globals['_OPENSESSION']._serialized_start=316
-  _globals['_OPENSESSION']._serialized_end=349
-  _globals['_REQUESTSAMPLING']._serialized_start=352
-  _globals['_REQUESTSAMPLING']._serialized_end=742
-  _globals['_ADMIT']._serialized_start=745
-  _globals['_ADMIT']._serialized_end=925
-  _globals['_EXTEND']._serialized_start=927
-  _globals['_EXTEND']._serialized_end=1001
-  _globals['_TRUNCATE']._serialized_start=1003
-  _globals['_TRUNCATE']._serialized_end=1045
-  _globals['_KVCOPY']._serialized_start=1047
-  _globals['_KVCOPY']._serialized_end=1098
-  _globals['_STEP']._serialized_start=1101
-  _globals['_STEP']._serialized_end=1433
-  _globals['_STEPMASKS']._serialized_start=1435
-  _globals['_STEPMASKS']._serialized_end=1522
-  _globals['_STEPREQUEST']._serialized_start=1525
-  _globals['_STEPREQUEST']._serialized_end=1667
-  _globals['_ROWEXTRAS']._serialized_start=1669
-  _globals['_ROWEXTRAS']._serialized_end=1791
-  _globals['_STEPRESULT']._serialized_start=1794
-  _globals['_STEPRESULT']._serialized_end=1950
-  _globals['_SESSIONOPENED']._serialized_start=1952
-  _globals['_SESSIONOPENED']._serialized_end=2027
-  _globals['_STEPREPLY']._serialized_start=2029
-  _globals['_STEPREPLY']._serialized_end=2139
-  _globals['_MODELWORKER']._serialized_start=2142
-  _globals['_MODELWORKER']._serialized_end=2296
+  _globals['_WORKERINFOREQUEST']._serialized_start=97
+  _globals['_WORKERINFOREQUEST']._serialized_end=116
+  _globals['_WORKERINFO']._serialized_start=119
+  _globals['_WORKERINFO']._serialized_end=363
+  _globals['_OPENSESSION']._serialized_start=365
+  _globals['_OPENSESSION']._serialized_end=398
+  _globals['_REQUESTSAMPLING']._serialized_start=401
+  _globals['_REQUESTSAMPLING']._serialized_end=791
+  _globals['_ADMIT']._serialized_start=794
+  _globals['_ADMIT']._serialized_end=1016
+  _globals['_EXTEND']._serialized_start=1018
+  _globals['_EXTEND']._serialized_end=1092
+  _globals['_TRUNCATE']._serialized_start=1094
+  _globals['_TRUNCATE']._serialized_end=1136
+  _globals['_KVCOPY']._serialized_start=1138
+  _globals['_KVCOPY']._serialized_end=1189
+  _globals['_STEP']._serialized_start=1192
+  _globals['_STEP']._serialized_end=1524
+  _globals['_STEPMASKS']._serialized_start=1526
+  _globals['_STEPMASKS']._serialized_end=1613
+  _globals['_STEPREQUEST']._serialized_start=1616
+  _globals['_STEPREQUEST']._serialized_end=1758
+  _globals['_ROWEXTRAS']._serialized_start=1760
+  _globals['_ROWEXTRAS']._serialized_end=1882
+  _globals['_STEPRESULT']._serialized_start=1885
+  _globals['_STEPRESULT']._serialized_end=2041
+  _globals['_SESSIONOPENED']._serialized_start=2043
+  _globals['_SESSIONOPENED']._serialized_end=2118
+  _globals['_STEPREPLY']._serialized_start=2120
+  _globals['_STEPREPLY']._serialized_end=2230
+  _globals['_MODELWORKER']._serialized_start=2233
+  _globals['_MODELWORKER']._serialized_end=2387
 # @@protoc_insertion_point(module_scope)

@@ -24,37 +24,38 @@ _sym_db = _symbol_database.Default()
 
 
 from radixmesh_wire.pb import api_pb2 as radixmesh_dot_v1_dot_api__pb2
+from radixmesh_wire.pb import images_pb2 as radixmesh_dot_v1_dot_images__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x16radixmesh/v1/api.proto\"\x13\n\x11\x46lushCacheRequest\"N\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\x12\x16\n\x0e\x65victed_tokens\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"#\n\rFrontendHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xe0\x01\n\rSubmitRequest\x12\x0b\n\x03rid\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x12\n\noutput_ids\x18\x05 \x03(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0b\n\x03key\x18\x07 \x01(\x05\x12\x17\n\x0f\x63\x61\x63he_namespace\x18( \x01(\t\"#\n\x14\x41\x62ortRequestInternal\x12\x0b\n\x03rid\x18\x01 \x01(\t\"\xab\x01\n\x0f\x46rontendMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.FrontendHelloH\x00\x12-\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12\x33\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\".radixmesh.v1.AbortRequestInternalH\x00\x42\x06\n\x04kind\"\x82\x01\n\x0eSchedulerHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\x12\x1a\n\x12\x63\x61\x63he_block_tokens\x18\x04 \x01(\r\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\"<\n\x0b\x43\x61\x63heEvents\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\x06\x12\x0f\n\x07removed\x18\x03 \x03(\x06\"\xae\x01\n\nLoadReport\x12\x18\n\x10waiting_requests\x18\x01 \x01(\r\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x16\n\x0ewaiting_tokens\x18\x03 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x04 \x01(\x04\x12\x13\n\x0bkv_capacity\x18\x05 \x01(\x04\x12\x0f\n\x07kv_free\x18\x06 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x07 \x01(\x01\"\xc1\x02\n\x0b\x44\x65ltaExtras\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12,\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rcached_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\x15\n\rerror_message\x18\x08 \x01(\tB\x15\n\x13_matched_stop_tokenB\x10\n\x0e_cached_tokens\"\xe0\x01\n\x10SchedulerMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.radixmesh.v1.SchedulerHello\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x0c\x12)\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x19.radixmesh.v1.DeltaExtras\x12(\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x19.radixmesh.v1.CacheEvents\x12&\n\x04load\x18\x07 \x01(\x0b\x32\x18.radixmesh.v1.LoadReportJ\x04\x08\x02\x10\x03\x32\xea\x01\n\tScheduler\x12L\n\x07Session\x12\x1d.radixmesh.v1.FrontendMessage\x1a\x1e.radixmesh.v1.SchedulerMessage(\x01\x30\x01\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Stats\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x16radixmesh/v1/api.proto\x1a\x19radixmesh/v1/images.proto\"\x13\n\x11\x46lushCacheRequest\"N\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\x12\x16\n\x0e\x65victed_tokens\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"#\n\rFrontendHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x8a\x02\n\rSubmitRequest\x12\x0b\n\x03rid\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12.\n\x08logprobs\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.LogprobOptions\x12\x12\n\noutput_ids\x18\x05 \x03(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0b\n\x03key\x18\x07 \x01(\x05\x12\x17\n\x0f\x63\x61\x63he_namespace\x18( \x01(\t\x12(\n\x06images\x18) \x03(\x0b\x32\x18.radixmesh.v1.ImageInput\"#\n\x14\x41\x62ortRequestInternal\x12\x0b\n\x03rid\x18\x01 \x01(\t\"\xab\x01\n\x0f\x46rontendMessage\x12,\n\x05hello\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.FrontendHelloH\x00\x12-\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12\x33\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\".radixmesh.v1.AbortRequestInternalH\x00\x42\x06\n\x04kind\"\x82\x01\n\x0eSchedulerHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_capacity\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\x12\x1a\n\x12\x63\x61\x63he_block_tokens\x18\x04 \x01(\r\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\"<\n\x0b\x43\x61\x63heEvents\x12\r\n\x05reset\x18\x01 \x01(\x08\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\x06\x12\x0f\n\x07removed\x18\x03 \x03(\x06\"\xae\x01\n\nLoadReport\x12\x18\n\x10waiting_requests\x18\x01 \x01(\r\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x16\n\x0ewaiting_tokens\x18\x03 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x04 \x01(\x04\x12\x13\n\x0bkv_capacity\x18\x05 \x01(\x04\x12\x0f\n\x07kv_free\x18\x06 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x07 \x01(\x01\"\xc1\x02\n\x0b\x44\x65ltaExtras\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12,\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.radixmesh.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rcached_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\x15\n\rerror_message\x18\x08 \x01(\tB\x15\n\x13_matched_stop_tokenB\x10\n\x0e_cached_tokens\"\xe0\x01\n\x10SchedulerMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.radixmesh.v1.SchedulerHello\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x0c\x12)\n\x06\x65xtras\x18\x05 \x03(\x0b\x32\x19.radixmesh.v1.DeltaExtras\x12(\n\x05\x63\x61\x63he\x18\x06 \x01(\x0b\x32\x19.radixmesh.v1.CacheEvents\x12&\n\x04load\x18\x07 \x01(\x0b\x32\x18.radixmesh.v1.LoadReportJ\x04\x08\x02\x10\x03\x32\xea\x01\n\tScheduler\x12L\n\x07Session\x12\x1d.radixmesh.v1.FrontendMessage\x1a\x1e.radixmesh.v1.SchedulerMessage(\x01\x30\x01\x12>\n\x08GetStats\x12\x1d.radixmesh.v1.GetStatsRequest\x1a\x13.radixmesh.v1.Stats\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=70
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=89
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=91
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=169
-  _globals['_FRONTENDHELLO']._serialized_start=171
-  _globals['_FRONTENDHELLO']._serialized_end=206
-  _globals['_SUBMITREQUEST']._serialized_start=209
-  _globals['_SUBMITREQUEST']._serialized_end=433
-  _globals['_ABORTREQUESTINTERNAL']._serialized_start=435
-  _globals['_ABORTREQUESTINTERNAL']._serialized_end=470
-  _globals['_FRONTENDMESSAGE']._serialized_start=473
-  _globals['_FRONTENDMESSAGE']._serialized_end=644
-  _globals['_SCHEDULERHELLO']._serialized_start=647
-  _globals['_SCHEDULERHELLO']._serialized_end=777
-  _globals['_CACHEEVENTS']._serialized_start=779
-  _globals['_CACHEEVENTS']._serialized_end=839
-  _globals['_LOADREPORT']._serialized_start=842
-  _globals['_LOADREPORT']._serialized_end=1016
-  _globals['_DELTAEXTRAS']._serialized_start=1019
-  _globals['_DELTAEXTRAS']._serialized_end=1340
-  _globals['_SCHEDULERMESSAGE']._serialized_start=1343
-  _globals['_SCHEDULERMESSAGE']._serialized_end=1567
-  _globals['_SCHEDULER']._serialized_start=1570
-  _globals['_SCHEDULER']._serialized_end=1804
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=97
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=116
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=118
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=196
+  _globals['_FRONTENDHELLO']._serialized_start=198
+  _globals['_FRONTENDHELLO']._serialized_end=233
+  _globals['_SUBMITREQUEST']._serialized_start=236
+  _globals['_SUBMITREQUEST']._serialized_end=502
+  _globals['_ABORTREQUESTINTERNAL']._serialized_start=504
+  _globals['_ABORTREQUESTINTERNAL']._serialized_end=539
+  _globals['_FRONTENDMESSAGE']._serialized_start=542
+  _globals['_FRONTENDMESSAGE']._serialized_end=713
+  _globals['_SCHEDULERHELLO']._serialized_start=716
+  _globals['_SCHEDULERHELLO']._serialized_end=846
+  _globals['_CACHEEVENTS']._serialized_start=848
+  _globals['_CACHEEVENTS']._serialized_end=908
+  _globals['_LOADREPORT']._serialized_start=911
+  _globals['_LOADREPORT']._serialized_end=1085
+  _globals['_DELTAEXTRAS']._serialized_start=1088
+  _globals['_DELTAEXTRAS']._serialized_end=1409
+  _globals['_SCHEDULERMESSAGE']._serialized_start=1412
+  _globals['_SCHEDULERMESSAGE']._serialized_end=1636
+  _globals['_SCHEDULER']._serialized_start=1639
+  _globals['_SCHEDULER']._serialized_end=1873
 # @@protoc_insertion_point(module_scope)

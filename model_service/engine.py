@@ -13,6 +13,7 @@ from model_service.attention.flashinfer import FlashInferAttention, choose_atten
 from model_service.config import ModelServiceConfig
 from model_service.kv_pool import KVPool, kv_bytes_per_token
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
+from model_service.models.llava import is_llava, text_config
 from model_service.preflight import (
     GIB,
     check_architecture,
@@ -103,8 +104,10 @@ def model_config(cfg: ModelServiceConfig) -> tuple[Any, Path, str]:
         model_dir = resolve_model(cfg.model)
         hf_cfg = load_hf_config(model_dir)
         name = getattr(hf_cfg, "_name_or_path", "") or model_dir.name
-    check_architecture(hf_cfg)
-    check_divisible(LlamaArgs.from_hf_config(hf_cfg), cfg.tp)
+    if is_llava(hf_cfg) and cfg.tp > 1:
+        raise ModelError(f"{name}: LLaVA models do not support --tp > 1 yet")
+    check_architecture(text_config(hf_cfg))  # a LLaVA's language model (its tower: llava.py)
+    check_divisible(LlamaArgs.from_hf_config(text_config(hf_cfg)), cfg.tp)
     return hf_cfg, model_dir, str(name)
 
 
@@ -124,7 +127,7 @@ def build_engine(
     if cfg.threads and device.type == "cpu":
         torch.set_num_threads(cfg.threads)
     hf_cfg, model_dir, name = model_config(cfg)
-    full = LlamaArgs.from_hf_config(hf_cfg)
+    full = LlamaArgs.from_hf_config(text_config(hf_cfg))
     args = local_args(full, shard.size)  # this rank's shapes (all of them at --tp 1)
     random = bool(cfg.random_weights)
     check_rank_fits(args, dtype, device, shard, cfg.min_kv_tokens, random)
@@ -217,7 +220,7 @@ def build_engine(
         model_dir=model_dir,
         context_length=a.max_position,
         vocab_size=model.vocab_size,
-        eos_token_ids=_eos_ids(hf_cfg),
+        eos_token_ids=_eos_ids(hf_cfg) or _eos_ids(text_config(hf_cfg)),
         device=device,
         dtype=dtype,
         attention_backend=attention.name,

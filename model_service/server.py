@@ -132,6 +132,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             context_length=engine.context_length,
             max_handles=max_handles,
             host_kv_capacity=engine.runner.pool.host_capacity,
+            image_tokens=int(getattr(engine.runner.model, "tokens_per_image", 0)),
         )
         # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
         # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.
@@ -153,6 +154,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             model_name=e.model_name,
             kv_capacity=e.runner.pool.capacity,
             host_kv_capacity=e.runner.pool.host_capacity,
+            image_tokens=self.limits.image_tokens,
             vocab_size=e.vocab_size,
             context_length=e.context_length,
             eos_token_ids=e.eos_token_ids,

@@ -12,7 +12,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from model_service.image_rows import check_images
 from model_service.runner import RequestState, StepError
+from radixmesh_wire.images import ImageInput
 from radixmesh_wire.step_ops import Sampling, StepOps
 
 
@@ -23,12 +25,41 @@ class StepLimits:
     context_length: int  # most tokens (KV slots) one request may hold
     max_handles: int  # handle ids are 0..max_handles-1
     host_kv_capacity: int = 0  # host slot ids are 0..host_kv_capacity-1 (0: no host tier)
+    image_tokens: int = 0  # tokens per image (multimodal models); 0: images are refused
 
 
 def _in_range(what: str, values: Iterable[int], hi: int) -> None:
     for v in values:
         if not 0 <= v < hi:
             raise StepError(f"{what} {v} is outside [0, {hi})")
+
+
+def _check_token_ids(
+    h: int, ids: list[int], start: int, images: tuple[ImageInput, ...], vocab: int
+) -> None:
+    """Ids below the vocabulary, except at an image's positions, which hold its pseudo id."""
+    at: dict[int, int] = {}
+    for im in images:
+        for p in range(max(im.offset, start), min(im.offset + im.n_tokens, start + len(ids))):
+            at[p] = im.pseudo_id
+    for i, t in enumerate(ids):
+        want = at.get(start + i)
+        if want is None and not 0 <= t < vocab:
+            raise StepError(f"handle {h}: token id {t} is outside [0, {vocab})")
+        if want is not None and t != want:
+            raise StepError(f"handle {h}: position {start + i} holds {t}, not its image's id")
+
+
+def _check_admit_images(h: int, images: tuple[ImageInput, ...], lim: StepLimits) -> None:
+    if not images:
+        return
+    if not lim.image_tokens:
+        raise StepError(f"handle {h}: images for a text-only model")
+    bad = check_images(images, lim.image_tokens)
+    if bad:
+        raise StepError(f"handle {h}: {bad}")
+    if any(im.pseudo_id < lim.vocab_size for im in images):
+        raise StepError(f"handle {h}: an image id inside the vocabulary")
 
 
 def _check_sampling(handle: int, s: Sampling, lim: StepLimits) -> None:
@@ -88,7 +119,9 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
     rows: set[int] = set()
     step_tokens = 0
 
-    def row(h: int, ids: list[int] | None, slots: list[int]) -> None:
+    def row(
+        h: int, ids: list[int] | None, slots: list[int], images: tuple[ImageInput, ...] = ()
+    ) -> None:
         nonlocal step_tokens
         if h in rows:
             raise StepError(f"handle {h} has two rows in one step")
@@ -96,7 +129,7 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         if ids is not None:
             if not ids or len(ids) != len(slots):
                 raise StepError(f"handle {h}: {len(ids)} ids for {len(slots)} slots")
-            _in_range(f"handle {h}: token id", ids, lim.vocab_size)
+            _check_token_ids(h, ids, lengths.get(h, 0), images, lim.vocab_size)
         _in_range(f"handle {h}: slot", slots, lim.kv_capacity)
         lengths[h] = lengths.get(h, 0) + len(slots)
         if lengths[h] > lim.context_length:
@@ -113,13 +146,15 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
             raise StepError(f"handle {a.handle} admitted twice")
         _check_sampling(a.handle, a.sampling, lim)
         _in_range(f"handle {a.handle}: prefix slot", a.prefix_slots, lim.kv_capacity)
+        _check_admit_images(a.handle, a.images, lim)
         lengths[a.handle] = len(a.prefix_slots)
-        row(a.handle, a.input_ids, a.slots)
+        row(a.handle, a.input_ids, a.slots, a.images)
     admitted = {a.handle for a in ops.admits}
     for e in ops.extends:
         if e.handle not in live:
             raise StepError(f"extend of unknown handle {e.handle}")
-        row(e.handle, e.input_ids, e.slots)
+        imgs = requests[e.handle].images if e.handle in requests else None
+        row(e.handle, e.input_ids, e.slots, imgs.images if imgs is not None else ())
     if len(ops.decode_handles) != len(ops.decode_slots):
         raise StepError(
             f"{len(ops.decode_handles)} decode handles for {len(ops.decode_slots)} slots"

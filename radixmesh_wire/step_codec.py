@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from radixmesh_wire.images import ImageInput
 from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
 from radixmesh_wire.packing import pack_f32, pack_i32, unpack_f32, unpack_i32
-from radixmesh_wire.pb import grammar_pb2, model_pb2
+from radixmesh_wire.pb import grammar_pb2, images_pb2, model_pb2
 from radixmesh_wire.step_ops import (
     AdmitOp,
     ExtendOp,
@@ -91,6 +92,7 @@ def encode_step(ops: StepOps) -> model_pb2.Step:
             slots=pack_i32(a.slots),
             sample=a.sample,
             rid=a.rid,
+            images=[image_to_proto(im) for im in a.images],
         )
     for e in ops.extends:
         msg.extends.add(
@@ -144,6 +146,7 @@ def decode_step(msg: model_pb2.Step) -> StepOps:
                 slots=unpack_i32(a.slots),
                 sample=a.sample,
                 rid=a.rid,
+                images=tuple(image_from_proto(im) for im in a.images),
             )
         )
     for e in msg.extends:
@@ -221,4 +224,21 @@ def decode_worker_info(info: model_pb2.WorkerInfo) -> WorkerInfo:
         eos_token_ids=tuple(info.eos_token_ids),
         device=info.device,
         host_kv_capacity=int(info.host_kv_capacity),
+        image_tokens=int(info.image_tokens),
     )
+
+
+def image_to_proto(im: ImageInput) -> images_pb2.ImageInput:
+    return images_pb2.ImageInput(
+        offset=im.offset,
+        n_tokens=im.n_tokens,
+        pseudo_id=im.pseudo_id,
+        pixels=im.pixels,
+        shape=list(im.shape),
+    )
+
+
+def image_from_proto(msg: images_pb2.ImageInput) -> ImageInput:
+    """Shapes of other than 3 dimensions become (0, 0, 0): `ImageInput.check` refuses them."""
+    shape = tuple(msg.shape) if len(msg.shape) == 3 else (0, 0, 0)
+    return ImageInput(msg.offset, msg.n_tokens, msg.pseudo_id, msg.pixels, shape)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ class WorkerInfo:
     eos_token_ids: tuple[int, ...] = ()  # a constrained request ends at these (its grammar's end)
     device: str = ""  # "cuda..." or else CPU: the default prefill chunk sizes (chunk_budget)
     host_kv_capacity: int = 0  # host-memory KV slots (issue 31): 0 = no host tier
+    image_tokens: int = 0  # tokens per image (multimodal models); 0: text-only, no images
 
 
 @dataclass(frozen=True)

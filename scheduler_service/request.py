@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from radixmesh_wire.images import ImageInput
 from radixmesh_wire.step_ops import Sampling
 from scheduler_service.cache.prefix_cache import MatchResult, PrefixCache
 from scheduler_service.sessions.outbox import Outbox
@@ -72,6 +73,9 @@ class Request:
     # cache key is the token id plus this offset (>= 2^32, above every token id), so keys of
     # different namespaces never match and no KV is shared across them.
     cache_ns: int = 0
+    # Its images (multimodal models): the prompt holds each one's pseudo id at its positions
+    # (so the radix tree keys images by content); every ADMIT carries them to the model.
+    images: tuple[ImageInput, ...] = ()
     # Where its output goes: the session's shared outbox once submitted (Scheduler.submit).
     outbox: Outbox = field(default_factory=lambda: Outbox(""))
 

@@ -138,6 +138,7 @@ class Scheduler:
             context_length=st.context_length,
             kv_capacity=st.cache.allocator.capacity,
             max_top_logprobs=self.cfg.max_top_logprobs,
+            image_tokens=info.image_tokens,
         )
 
     def abort(self, rid: str, session: str | None = None) -> bool:

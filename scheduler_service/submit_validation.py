@@ -42,6 +42,7 @@ class SubmitLimits:
     context_length: int
     kv_capacity: int
     max_top_logprobs: int
+    image_tokens: int = 0  # tokens per image; 0: a text-only model (requests with images fail)
 
 
 def _invalid(message: str) -> SubmitError:
@@ -92,12 +93,47 @@ def validate_submit(req: Request, lim: SubmitLimits) -> None:
     """Raise SubmitError unless `req` can be served by a model with these limits."""
     validate_form(req, lim.max_top_logprobs)
     vocab = lim.vocab_size
-    _check_ids("input_ids", req.prompt, vocab)
+    _check_images(req, lim)
+    _check_ids("input_ids", _text_ids(req), vocab)
     _check_ids("output_ids", req.output, vocab)
     _check_ids("eos_token_ids", req.eos_ids, vocab)
     _check_ids("stop_token_ids", req.spec.stop_token_ids, vocab)
     _check_vocab_sampling(req, lim)
     _check_lengths(req, lim)
+
+
+def _text_ids(req: Request) -> list[int]:
+    """The prompt less its images' positions (which hold pseudo ids, checked by
+    `_check_images`)."""
+    if not req.images:
+        return req.prompt
+    image = {p for im in req.images for p in range(im.offset, im.offset + im.n_tokens)}
+    return [t for i, t in enumerate(req.prompt) if i not in image]
+
+
+def _check_images(req: Request, lim: SubmitLimits) -> None:
+    if not req.images:
+        return
+    if not lim.image_tokens:
+        raise _invalid("the connected model is text-only: it cannot take images")
+    if req.spec.prompt_logprobs_from >= 0:
+        raise _invalid("prompt logprobs are not supported for requests with images")
+    end = 0
+    for im in req.images:
+        bad = im.check()
+        if not bad and im.n_tokens != lim.image_tokens:
+            bad = f"{im.n_tokens} placeholder tokens; this model's images take {lim.image_tokens}"
+        if not bad and (im.offset < end or im.offset + im.n_tokens > len(req.prompt)):
+            bad = "images overlap, are out of order or run past the prompt"
+        if not bad and not lim.vocab_size <= im.pseudo_id < (1 << 31) - 1:
+            bad = f"image id {im.pseudo_id} is not above the vocabulary"
+        if not bad and any(
+            t != im.pseudo_id for t in req.prompt[im.offset : im.offset + im.n_tokens]
+        ):
+            bad = "the prompt does not hold the image's id at its positions"
+        if bad:
+            raise _invalid(f"image at position {im.offset}: {bad}")
+        end = im.offset + im.n_tokens
 
 
 def _check_vocab_sampling(req: Request, lim: SubmitLimits) -> None:

@@ -17,6 +17,7 @@ from radixmesh_wire.cache_blocks import namespace_offset
 from radixmesh_wire.packing import pack_i32
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from radixmesh_wire.sampling import sampling_from_params
+from radixmesh_wire.step_codec import image_from_proto
 from scheduler_service.interface import SchedulerInterface, SessionInUse
 from scheduler_service.request import Request
 from scheduler_service.sessions.outbox import Batch, Extra, error_batch
@@ -49,6 +50,7 @@ def request_from_proto(msg: scheduler_pb2.SubmitRequest, session: str) -> Reques
         grammar=(kind, getattr(s, kind)) if kind else None,
         key=msg.key,
         cache_ns=namespace_offset(msg.cache_namespace),
+        images=tuple(image_from_proto(im) for im in msg.images),
     )
 
 

@@ -283,6 +283,7 @@ class BatchBuilder:
                 slots=ext.slots,
                 sample=ext.sample,
                 rid=r.rid,
+                images=r.images,
             )
         )
 

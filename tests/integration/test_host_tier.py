@@ -1,0 +1,132 @@
+"""The host-memory KV tier end to end (issue 31), on real processes, CPU reference path.
+
+Two stacks, started once for this module:
+- ``tier``: a GPU pool of 256 KV tokens, far too small for the workload, with a host tier of
+  2048 tokens on both the model service and the scheduler, ``--debug-invariants`` (the
+  accounting of both tiers is checked after every step; a violation ends the scheduler);
+- ``big``: 8192 KV tokens and no host tier: nothing is ever evicted (the reference).
+
+The workload: five conversations of about 100-token histories, turns interleaved, so every
+returning turn finds its history evicted from the small GPU pool (five histories are twice
+its size). With the tier, each returning turn's history is loaded back from host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from radixmesh.api import Client, GenerateResult
+
+from radixmesh_bench.radix_texts import GEOGRAPHY_QUESTIONS, NO_REUSE_SENTENCES
+from tests.conftest import Stack, start_stack
+
+pytestmark = pytest.mark.integration
+
+GPU_KV, HOST_KV, BIG_KV = 256, 2048, 8192
+TIMEOUT = 120.0
+CONVERSATIONS, TURNS, NEW = 5, 3, 8
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("host-tier"),
+        ["--kv-tokens", str(GPU_KV), "--host-kv-tokens", str(HOST_KV)],
+        ["--radix", "tree", "--debug-invariants", "--host-kv-tokens", str(HOST_KV)],
+    )
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("host-tier-big"),
+        ["--kv-tokens", str(BIG_KV)],
+        ["--radix", "tree"],
+    )
+
+
+def _greedy(c: Client, ids: list[int]) -> GenerateResult:
+    r = c.generate(
+        input_ids=ids, max_new_tokens=NEW, temperature=0, ignore_eos=True, return_logprob=True
+    )
+    assert r.completion_tokens == NEW and r.finish_reason == "length"
+    return r
+
+
+def _run(c: Client) -> list[GenerateResult]:
+    """Every conversation's turn 1, then every turn 2, ... (interleaved); each turn's prompt is
+    the previous turn's prompt and answer plus a new question."""
+    k = len(NO_REUSE_SENTENCES) // CONVERSATIONS
+    history = [
+        c.tokenize(" ".join(NO_REUSE_SENTENCES[i * k : (i + 1) * k])) for i in range(CONVERSATIONS)
+    ]
+    out = []
+    for turn in range(TURNS):
+        for i in range(CONVERSATIONS):
+            q = GEOGRAPHY_QUESTIONS[(turn * CONVERSATIONS + i) % len(GEOGRAPHY_QUESTIONS)]
+            prompt = history[i] + c.tokenize(f"\nQuestion: {q}\nAnswer:")
+            r = _greedy(c, prompt)
+            history[i] = prompt + r.output_ids
+            out.append(r)
+    return out
+
+
+def test_host_tier_serves_evicted_history_with_identical_tokens(tier: Stack, big: Stack) -> None:
+    with Client(tier.endpoint, timeout=TIMEOUT) as t, Client(big.endpoint, timeout=TIMEOUT) as b:
+        want = _run(b)
+        got = _run(t)
+        stats = t.stats()
+    assert sum(len(r.output_ids) for r in got) == CONVERSATIONS * TURNS * NEW
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.output_ids == w.output_ids, f"request {i}: tokens differ with the host tier"
+        worst = max(
+            abs(p.logprob - q.logprob)
+            for p, q in zip(g.output_logprobs, w.output_logprobs, strict=True)
+        )
+        assert worst < 1e-3, f"request {i}: logprobs differ by {worst}"
+        # Every returning turn reuses its whole history, as with the unlimited pool.
+        assert g.cached_tokens == w.cached_tokens, f"request {i}"
+    returning = got[CONVERSATIONS:]
+    assert all(r.cached_tokens > 100 for r in returning)
+    # The GPU pool cannot hold five histories: the hits came back from host memory.
+    assert stats.host_kv_capacity == HOST_KV
+    assert stats.host_hit_tokens > 0 and stats.host_saved_tokens > 0
+    assert stats.host_loaded_tokens == stats.host_hit_tokens
+    assert stats.evicted_tokens > 0
+    assert 0 < stats.host_kv_used <= HOST_KV
+    # Prefill computed exactly what the unlimited pool computed.
+    computed = stats.prompt_tokens - stats.cached_prompt_tokens
+    assert computed == sum(r.prompt_tokens - r.cached_tokens for r in want)
+    assert stats.kv_locked == 0 and stats.kv_request_owned == 0
+
+
+def test_cancel_after_a_host_hit_frees_both_tiers(tier: Stack) -> None:
+    with Client(tier.endpoint, timeout=TIMEOUT) as c:
+        before = c.stats()
+        # Push the first conversation's history out of the GPU pool, then resume it.
+        _run_other(c)
+        first = c.tokenize(" ".join(NO_REUSE_SENTENCES[: len(NO_REUSE_SENTENCES) // 5]))
+        it = c.stream(
+            input_ids=first + c.tokenize("\nQuestion: Why?\nAnswer:"),
+            max_new_tokens=120,
+            ignore_eos=True,
+            request_id="host-tier-cancel",
+        )
+        next(it)
+        assert c.abort("host-tier-cancel")
+        final = [x for x in it if isinstance(x, GenerateResult)][0]
+        assert final.finish_reason == "abort" and final.cached_tokens > 0
+        _greedy(c, c.tokenize("A last short request."))  # its completion follows the reap
+        s = c.stats()
+    assert s.host_hit_tokens > before.host_hit_tokens  # the cancelled request hit the host
+    assert s.running_requests == 0 and s.kv_locked == 0 and s.kv_request_owned == 0
+    assert s.kv_free + s.kv_evictable == s.kv_capacity
+    assert s.host_kv_used <= s.host_kv_capacity
+
+
+def _run_other(c: Client) -> None:
+    """Three unrelated 100-token requests: more than the GPU pool holds besides."""
+    for i in range(3):
+        _greedy(c, c.tokenize(f"Story {i}: " + " ".join(NO_REUSE_SENTENCES[i * 6 + 3 : i * 6 + 9])))

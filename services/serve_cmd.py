@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from services.cli import EXIT_INTERRUPTED, SMOKE_PROMPT, say, with_heartbeat
 
 if TYPE_CHECKING:
-    from services.launcher import ServiceSpec, Topology
+    from services.topology import ServiceSpec, Topology
 
 EXIT_PORTS = 1  # a port of the plan is taken or given twice
 EXIT_SETUP = 2  # the model or the log folder cannot be used
@@ -89,7 +89,7 @@ def smoke_key(ns: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
 
 
 def build_specs(ns: argparse.Namespace, topo: Topology, model: str) -> list[ServiceSpec]:
-    from services.launcher import sequential_ports, topology_specs
+    from services.topology import sequential_ports, topology_specs
 
     kinds = service_args(ns)
     m = ns.metrics_port
@@ -119,10 +119,10 @@ def check_plan(specs: list[ServiceSpec]) -> str | None:
 
 
 def serve(ns: argparse.Namespace) -> int:
-    from services.launcher import Topology
     from services.log_tail import LogDirError, make_private_dir
     from services.logging import configure_logging
     from services.model_store import ModelError, describe_model_source, resolve_model
+    from services.topology import Topology
 
     configure_logging("launcher", ns.log_level, json=ns.log_format == "json")
     topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)

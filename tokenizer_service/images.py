@@ -1,0 +1,169 @@
+"""Images where they enter: decoded, bounded, preprocessed and hashed once, at the front door.
+
+`ImageSpec` is what the served model wants (read from its folder: config.json of a LLaVA
+model and its preprocessor_config.json, as transformers' CLIPImageProcessor reads them);
+`prepare` turns the bytes of one image into the model's pixel values (convert to RGB, resize
+the shortest edge, centre crop, rescale, normalise: CLIPImageProcessor's steps, checked
+against it in tests/unit/test_image_prep.py) and `place` expands each image marker of a
+prompt into the image's placeholder positions holding its hash-derived pseudo id
+(radixmesh_wire/images.py). Every failure is an `InvalidRequest` naming the image.
+
+Bounds (flags in config.py): bytes per image, decoded pixels per image (checked from the
+header, before decoding: a 20k x 20k PNG of a few kB is refused without allocating 1.2 GB),
+images per request. Decoding runs in a worker thread (the caller's job).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
+from tokenizer_service.validation import InvalidRequest
+
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+
+@dataclass(frozen=True)
+class ImageBounds:
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000  # width x height of the decoded image
+    max_images: int = 16  # per request
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """A multimodal model's image interface."""
+
+    image_token_id: int  # the prompt's image marker (its text: `image_token`)
+    image_token: str
+    tokens_per_image: int
+    shortest_edge: int
+    crop: tuple[int, int]  # (height, width)
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    rescale: float = 1 / 255
+
+    @staticmethod
+    def from_folder(folder: Path, token_text: str = "<image>") -> ImageSpec | None:
+        """The spec of the LLaVA model in `folder`, or None for a text-only model."""
+        cfg_file = folder / "config.json"
+        if not cfg_file.exists():
+            return None
+        cfg = json.loads(cfg_file.read_text())
+        if cfg.get("model_type") != "llava":
+            return None
+        vis = cfg.get("vision_config", {})
+        side, patch = int(vis.get("image_size", 224)), int(vis.get("patch_size", 14))
+        full = cfg.get("vision_feature_select_strategy", "default") == "full"
+        pre_file = folder / "preprocessor_config.json"
+        pre = json.loads(pre_file.read_text()) if pre_file.exists() else {}
+        size = pre.get("size", {"shortest_edge": side})
+        crop = pre.get("crop_size", {"height": side, "width": side})
+        return ImageSpec(
+            image_token_id=int(cfg.get("image_token_index", cfg.get("image_token_id", 32000))),
+            image_token=token_text,
+            tokens_per_image=(side // patch) ** 2 + (1 if full else 0),
+            shortest_edge=int(size.get("shortest_edge", side)),
+            crop=(int(crop["height"]), int(crop["width"])),
+            mean=tuple(pre.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),  # type: ignore[arg-type]
+            std=tuple(pre.get("image_std", (0.26862954, 0.26130258, 0.27577711))),  # type: ignore[arg-type]
+            rescale=float(pre.get("rescale_factor", 1 / 255)),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    pixels: np.ndarray  # float32 [3, H, W]
+    digest: bytes  # content hash of the pixels
+
+
+def prepare(data: bytes, spec: ImageSpec, bounds: ImageBounds, index: int = 0) -> PreparedImage:
+    """Decode, bound and preprocess one image (blocking: call it in a thread)."""
+    from PIL import Image
+
+    what = f"image {index}"
+    if not data:
+        raise InvalidRequest(f"{what} is empty", "images")
+    if len(data) > bounds.max_bytes:
+        raise InvalidRequest(
+            f"{what} has {len(data)} bytes; at most {bounds.max_bytes} are allowed", "images"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            if img.format not in FORMATS:
+                raise InvalidRequest(f"{what}: format {img.format} is not one of {FORMATS}")
+            w, h = img.size
+            if w * h > bounds.max_pixels:
+                raise InvalidRequest(
+                    f"{what} is {w} x {h} pixels; at most {bounds.max_pixels} pixels are allowed",
+                    "images",
+                )
+            img.load()
+            rgb = img.convert("RGB")
+    except InvalidRequest:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InvalidRequest(
+            f"{what} has too many pixels ({exc}); at most {bounds.max_pixels} are allowed",
+            "images",
+        ) from exc
+    except Exception as exc:  # PIL's errors for truncated, corrupt or unknown data
+        raise InvalidRequest(f"{what} cannot be decoded: {exc}", "images") from exc
+    pixels = _preprocess(rgb, spec)
+    return PreparedImage(pixels, content_hash(pixels.tobytes()))
+
+
+def _preprocess(img: object, spec: ImageSpec) -> np.ndarray:
+    from PIL import Image
+
+    assert isinstance(img, Image.Image)
+    w, h = img.size
+    short, long_ = (w, h) if w <= h else (h, w)
+    new_short, new_long = spec.shortest_edge, int(spec.shortest_edge * long_ / short)
+    size = (new_short, new_long) if w <= h else (new_long, new_short)
+    img = img.resize(size, Image.Resampling.BICUBIC)
+    arr = np.asarray(img, dtype=np.float32)  # [H, W, 3]
+    ch, cw = spec.crop
+    hh, ww = arr.shape[:2]
+    top, left = max((hh - ch) // 2, 0), max((ww - cw) // 2, 0)
+    arr = arr[top : top + ch, left : left + cw]
+    scaled = arr * np.float32(spec.rescale)
+    norm = (scaled - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)
+    return np.ascontiguousarray(norm.transpose(2, 0, 1), dtype=np.float32)
+
+
+def place(
+    ids: list[int], images: list[PreparedImage], spec: ImageSpec, vocab_size: int
+) -> tuple[list[int], list[ImageInput]]:
+    """Each image marker of `ids` (one `spec.image_token_id`) becomes the next image's
+    `tokens_per_image` positions holding its pseudo id. Markers and images must pair up."""
+    markers = ids.count(spec.image_token_id)
+    if markers != len(images):
+        raise InvalidRequest(
+            f"the prompt has {markers} image markers ({spec.image_token!r}) for "
+            f"{len(images)} images: put one marker where each image goes",
+            "images",
+        )
+    out: list[int] = []
+    inputs: list[ImageInput] = []
+    it = iter(images)
+    for t in ids:
+        if t != spec.image_token_id:
+            out.append(t)
+            continue
+        im = next(it)
+        pid = pseudo_id(im.digest, vocab_size)
+        c, h, w = im.pixels.shape
+        inputs.append(
+            ImageInput(len(out), spec.tokens_per_image, pid, im.pixels.tobytes(), (c, h, w))
+        )
+        out.extend([pid] * spec.tokens_per_image)
+    return out, inputs

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from radixmesh_wire.step_ops import KVCopy
 from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.cache.radix_cache import RadixCache
 
 GPU = 12
@@ -37,9 +38,9 @@ Cell = tuple[int, ...] | None
 class Pools:
     """What the model service's two pools hold, as token paths."""
 
-    def __init__(self) -> None:
-        self.gpu: list[Cell] = [None] * GPU
-        self.host: list[Cell] = [None] * HOST
+    def __init__(self, gpu: int, host: int) -> None:
+        self.gpu: list[Cell] = [None] * gpu
+        self.host: list[Cell] = [None] * host
 
     def run(self, copies: list[KVCopy]) -> None:
         for c in copies:
@@ -56,10 +57,16 @@ class Running:
 
 
 class HostTierMachine(RuleBasedStateMachine):
+    SCALE = 1  # each drawn token stands for this many (longer paths: whole cache-event blocks)
+
     def __init__(self) -> None:
         super().__init__()
-        self.cache = RadixCache(SlotAllocator(GPU, debug=True), host_capacity=HOST)
-        self.pools = Pools()
+        self.pub = CachePublisher()
+        k = self.SCALE
+        self.cache = RadixCache(
+            SlotAllocator(GPU * k, debug=True), host_capacity=HOST * k, observer=self.pub
+        )
+        self.pools = Pools(GPU * k, HOST * k)
         self.running: list[Running] = []
         self.loaded = 0
 
@@ -70,6 +77,7 @@ class HostTierMachine(RuleBasedStateMachine):
 
     @rule(toks=TOKENS, finish=st.booleans())
     def request(self, toks: list[int], finish: bool) -> None:
+        toks = self.expand(toks)
         c = self.cache
         m = c.match_prefix(toks, len(toks) - 1)
         c.lock(m.node)
@@ -113,19 +121,23 @@ class HostTierMachine(RuleBasedStateMachine):
             self.cache.free_slots(r.slots[r.cached :])
             self.cache.unlock(r.node)
 
+    def expand(self, toks: list[int]) -> list[int]:
+        k = self.SCALE
+        return [t * k + j for t in toks for j in range(k)]
+
     @rule(n=st.integers(1, GPU))
     def evict(self, n: int) -> None:
-        self.cache.evict(n)
+        self.cache.evict(n * self.SCALE)
         self.step()
 
     @rule(toks=TOKENS)
     def match_only(self, toks: list[int]) -> None:
-        self.cache.match_prefix(toks)  # splits and LRU times, GPU and host parts
+        self.cache.match_prefix(self.expand(toks))  # splits and LRU times, GPU and host parts
 
     @rule()
     def reset(self) -> None:
         self.cache.reset()
-        self.pools = Pools()
+        self.pools = Pools(GPU * self.SCALE, HOST * self.SCALE)
         self.running = []
 
     @invariant()
@@ -133,6 +145,8 @@ class HostTierMachine(RuleBasedStateMachine):
         c = self.cache
         owned = [s for r in self.running for s in r.slots[r.cached :]]
         c.check_integrity(len(owned), owned)
+        # Cache events mirror the GPU-resident blocks exactly (host-only nodes are evicted).
+        self.pub.check_integrity(c.debug_paths())
         assert c.host is not None and c.host.queued == 0
         stack: list[tuple[Any, tuple[int, ...]]] = [(n, ()) for n in c._root.children.values()]
         while stack:
@@ -150,6 +164,17 @@ class HostTierMachine(RuleBasedStateMachine):
 
 TestHostTierMachine = HostTierMachine.TestCase
 TestHostTierMachine.settings = SETTINGS
+
+
+class LongPathMachine(HostTierMachine):
+    """Paths of up to 72 tokens: nodes span 16-token cache-event blocks, so the publisher
+    mirror is really exercised through saves, loads and host-only splits."""
+
+    SCALE = 8
+
+
+TestLongPathMachine = LongPathMachine.TestCase
+TestLongPathMachine.settings = settings(SETTINGS, max_examples=100)
 
 
 def _cache() -> RadixCache:

@@ -14,6 +14,7 @@ from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tokenizer_service.auth import ApiKeys, Principal
 from tokenizer_service.core import FrontDoor, GenerateError, GenerateInput
 from tokenizer_service.events import Chunk, Complete, TokenLogprob
+from tokenizer_service.http.errors import REQUEST_ID_RULE, valid_request_id
 from tokenizer_service.routing.replica_stats import NoReplicaAnswered, gather_stats
 from tokenizer_service.validation import InvalidRequest, check_input_ids
 
@@ -46,6 +47,15 @@ class RadixMeshServicer(api_pb2_grpc.RadixMeshServicer):
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
         inp = _input(request)
         inp.tenant = self._tenant(context)
+        if not request.request_id:  # the id an HTTP gateway may have put in the metadata
+            header = dict(context.invocation_metadata() or ()).get("x-request-id")
+            if isinstance(header, str) and header:
+                if not valid_request_id(header):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"x-request-id must be {REQUEST_ID_RULE}"
+                    )
+                inp.rid = header
+        await context.send_initial_metadata((("x-request-id", inp.rid),))
         try:
             # aclosing: a cancelled call closes the core's generator now, which aborts
             async with aclosing(self.core.generate(inp)) as events:

@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
@@ -103,3 +105,24 @@ def test_a_bad_request_id_is_refused_by_name(json_stack: Stack) -> None:
     assert out["error"]["param"] == "X-Request-Id"
     _, out = post(json_stack, "/generate", {"text": "x", "rid": ["a", "b"]}, None)
     assert out["error"]["param"] == "rid"
+
+
+def test_grpc_takes_the_id_from_its_field_or_metadata(json_stack: Stack) -> None:
+    req = api_pb2.GenerateRequest(
+        text="Hello", sampling=api_pb2.SamplingParams(max_new_tokens=1, temperature=0)
+    )
+    with grpc.insecure_channel(json_stack.endpoint) as chan:
+        stub = api_pb2_grpc.RadixMeshStub(chan)
+        call = stub.Generate(req, metadata=(("x-request-id", "grpc-md-1"),), timeout=60)
+        out = list(call)
+        assert ("x-request-id", "grpc-md-1") in list(call.initial_metadata())
+        assert {m.request_id for m in out} == {"grpc-md-1"}
+        req.request_id = "grpc-field-1"  # the field wins over the metadata
+        out = list(stub.Generate(req, metadata=(("x-request-id", "other"),), timeout=60))
+        assert {m.request_id for m in out} == {"grpc-field-1"}
+        req.request_id = ""
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Generate(req, metadata=(("x-request-id", "a b"),), timeout=60))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    done = [e for e in log_events(json_stack, "tokenizer") if e["event"] == "request_done"]
+    assert {"grpc-md-1", "grpc-field-1"} <= {e["rid"] for e in done}

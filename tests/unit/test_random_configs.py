@@ -44,3 +44,34 @@ def test_llama_3_2_1b_model_folder_loads_like_a_model() -> None:
     loaded = AutoConfig.from_pretrained(folder)
     assert loaded.hidden_size == 2048 and loaded.tie_word_embeddings
     assert (folder / "tokenizer.json").exists()
+
+
+def test_every_random_shape_has_its_published_context_length() -> None:
+    """Llama-3.1 and 3.2 shapes serve 131,072 positions (not 4,096), tiny-qwen2 Qwen2's
+    32,768; the smallest worthwhile KV pool stays min(context, 4096), so tests never size a
+    pool from the context length."""
+    want = {
+        "llama-3.1-8b": 131072,
+        "llama-3.1-70b": 131072,
+        "llama-3.2-1b": 131072,
+        "tiny-llama": 131072,
+        "tiny-qwen2": 32768,
+    }
+    for name, ctx in want.items():
+        args = LlamaArgs.from_hf_config(hf_config(config_dict(name)))
+        assert args.max_position == ctx, name
+        assert preflight.min_kv_tokens(0, args.max_position) == 4096
+
+
+def test_tiny_qwen2_is_a_qwen2_with_biases_one_kv_head_and_tied_embeddings() -> None:
+    cfg, folder = random_config("tiny-qwen2")
+    preflight.check_architecture(cfg)
+    assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2ForCausalLM"]
+    args = LlamaArgs.from_hf_config(cfg)
+    assert args.attention_bias and args.tie_word_embeddings
+    assert (args.num_heads, args.num_kv_heads, args.head_dim) == (4, 1, 64)
+    assert args.rope_theta == 1000000.0
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args)
+    assert "model.layers.0.self_attn.q_proj.bias" in dict(model.named_parameters())
+    assert preflight.param_count(args) == sum(p.numel() for p in model.parameters())

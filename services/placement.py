@@ -40,6 +40,10 @@ class Placement:
             return {}
         return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids)), **NCCL_ENV}
 
+    def replica_envs(self) -> tuple[dict[str, str], ...]:
+        """Every replica's `env`, in order: `launcher.Topology(replica_env=...)` as it is."""
+        return tuple(self.env(i) for i in range(len(self.replicas)))
+
     def model_args(self) -> list[str]:
         """Flags every replica's model service gets (the same for all replicas)."""
         return ["--tp", str(self.tp)] if self.tp > 1 else []

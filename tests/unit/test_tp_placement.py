@@ -22,6 +22,7 @@ def test_gpus_tp_replicas_as_the_issue_writes_it() -> None:
     assert p.model_args() == ["--tp", "2"]
     assert p.env(1) == {"CUDA_VISIBLE_DEVICES": "2,3", "NCCL_NVLS_ENABLE": "0"}
     assert "(0,1 | 2,3)" in p.note
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in p.replica_envs()] == ["0,1", "2,3"]
 
 
 def test_tp_alone_fits_as_many_replicas_as_there_are_gpus_and_names_the_spare() -> None:

@@ -226,7 +226,7 @@ def test_unsupported_fields_are_named_400s(client: openai.OpenAI, model: str) ->
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(
                 model=model,
-                messages=msgs,
+                messages=msgs,  # type: ignore[arg-type]
                 max_tokens=1,
                 extra_body=extra,  # type: ignore[arg-type]
             )

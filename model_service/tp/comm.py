@@ -34,8 +34,7 @@ class TPComm:
         self.shard = shard
         self.device = device
         if device.type == "cuda":
-            for key, value in NCCL_ENV.items():
-                os.environ.setdefault(key, value)
+            os.environ.update(NCCL_ENV)  # forced, not defaulted: the machines require it
             torch.cuda.set_device(device)
         # Every rank of a group is on this host (a pod): gloo talks over the loopback device.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

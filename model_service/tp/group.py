@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 
 import structlog
 import torch
@@ -36,12 +35,6 @@ log = structlog.get_logger(__name__)
 
 POLL_S = 0.1
 STARTUP_FAILED = 2  # python -m model_service's exit code for a ModelError
-
-
-@dataclass(frozen=True)
-class RankPlace:
-    shard: Shard
-    device: torch.device
 
 
 def rank_device(base: torch.device, gpus: list[int], tp: int, rank: int) -> torch.device:

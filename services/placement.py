@@ -23,8 +23,13 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-# Every process of a multi-GPU replica keeps NVLink multicast off (the machines require it).
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+# Every process of a multi-GPU replica keeps NVLink multicast off (the machines require it):
+# in NCCL, PyTorch's symmetric memory and NVSHMEM (model_service.tp.comm sets the same).
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass(frozen=True)

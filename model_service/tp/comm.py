@@ -6,8 +6,8 @@ tensor parallelism on CPU). The control channel is always a gloo group (host byt
 scheduler's protobuf Step and StepMasks messages as rank 0 received them, re-serialised), so
 a rank waiting for the next step blocks on a socket, not on a GPU kernel.
 
-`NCCL_NVLS_ENABLE=0` is set before NCCL starts: the multi-GPU machines require NVLink
-multicast off (NVLS reductions are also not needed at these message sizes).
+`NCCL_NVLS_ENABLE=0` (and the PyTorch / NVSHMEM switches of NVLink multicast, `NCCL_ENV`) is
+set before NCCL starts: the multi-GPU machines require NVLink multicast off.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ import torch.distributed as dist
 
 from model_service.tp.shard import Shard
 
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+# NVLink multicast off in NCCL, PyTorch's symmetric memory and NVSHMEM (the multi-GPU machines
+# require it; NVLS reductions buy nothing at these message sizes).
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 CTRL_TIMEOUT = timedelta(days=365)
 
 # Control messages: one tag byte, then the payload.

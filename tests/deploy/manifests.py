@@ -43,7 +43,10 @@ OTHER_ENV = {
     "RADIXMESH_CACHE",  # services.model_store.cache_root
     "HF_HOME",  # huggingface_hub / transformers cache (a writable emptyDir)
     "HF_TOKEN",  # huggingface_hub: gated model downloads
-    "NCCL_NVLS_ENABLE",  # NCCL between tensor-parallel ranks: NVLink multicast off
+    # Tensor-parallel ranks: NVLink multicast off in NCCL, PyTorch and NVSHMEM.
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
 }
 
 

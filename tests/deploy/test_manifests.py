@@ -431,4 +431,6 @@ def test_tp_overlay_gives_the_model_pod_one_gpu_per_rank() -> None:
         assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == n
         assert parsed_config(model).tp == n
         if n > 1:
-            assert model.env()["NCCL_NVLS_ENABLE"] == "0"
+            env = model.env()
+            assert env["NCCL_NVLS_ENABLE"] == "0"
+            assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == env["NVSHMEM_DISABLE_NVLS"] == "1"

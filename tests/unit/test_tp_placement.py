@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.placement import plan_placement, visible_gpus
+from services.placement import NCCL_ENV, plan_placement, visible_gpus
 
 
 def test_defaults_use_every_visible_gpu_one_replica_each() -> None:
     p = plan_placement([0, 1, 2, 3])
     assert (p.tp, p.replicas) == (1, ((0,), (1,), (2,), (3,)))
     assert p.model_args() == []
-    assert p.env(2) == {"CUDA_VISIBLE_DEVICES": "2", "NCCL_NVLS_ENABLE": "0"}
+    assert p.env(2) == {"CUDA_VISIBLE_DEVICES": "2", **NCCL_ENV}
+    assert NCCL_ENV["NCCL_NVLS_ENABLE"] == "0"
     assert "4 replica(s) x TP1" in p.note
 
 
@@ -20,7 +21,7 @@ def test_gpus_tp_replicas_as_the_issue_writes_it() -> None:
     p = plan_placement(range(8), gpus=[0, 1, 2, 3], tp=2, replicas=2)
     assert p.replicas == ((0, 1), (2, 3))
     assert p.model_args() == ["--tp", "2"]
-    assert p.env(1) == {"CUDA_VISIBLE_DEVICES": "2,3", "NCCL_NVLS_ENABLE": "0"}
+    assert p.env(1) == {"CUDA_VISIBLE_DEVICES": "2,3", **NCCL_ENV}
     assert "(0,1 | 2,3)" in p.note
     assert [e["CUDA_VISIBLE_DEVICES"] for e in p.replica_envs()] == ["0,1", "2,3"]
 

@@ -25,10 +25,13 @@ from typing import Any
 import grpc
 import structlog
 
+from radixmesh_wire.images import ImageInput
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
+from radixmesh_wire.step_codec import image_to_proto
 from tokenizer_service.auth import cache_namespace
 from tokenizer_service.config import TokenizerConfig
 from tokenizer_service.events import Chunk, Complete, Event
+from tokenizer_service.images import ImageBounds, ImageSpec, place, prepare
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
 from tokenizer_service.pacing import Pacer
 from tokenizer_service.routing.deltas import Update
@@ -80,6 +83,11 @@ class GenerateInput:
     # A continuation (the client library's retry after a broken stream): the output ids the
     # client already has; generation continues after them and chunks carry only what is new.
     resume_output_ids: list[int] = field(default_factory=list)
+    # Images (encoded bytes), one per image marker of the prompt, in order (multimodal
+    # models); `FrontDoor.prepare` turns them into `image_inputs` and the prompt's markers
+    # into their positions, once (a prepared input keeps both: its ids hold pseudo ids).
+    images: list[bytes] = field(default_factory=list)
+    image_inputs: list[ImageInput] = field(default_factory=list)
 
 
 class FrontDoor:
@@ -97,6 +105,10 @@ class FrontDoor:
         self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
         self.pacer = Pacer()  # fewer, fuller events while the loop runs late (pacing.py)
+        self.image_spec = ImageSpec.from_folder(tok.folder)  # None: a text-only model
+        self.image_bounds = ImageBounds()
+        if self.image_spec is not None:  # chat content keeps the image marker (tokenization)
+            tok.image_marker = (self.image_spec.image_token, self.image_spec.image_token_id)
 
     @property
     def context_length(self) -> int:
@@ -127,6 +139,8 @@ class FrontDoor:
         if inp.text is not None:
             return await self.encode(inp.text)
         if inp.input_ids is not None:
+            if inp.image_inputs:  # prepared before: its image positions hold pseudo ids
+                return list(inp.input_ids)
             check_input_ids(inp.input_ids, self.tok.vocab_size)
             return list(inp.input_ids)
         if inp.messages is not None:
@@ -166,6 +180,8 @@ class FrontDoor:
         """Tokenize and validate; raises GenerateError(INVALID_ARGUMENT)."""
         try:
             ids = await self.prompt_ids(inp)
+            if inp.images and not inp.image_inputs:
+                ids = await self._place_images(inp, ids)
             sampling = normalize_sampling(
                 inp.sampling,
                 inp.logprobs,
@@ -178,6 +194,26 @@ class FrontDoor:
         except InvalidRequest as exc:
             raise GenerateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), exc.field) from exc
         return ids, sampling
+
+    async def _place_images(self, inp: GenerateInput, ids: list[int]) -> list[int]:
+        """Decode and preprocess the images in the tokenizer pool (milliseconds each, off the
+        loop), then expand the prompt's markers; sets `inp.image_inputs`."""
+        spec = self.image_spec
+        if spec is None:
+            raise InvalidRequest(
+                f"model {self.tok.model_name!r} is text-only: it does not take images", "images"
+            )
+        n, most = len(inp.images), self.image_bounds.max_images
+        if n > most:
+            raise InvalidRequest(f"{n} images; at most {most} per request", "images")
+        loop = asyncio.get_running_loop()
+        jobs = [
+            loop.run_in_executor(self._tok_pool, prepare, data, spec, self.image_bounds, i)
+            for i, data in enumerate(inp.images)
+        ]
+        prepared = await asyncio.gather(*jobs)
+        ids, inp.image_inputs = place(ids, list(prepared), spec, self.tok.vocab_size)
+        return ids
 
     async def generate(
         self,
@@ -228,6 +264,7 @@ class FrontDoor:
             output_ids=resumed,
             eos_token_ids=[] if sampling.ignore_eos else self.tok.eos_ids,
             cache_namespace=cache_namespace(inp.tenant, inp.cache_salt),
+            images=[image_to_proto(im) for im in inp.image_inputs],
         )
         try:
             ticket = self.replicas.submit(submit)

@@ -146,6 +146,7 @@ def _input(req: api_pb2.GenerateRequest) -> GenerateInput:
         stream_interval=req.stream_interval if req.HasField("stream_interval") else 1,
         cache_salt=req.cache_salt,
         resume_output_ids=list(req.resume_output_ids),
+        images=list(req.images),
     )
     kind = req.WhichOneof("input")
     if kind == "text":

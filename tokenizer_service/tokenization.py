@@ -55,6 +55,9 @@ class Tokenization:
         # n / max_token_chars tokens: what cannot fit a context is refused before tokenizing.
         pieces = self.tok.convert_ids_to_tokens(list(range(len(self.tok))))
         self.max_token_chars = max(len(p) for p in pieces if p is not None)
+        # (text, id) of a multimodal model's image marker: chat content keeps it as the token
+        # (the front door sets it; every other special text in content stays plain).
+        self.image_marker: tuple[str, int] | None = None
 
     def _eos_ids(self, folder: Path) -> list[int]:
         ids: set[int] = set()
@@ -142,8 +145,18 @@ class Tokenization:
                     "changes message content, so it cannot be kept as plain text: remove it"
                 )
             ids += self.encode(head, add_special_tokens=False) if head else []
-            ids += self.encode_plain(m["content"])
+            ids += self._content_ids(m["content"])
         return ids + (self.encode(text, add_special_tokens=False) if text else [])
+
+    def _content_ids(self, content: str) -> list[int]:
+        """Plain tokens of a message's content, image markers kept as the image token."""
+        if self.image_marker is None or self.image_marker[0] not in content:
+            return self.encode_plain(content)
+        text, tid = self.image_marker
+        ids: list[int] = []
+        for i, piece in enumerate(content.split(text)):
+            ids += ([tid] if i else []) + (self.encode_plain(piece) if piece else [])
+        return ids
 
     def _render(
         self,

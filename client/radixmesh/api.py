@@ -137,10 +137,13 @@ def build_request(
     stream: bool = False,
     stream_interval: int | None = None,
     cache_salt: str = "",
+    images: Sequence[bytes] = (),
 ) -> api_pb2.GenerateRequest:
     """Exactly one of prompt (raw text), input_ids or messages (chat) must be given, and at most
     one grammar (json_schema as a dict or its JSON text, regex, ebnf). `cache_salt` keeps this
-    request's prefix cache apart from other requests of the same tenant that use another salt."""
+    request's prefix cache apart from other requests of the same tenant that use another salt.
+    `images` (encoded PNG/JPEG/... bytes; multimodal models) fill the prompt's image markers
+    (the model's image token, e.g. "<image>") in order."""
     given = [x is not None for x in (prompt, input_ids, messages)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, input_ids or messages")
@@ -154,6 +157,7 @@ def build_request(
     if json_schema is not None and not isinstance(json_schema, str):
         json_schema = json.dumps(json_schema)
     req = api_pb2.GenerateRequest(request_id=request_id, stream=stream, cache_salt=cache_salt)
+    req.images.extend(images)
     if prompt is not None:
         req.text = prompt
     elif input_ids is not None:

@@ -35,6 +35,7 @@ async def prefill_once(core: FrontDoor, inp: GenerateInput) -> tuple[list[int], 
         sampling=api_pb2.SamplingParams(max_new_tokens=0, temperature=0),
         tenant=inp.tenant,  # the choices must find it in their own cache namespace
         cache_salt=inp.cache_salt,
+        image_inputs=inp.image_inputs,  # prepared: `ids` hold their pseudo ids
     )
     done = await core.run(pre)
     return ids, done.cached_tokens

@@ -1,0 +1,73 @@
+"""A tiny LLaVA checkpoint folder for stack tests: HF transformers' own
+LlavaForConditionalGeneration with seeded random weights (CLIP tower 28 x 28 pixels in 14-pixel
+patches: 4 image tokens), the default model's tokenizer and chat template with an added
+"<image>" token, and a CLIPImageProcessor config. Built once per path."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+SIDE = 28
+
+
+def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(text_model)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_id = int(tok.convert_tokens_to_ids("<image>"))  # type: ignore[arg-type]
+    tok.save_pretrained(dest)
+    for extra in ("chat_template.jinja",):
+        if (text_model / extra).exists() and not (dest / extra).exists():
+            shutil.copy(text_model / extra, dest / extra)
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=SIDE,
+        patch_size=14,
+    )
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id)
+    torch.manual_seed(seed)
+    LlavaForConditionalGeneration(cfg).save_pretrained(dest)
+    CLIPImageProcessor(
+        size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}
+    ).save_pretrained(dest)
+    return dest
+
+
+def png(seed: int, w: int = 40, h: int = 32) -> bytes:
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()

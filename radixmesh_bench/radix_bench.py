@@ -1,6 +1,8 @@
 """`radixmesh bench radix`: RadixAttention on four workloads built from real text
 (radix_workloads.py).
 
+Workload ``multi_turn_long`` (radix_host_tier.py) compares the host KV tier off and on.
+
 Per workload: a KV pool of ~40 % of the workload's unique tokens (``--kv-tokens``), and runs with
 ``--radix tree`` / ``off`` / ``table`` and ``--policy lpm`` / ``fcfs`` / ``random``. Every
 request of a workload is submitted at once (chat: every session at once, turns in order), so
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from radixmesh.api import Client, GenerateResult
 
+from radixmesh_bench.radix_host_tier import NAME, run_host_tier
 from radixmesh_bench.radix_workloads import (
     Workload,
     build_workloads,
@@ -42,11 +45,14 @@ from services.launcher import StackPorts, stack_specs
 class BenchStack:
     """One model process (KV sized per workload) and a fresh scheduler process per run."""
 
-    def __init__(self, kv_tokens: int, log_dir: Path, model: str = "default") -> None:
+    def __init__(
+        self, kv_tokens: int, log_dir: Path, model: str = "default", host_kv_tokens: int = 0
+    ) -> None:
         self.ports = StackPorts.free()
-        self.launcher = launcher_for(
-            stack_specs(self.ports, model, model_args=["--kv-tokens", str(kv_tokens)]), log_dir
-        )
+        model_args = ["--kv-tokens", str(kv_tokens)]
+        if host_kv_tokens:  # the model service's host KV pool (issue 31)
+            model_args += ["--host-kv-tokens", str(host_kv_tokens)]
+        self.launcher = launcher_for(stack_specs(self.ports, model, model_args=model_args), log_dir)
         self._running = contextlib.ExitStack()  # holds the stack while it runs
         self.base_args = list(self.launcher.specs["scheduler"].args)
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"
@@ -247,6 +253,14 @@ def run(ns: argparse.Namespace) -> dict:
         finally:
             stack.stop()
         report["workloads"][w.name] = entry
+    if not ns.only or NAME in ns.only:
+        report["workloads"][NAME] = run_host_tier(
+            encode,
+            quick=ns.quick,
+            max_new=ns.max_new,
+            concurrency=ns.host_tier_concurrency,
+            model=ns.model,
+        )
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     return report
 
@@ -263,6 +277,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="KV capacity as a fraction of the workload's unique tokens",
     )
     p.add_argument("--concurrency", type=int, default=64, help="most requests in flight")
+    p.add_argument(
+        "--host-tier-concurrency",
+        type=int,
+        default=4,
+        help=f"{NAME} (host KV tier off vs on): conversations in flight at once",
+    )
     p.add_argument("--only", nargs="*", default=[], help="workload names to run")
     p.add_argument(
         "--configs",

@@ -229,6 +229,9 @@ class Listen:
     credentials: grpc.ServerCredentials | None = None
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
     health_port: int = 0
+    # SO_REUSEPORT on the main port: several processes (front doors) bind it and the kernel
+    # spreads the connections over them.
+    reuse_port: bool = False
 
 
 async def _health_only_server(host: str, port: int, hb: Health) -> grpc.aio.Server:
@@ -265,6 +268,8 @@ async def run_server(
     if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
         key = "grpc.max_receive_message_length"
         options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
+    if listen.reuse_port:
+        options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
     # StrictDecoding last (innermost): it caches its wrapper per method, so it must only ever
     # wrap the real handler, never a per-call refusal of the API-key interceptor.
     interceptors = [*listen.interceptors, StrictDecoding()]

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         credentials=_public_tls(cfg),
         interceptors=(ApiKeyInterceptor(keys),),
         health_port=cfg.health_port,
+        reuse_port=cfg.reuse_port,
     )
     try:
         replicas = ReplicaSet.from_config(cfg)
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.http_port:
             app = build_app(core, cfg, str(folder), keys)
             try:
-                runner = await start_http(app, cfg.host, cfg.http_port, _http_tls(cfg))
+                runner = await start_http(
+                    app, cfg.host, cfg.http_port, _http_tls(cfg), cfg.reuse_port
+                )
             except OSError as exc:
                 raise SystemExit(
                     f"tokenizer: cannot serve HTTP on port {cfg.http_port}: {exc}"

@@ -95,6 +95,12 @@ class TokenizerConfig(ServiceConfig):
     )
     max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
     tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
+    reuse_port: bool = field(
+        False,
+        "bind --port and --http-port with SO_REUSEPORT, so that several front doors share "
+        "them and the kernel spreads the connections (each needs its own --metrics-port and "
+        "--health-port)",
+    )
     event_loop: str = field(
         "auto",
         "the event loop: uvloop (PyPI `uvloop`; cheaper per streamed event), asyncio, or auto "

@@ -143,13 +143,18 @@ def build_app(
 
 
 async def start_http(
-    app: web.Application, host: str, port: int, tls: ssl.SSLContext | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> web.AppRunner:
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # core's generator and so aborts its request and frees its KV slots at once.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    # reuse_port: several front doors share the port (SO_REUSEPORT, --reuse-port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_port=reuse_port or None)
     await site.start()
     log.info("http_listening", address=f"{host}:{port}")
     return runner

@@ -176,7 +176,12 @@ def build_engine(
         )
     pool.capacity = capacity
     if cfg.host_kv_tokens:
-        pool.add_host_tier(cfg.host_kv_tokens)
+        with out_of_memory_as_model_error(
+            f"allocating the host KV pool ({cfg.host_kv_tokens} tokens)",
+            torch.device("cpu"),
+            "lower --host-kv-tokens",
+        ):
+            pool.add_host_tier(cfg.host_kv_tokens)
     attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads, a.head_dim)
     if note:
         log.warning("attention_fallback", reason=note)

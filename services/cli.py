@@ -306,6 +306,13 @@ def _add_serve(sub: Any) -> None:
         help="KV pool size of the whole stack, split evenly over the replicas (0: each model "
         "service's memory budget)",
     )
+    sched.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=0,
+        help="host-memory KV tier under the radix cache, per replica, in tokens (docs/radix.md, "
+        "Host tier; 0: off)",
+    )
 
     keys = s.add_argument_group("API keys (docs/security.md; default: open)")
     keys.add_argument("--api-keys", default="", help="comma-separated API keys, a tenant each")

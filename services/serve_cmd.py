@@ -50,9 +50,11 @@ def service_args(ns: argparse.Namespace) -> dict[str, list[str]]:
     # --kv-tokens is the stack's total: N replicas together hold what one would.
     per_replica = ns.kv_tokens // ns.replicas
     model = ["--kv-tokens", str(per_replica)] if ns.kv_tokens else []
+    # The host tier needs both ends: the model service's pool, the scheduler's index space.
+    host = ["--host-kv-tokens", str(ns.host_kv_tokens)] if ns.host_kv_tokens else []
     return {
-        "model": [*model, *logs],
-        "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *logs],
+        "model": [*model, *host, *logs],
+        "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *host, *logs],
         "tokenizer": [*tok, *logs],
         "grammar": logs,
     }

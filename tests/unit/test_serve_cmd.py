@@ -190,3 +190,14 @@ def test_shared_log_dir_is_refused_not_changed(tmp_path: Path) -> None:
     with pytest.raises(LogDirError, match="is shared .mode 1777"):
         make_private_dir(shared)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_host_kv_tokens_reach_the_model_and_the_scheduler() -> None:
+    """The host KV tier needs both ends (issue 31): the model service's pool, the scheduler's
+    index space; off (no flag anywhere) by default."""
+    on = build_specs(_ns("--host-kv-tokens", "5000", "--replicas", "2"), Topology(2), "default")
+    off = build_specs(_ns(), Topology(), "default")
+    for spec in on:
+        has = "--host-kv-tokens 5000" in " ".join(spec.args)
+        assert has == (spec.module in ("model_service", "scheduler_service")), spec.name
+    assert all("--host-kv-tokens" not in spec.args for spec in off)

@@ -11,12 +11,14 @@ tiny_llava.py: HF's own LlavaForConditionalGeneration with seeded random weights
 
 from __future__ import annotations
 
+import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import requests
 import torch
 from radixmesh.api import Client, RadixMeshError
 
@@ -126,3 +128,73 @@ def test_bad_images_are_invalid_argument_and_harm_no_one(
         assert says in str(err.value), name
         ok = c.generate("<image> fine", images=[png(9)], max_new_tokens=2, temperature=0.0)
     assert ok.completion_tokens == 2
+
+
+def _data_url(b: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(b).decode()
+
+
+def test_openai_chat_image_url_parts(mm_stack: Stack) -> None:
+    """An image_url part (a data URL) is the image at that place of the message: the same
+    output as the gRPC chat with the marker there and the image attached."""
+    img = png(201)
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this? "},
+                    {"type": "image_url", "image_url": {"url": _data_url(img)}},
+                ],
+            }
+        ],
+        "max_tokens": NEW,
+        "temperature": 0,
+    }
+    r = requests.post(mm_stack.http_url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    msgs = [{"role": "user", "content": "What is this? <image>"}]
+    with Client(mm_stack.endpoint) as c:
+        want = c.generate(
+            messages=msgs,
+            images=[img],
+            max_new_tokens=NEW,
+            temperature=0.0,
+            skip_special_tokens=True,
+        )
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    assert r.json()["usage"]["prompt_tokens"] == want.prompt_tokens
+    remote = {
+        **body,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "http://169.254.169.254/x.png"}}
+                ],
+            }
+        ],
+    }
+    r = requests.post(mm_stack.http_url + "/v1/chat/completions", json=remote, timeout=60)
+    assert r.status_code == 400 and "remote image URLs are not fetched" in r.text
+
+
+def test_sglang_generate_image_data(mm_stack: Stack) -> None:
+    img = png(202)
+    text = "<image>\nDescribe the picture."
+    payload = {
+        "text": text,
+        "image_data": base64.b64encode(img).decode(),
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW},
+    }
+    r = requests.post(mm_stack.http_url + "/generate", json=payload, timeout=120)
+    assert r.status_code == 200, r.text
+    with Client(mm_stack.endpoint) as c:
+        want = c.generate(
+            text, images=[img], max_new_tokens=NEW, temperature=0.0, skip_special_tokens=True
+        )
+    assert r.json()["text"] == want.text
+    bad = {**payload, "image_data": "/etc/passwd"}
+    r = requests.post(mm_stack.http_url + "/generate", json=bad, timeout=60)
+    assert r.status_code == 400, r.text

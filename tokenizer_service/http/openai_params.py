@@ -15,6 +15,7 @@ from typing import Any
 from radixmesh_wire.pb import api_pb2
 from tokenizer_service.core import GenerateInput
 from tokenizer_service.http.errors import HttpError
+from tokenizer_service.http.image_parts import MARKER, image_bytes
 from tokenizer_service.http.protocol import (
     MAX_N,
     ChatMessage,
@@ -154,7 +155,8 @@ def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
     b = validate(ChatRequest, d)
     if not b.messages:
         raise HttpError(400, "'messages' is empty: send at least one message", param="messages")
-    msgs = [message_dict(m, i) for i, m in enumerate(b.messages)]
+    images: list[bytes] = []
+    msgs = [message_dict(m, i, images) for i, m in enumerate(b.messages)]
     req = OpenAIRequest(model=b.model, inputs=[], chat=b)
     _common(b, req)
     req.logprobs = bool(b.logprobs)
@@ -173,22 +175,34 @@ def parse_chat(d: dict[str, Any]) -> OpenAIRequest:
             logprobs=lp,
             stream=req.stream,
             cache_salt=req.cache_salt,
+            images=images,
         )
     )
     return req
 
 
-def message_dict(m: ChatMessage, i: int) -> dict[str, Any]:
-    """A chat message as the chat template reads it: text content joined from its parts; an
+def message_dict(m: ChatMessage, i: int, images: list[bytes] | None = None) -> dict[str, Any]:
+    """A chat message as the chat template reads it: text content joined from its parts (an
+    `image_url` part becomes the image marker there, its bytes appended to `images`); an
     assistant's tool calls and a tool result's call id kept for templates that render them."""
     param = f"messages[{i}]"
     if isinstance(m.content, list):
         parts = []
-        for part in m.content:
+        for j, part in enumerate(m.content):
+            if part.type == "image_url" and images is not None:
+                if part.image_url is None:
+                    raise HttpError(
+                        400, f"{param}: an image_url part needs 'image_url'", param=param
+                    )
+                where = f"{param}.content[{j}].image_url.url"
+                images.append(image_bytes(part.image_url.url, where))
+                parts.append(MARKER)
+                continue
             if part.type != "text":
                 raise HttpError(
                     400,
-                    f"{param}: only text content parts are supported, not {part.type!r}",
+                    f"{param}: only text and image_url content parts are supported, "
+                    f"not {part.type!r}",
                     param=f"{param}.content",
                 )
             if part.text is None:

@@ -74,9 +74,17 @@ class SamplingFields(Strict):
     cache_salt: str | None = None  # vLLM's: prefix-cache isolation within the tenant
 
 
+class ImageUrl(Strict):
+    url: str
+    detail: str | None = None  # OpenAI's; one resolution is served whatever it says
+
+
 class TextPart(Strict):
+    """A content part: text, or (multimodal models) an `image_url` given as a data URL."""
+
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
 
 
 class FunctionCall(Strict):
@@ -178,6 +186,9 @@ class SGLangGenerate(Strict):
     return_text_in_logprobs: bool | None = None
     rid: str | list[str] | None = None
     stream_options: StreamOptions | None = None  # bench_serving sends it; usage is always in
+    # Images (multimodal models): data URLs or base64, one per "<image>" marker of the text;
+    # with a batch of texts, one such list per text.
+    image_data: str | list[str] | list[list[str]] | None = None
 
 
 # --- errors ---------------------------------------------------------------------------------

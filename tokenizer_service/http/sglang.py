@@ -31,6 +31,7 @@ from tokenizer_service.http.errors import (
     valid_request_id,
 )
 from tokenizer_service.http.fanout import merged, name_inputs, run_all
+from tokenizer_service.http.image_parts import image_bytes
 from tokenizer_service.http.openai_params import sampling_params
 from tokenizer_service.http.protocol import SGLangGenerate, SGLangSampling, validate
 from tokenizer_service.http.sse import DONE, frame, open_stream
@@ -211,6 +212,7 @@ def _parse(d: dict[str, Any], context_length: int) -> _Request:
     req.return_logprob = bool(_first(b.return_logprob))
     req.text_in_logprobs = bool(b.return_text_in_logprobs)
     req.top_n = int(_first(b.top_logprobs_num) or 0)
+    images = _images(b.image_data, len(prompts), req.batch)
     for k, p in enumerate(prompts):
         starts = b.logprob_start_len
         start = starts[k] if isinstance(starts, list) and k < len(starts) else _first(starts)
@@ -219,13 +221,36 @@ def _parse(d: dict[str, Any], context_length: int) -> _Request:
         if req.return_logprob and start >= 0:
             lp.prompt_logprobs_from = start
         req.start.append(start)
-        inp = GenerateInput(sampling=sampling, logprobs=lp, stream=req.stream)
+        inp = GenerateInput(sampling=sampling, logprobs=lp, stream=req.stream, images=images[k])
         if isinstance(p, str):
             inp.text = p
         else:
             inp.input_ids = p
         req.inputs.append(inp)
     return req
+
+
+def _images(data: str | list[Any] | None, n: int, batch: bool) -> list[list[bytes]]:
+    """Per prompt, the bytes of its `image_data` (data URLs or base64; SGLang's file paths
+    and URLs are refused: the server reads no files and fetches nothing)."""
+    if data is None:
+        return [[] for _ in range(n)]
+    if not batch:
+        refs = [data] if isinstance(data, str) else list(data)
+        if not all(isinstance(r, str) for r in refs):
+            raise HttpError(
+                422, "'image_data' of one prompt is a string or a list", param="image_data"
+            )
+        return [[image_bytes(r, f"image_data[{i}]", True) for i, r in enumerate(refs)]]
+    if not isinstance(data, list) or len(data) != n:
+        raise HttpError(
+            400, f"'image_data' of a batch needs one entry per text ({n})", param="image_data"
+        )
+    out: list[list[bytes]] = []
+    for k, item in enumerate(data):
+        refs = [item] if isinstance(item, str) else list(item)
+        out.append([image_bytes(r, f"image_data[{k}][{i}]", True) for i, r in enumerate(refs)])
+    return out
 
 
 def _first(v: Any) -> Any:

@@ -15,6 +15,7 @@ import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -138,7 +139,7 @@ def test_openai_chat_image_url_parts(mm_stack: Stack) -> None:
     """An image_url part (a data URL) is the image at that place of the message: the same
     output as the gRPC chat with the marker there and the image attached."""
     img = png(201)
-    body = {
+    body: dict[str, Any] = {
         "model": "m",
         "messages": [
             {
@@ -183,7 +184,7 @@ def test_openai_chat_image_url_parts(mm_stack: Stack) -> None:
 def test_sglang_generate_image_data(mm_stack: Stack) -> None:
     img = png(202)
     text = "<image>\nDescribe the picture."
-    payload = {
+    payload: dict[str, Any] = {
         "text": text,
         "image_data": base64.b64encode(img).decode(),
         "sampling_params": {"temperature": 0, "max_new_tokens": NEW},
@@ -195,6 +196,6 @@ def test_sglang_generate_image_data(mm_stack: Stack) -> None:
             text, images=[img], max_new_tokens=NEW, temperature=0.0, skip_special_tokens=True
         )
     assert r.json()["text"] == want.text
-    bad = {**payload, "image_data": "/etc/passwd"}
+    bad: dict[str, Any] = {**payload, "image_data": "/etc/passwd"}
     r = requests.post(mm_stack.http_url + "/generate", json=bad, timeout=60)
     assert r.status_code == 400, r.text

@@ -195,7 +195,7 @@ class Scheduler:
             return FlushOutcome(
                 False, message=f"{busy} requests are waiting or running; flush when idle"
             )
-        freed = st.cache.evict(st.cache.evictable_size)
+        freed = st.cache.flush()  # the host tier too: nothing is saved on the way out
         self.wake.set()  # an idle loop flushes once: front doors hear of the evictions
         log.info("cache_flushed", evicted_tokens=freed)
         return FlushOutcome(True, evicted_tokens=freed)

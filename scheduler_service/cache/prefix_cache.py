@@ -160,6 +160,10 @@ class PrefixCache(Protocol):
         """Free at least ``n`` tokens of unlocked cache if possible; returns tokens freed."""
         ...
 
+    def flush(self) -> int:
+        """Drop all unlocked cache (FlushCache), the host tier's too; returns GPU tokens freed."""
+        ...
+
     def free_slots(self, slots: Sequence[int]) -> None:
         """Free request-owned slots that never entered the cache (abort, unused allocations)."""
         ...

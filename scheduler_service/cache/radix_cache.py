@@ -210,6 +210,7 @@ class RadixCache:
         self.host: HostTier | None = (
             HostTier(host_capacity, self._unlink, debug=allocator.debug) if host_capacity else None
         )
+        self._flushing = False  # flush(): eviction drops KV instead of saving it to the host
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -616,7 +617,7 @@ class RadixCache:
             assert parent is not None
             if obs is not None:
                 obs.evicted(node)  # cache events publish GPU-resident blocks only
-            if host is not None and host.save(node):
+            if host is not None and not self._flushing and host.save(node):
                 free(node.value)  # the queued save runs before any new use of these slots
                 node.value = []  # host-only now: it keeps its place in the tree
             else:
@@ -666,6 +667,25 @@ class RadixCache:
         t0 = perf_counter()
         freed = self._evict(n) if n > 0 else 0
         self.stats.bookkeeping_seconds += perf_counter() - t0
+        return freed
+
+    def flush(self) -> int:
+        """Drop every unlocked entry of both tiers, saving nothing (FlushCache); returns the
+        GPU tokens freed. Loads already queued for locked nodes stay queued."""
+        self._flushing = True
+        try:
+            freed = self.evict(self._evictable)
+        finally:
+            self._flushing = False
+        host = self.host
+        if host is not None:
+            for node in list(self._iter_nodes()):
+                if node.dead:
+                    continue  # dropped with an ancestor just now
+                if node.value:
+                    host.drop(node)
+                else:  # a host-only subtree under a locked GPU node
+                    self._drop(node)
         return freed
 
     def alloc(self, n: int) -> list[int] | None:

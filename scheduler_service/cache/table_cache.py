@@ -288,6 +288,9 @@ class TableCache:
     def load_host(self, m: MatchResult) -> MatchResult | None:
         return None  # no host tier: only the tree has one
 
+    def flush(self) -> int:
+        return self.evict(self.evictable_size)
+
     def node_parent(self, node: object) -> object | None:
         # Flat: every entry hangs off the root.
         return None if self._entry(node) is self._root else self._root

@@ -234,3 +234,18 @@ def test_reset_forgets_both_tiers() -> None:
     assert c.host.allocator.free_count == 8 and c.free_size == 4
     assert c.match_prefix([1, 2, 3, 4]).host_len == 0
     c.check_integrity(0, [])
+
+
+def test_flush_drops_both_tiers_and_saves_nothing() -> None:
+    c = _cache()
+    for toks in ([1, 2], [5, 6]):
+        s = c.alloc(2)
+        assert s is not None
+        c.insert(toks, s)
+    c.evict(2)  # the older path goes to the host
+    assert c.host is not None and c.host.held == 2
+    c.host.take_copies()
+    assert c.flush() == 2  # the GPU path, dropped
+    assert c.host.held == 0 and c.host.take_copies() == [] and c.total_cached() == 0
+    assert c.match_prefix([1, 2, 3]).host_len == 0
+    c.check_integrity(0, [])

@@ -217,9 +217,9 @@ def test_default_backend_config_chat_template_cache_compile_and_last_node() -> N
     assert graph.run(q="Why?").wait()["a"] == " Why?"
 
 
-def test_image_is_refused_and_reasoning_is_separated() -> None:
-    with pytest.raises(rm.ProgramError, match="text-only"):
-        rm.image("cat.png")
+def test_a_missing_image_file_is_refused_and_reasoning_is_separated() -> None:
+    with pytest.raises(rm.ProgramError, match="cannot read the file"):
+        rm.image("no-such-dir/cat.png")
 
     @rm.function
     def prog(s: rm.ProgramState) -> None:

@@ -25,6 +25,7 @@ from radixmesh.lang.backend import (
 )
 from radixmesh.lang.config import default_endpoint
 from radixmesh.lang.errors import BackendError
+from radixmesh.lang.images import split_images
 from radixmesh.lang.params import GenParams
 from radixmesh_wire.pb import api_pb2, api_pb2_grpc
 
@@ -62,7 +63,8 @@ def generate_request(
 ) -> api_pb2.GenerateRequest:
     request = api_pb2.GenerateRequest(sampling=sampling_message(params), stream=stream)
     if isinstance(prompt, str):
-        request.text = prompt
+        request.text, images = split_images(prompt)  # rm.image tags -> markers + bytes
+        request.images.extend(images)
     else:
         request.input_ids.ids.extend(prompt)
     if logprobs is not None:

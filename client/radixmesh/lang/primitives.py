@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from radixmesh.lang.choices import token_length_normalized
-from radixmesh.lang.errors import ProgramError
 from radixmesh.lang.ir import (
     REGEX_BOOL,
     REGEX_FLOAT,
@@ -155,11 +154,12 @@ def select(
 
 
 def image(path: Any) -> Expr:
-    """SGLang's image input. RadixMesh serves text-only models, so this is refused at once."""
-    raise ProgramError(
-        f"rm.image({path!r}): RadixMesh serves text-only models, so programs cannot send "
-        "images; remove the image or use a vision-capable server"
-    )
+    """SGLang's image input (a file path or the image's bytes), for multimodal models: the
+    image goes into the prompt as a tag that the backend sends as the image (lang/images.py).
+    A text-only model refuses the request with INVALID_ARGUMENT naming the model."""
+    from radixmesh.lang.images import image_tag
+
+    return Text(image_tag(path))
 
 
 def separate_reasoning(expr: Expr, model_type: str | None = None) -> Expr:

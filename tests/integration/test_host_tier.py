@@ -3,7 +3,9 @@
 Two stacks, started once for this module:
 - ``tier``: a GPU pool of 256 KV tokens, far too small for the workload, with a host tier of
   2048 tokens on both the model service and the scheduler, ``--debug-invariants`` (the
-  accounting of both tiers is checked after every step; a violation ends the scheduler);
+  accounting of both tiers is checked after every step; a violation ends the scheduler) and
+  ``--nan-fill`` (freed GPU slots are poisoned with NaN: a save that read a slot after it was
+  poisoned, or a poisoned load, would show up in the outputs);
 - ``big``: 8192 KV tokens and no host tier: nothing is ever evicted (the reference).
 
 The workload: five conversations of about 100-token histories, turns interleaved, so every
@@ -33,7 +35,7 @@ CONVERSATIONS, TURNS, NEW = 5, 3, 8
 def tier(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     yield from start_stack(
         tmp_path_factory.mktemp("host-tier"),
-        ["--kv-tokens", str(GPU_KV), "--host-kv-tokens", str(HOST_KV)],
+        ["--kv-tokens", str(GPU_KV), "--host-kv-tokens", str(HOST_KV), "--nan-fill"],
         ["--radix", "tree", "--debug-invariants", "--host-kv-tokens", str(HOST_KV)],
     )
 

@@ -199,3 +199,41 @@ def test_sglang_generate_image_data(mm_stack: Stack) -> None:
     bad: dict[str, Any] = {**payload, "image_data": "/etc/passwd"}
     r = requests.post(mm_stack.http_url + "/generate", json=bad, timeout=60)
     assert r.status_code == 400, r.text
+
+
+def test_paper_multimodal_program_with_a_fork(mm_stack: Stack) -> None:
+    """The paper's multimodal program: an image, a question, then a fork of two follow-ups.
+    The answer equals the same prompt sent directly; each follow-up reuses the cached prefix
+    through the image and the answer (its cached_tokens cover them)."""
+    import radixmesh.lang as rm
+
+    img = png(301)
+
+    @rm.function
+    def image_qa(s: rm.ProgramState, image: bytes, question: str) -> None:
+        s += "USER: " + rm.image(image) + " " + question + "\nASSISTANT:"
+        s += rm.gen("answer", max_tokens=NEW, temperature=0)
+        forks = s.fork(2)
+        for i, follow_up in enumerate(["Why?", "What colour is it?"]):
+            forks[i] += f"\nUSER: {follow_up}\nASSISTANT:"
+            forks[i] += rm.gen("more", max_tokens=NEW, temperature=0)
+        forks.join("gather_variable")
+
+    backend = rm.RuntimeEndpoint(mm_stack.endpoint)
+    try:
+        state = image_qa.run(image=img, question="What is in the image?", backend=backend)
+        more = state["more"]
+        answer = state["answer"]
+        head = len(backend.tokenize("USER: ", add_special_tokens=True))
+    finally:
+        backend.close()
+    with Client(mm_stack.endpoint) as c:
+        direct = c.generate(
+            "USER: <image> What is in the image?\nASSISTANT:",
+            images=[img],
+            max_new_tokens=NEW,
+            temperature=0.0,
+        )
+    assert answer == direct.text
+    assert len(more) == 2 and all(isinstance(m, str) for m in more)
+    assert direct.cached_tokens >= head + IMAGE_TOKENS  # the program's run cached the image

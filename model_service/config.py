@@ -46,6 +46,9 @@ class ModelServiceConfig(ServiceConfig):
         "must be on too",
     )
     kv_memory_fraction: float = field(0.85, "fraction of free GPU memory for the KV pool")
+    context_length: int = field(
+        0, "longest prompt + output served, reported to the scheduler (0: the model's own)"
+    )
     min_kv_tokens: int = field(
         0,
         "smallest KV pool sized from the memory budget that is worth serving, in tokens "
@@ -101,6 +104,8 @@ class ModelServiceConfig(ServiceConfig):
             raise ValueError("--tp-timeout-s must be > 0")
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("--kv-memory-fraction must be in (0, 1]")
+        if self.context_length < 0:
+            raise ValueError("--context-length must be >= 0 (0: the model's own)")
         if self.host_kv_tokens < 0:
             raise ValueError("--host-kv-tokens must be >= 0")
         if self.kv_tokens < 0:

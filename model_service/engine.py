@@ -223,7 +223,7 @@ def build_engine(
         runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),
         model_name=str(name),
         model_dir=model_dir,
-        context_length=a.max_position,
+        context_length=cfg.context_length or a.max_position,
         vocab_size=model.vocab_size,
         eos_token_ids=_eos_ids(hf_cfg) or _eos_ids(text_config(hf_cfg)),
         device=device,

@@ -261,3 +261,9 @@ def _check_vocab(tok: Path, vocab_size: int) -> None:
             f"tokenizer {tok} has ids up to {max(ids)}, more than the model's "
             f"vocabulary of {vocab_size}"
         )
+
+
+if __name__ == "__main__":  # `radixmesh serve --random-weights NAME`: the shape's folder
+    import sys
+
+    print(random_config(sys.argv[1])[1])

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from services.gpu_flags import add_gpu_flags
+
 if TYPE_CHECKING:
     from radixmesh.api import Client, GenerateResult, RadixMeshError
 
@@ -286,8 +288,9 @@ def _add_serve(sub: Any) -> None:
     topo.add_argument(
         "--replicas",
         type=positive_int,
-        default=1,
-        help="scheduler+model pairs (each its own KV cache)",
+        default=None,
+        help="scheduler+model pairs (each its own KV cache); default: one per visible GPU "
+        "(or per --tp GPUs), 1 on the CPU",
     )
     topo.add_argument(
         "--front-doors", type=positive_int, default=1, help="front doors (HTTP ports count up)"
@@ -313,6 +316,8 @@ def _add_serve(sub: Any) -> None:
         help="host-memory KV tier under the radix cache, per replica, in tokens (docs/radix.md, "
         "Host tier; 0: off)",
     )
+
+    add_gpu_flags(s)
 
     keys = s.add_argument_group("API keys (docs/security.md; default: open)")
     keys.add_argument("--api-keys", default="", help="comma-separated API keys, a tenant each")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from services.cli import EXIT_INTERRUPTED, SMOKE_PROMPT, say, with_heartbeat
 
 if TYPE_CHECKING:
+    from services.placement import Placement
     from services.topology import ServiceSpec, Topology
 
 EXIT_PORTS = 1  # a port of the plan is taken or given twice
@@ -41,20 +42,23 @@ def _err(msg: str) -> None:
     print(f"radixmesh serve: {msg}", file=sys.stderr, flush=True)
 
 
-def service_args(ns: argparse.Namespace) -> dict[str, list[str]]:
+def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list[str]]:
     """Each kind's own flags from serve's flags; `--log-level`/`--log-format` go to all."""
+    from services.gpu_flags import gpu_service_args
+
     logs = ["--log-level", ns.log_level, "--log-format", ns.log_format]
     tok = ["--served-model-name", ns.served_model_name] if ns.served_model_name else []
     if ns.chat_template:
         tok += ["--chat-template", str(Path(ns.chat_template).resolve())]
     # --kv-tokens is the stack's total: N replicas together hold what one would.
-    per_replica = ns.kv_tokens // ns.replicas
+    per_replica = ns.kv_tokens // len(placement.replicas)
     model = ["--kv-tokens", str(per_replica)] if ns.kv_tokens else []
     # The host tier needs both ends: the model service's pool, the scheduler's index space.
     host = ["--host-kv-tokens", str(ns.host_kv_tokens)] if ns.host_kv_tokens else []
+    gpu = gpu_service_args(ns)
     return {
-        "model": [*model, *host, *logs],
-        "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *host, *logs],
+        "model": [*model, *host, *placement.model_args(), *gpu["model"], *logs],
+        "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *host, *gpu["scheduler"], *logs],
         "tokenizer": [*tok, *logs],
         "grammar": logs,
     }
@@ -90,10 +94,17 @@ def smoke_key(ns: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def build_specs(ns: argparse.Namespace, topo: Topology, model: str) -> list[ServiceSpec]:
+def build_specs(
+    ns: argparse.Namespace, topo: Topology, model: str, placement: Placement | None = None
+) -> list[ServiceSpec]:
+    """`placement`: where each replica's ranks run (None: one rank per replica, no GPU
+    pinning, as on the CPU)."""
+    from services.placement import Placement
     from services.topology import sequential_ports, topology_specs
 
-    kinds = service_args(ns)
+    if placement is None:
+        placement = Placement(1, tuple(() for _ in range(topo.replicas)), "")
+    kinds = service_args(ns, placement)
     m = ns.metrics_port
     specs = topology_specs(
         topo,
@@ -121,14 +132,26 @@ def check_plan(specs: list[ServiceSpec]) -> str | None:
 
 
 def serve(ns: argparse.Namespace) -> int:
+    from services.gpu_flags import plan, random_model_folder
     from services.log_tail import LogDirError, make_private_dir
     from services.logging import configure_logging
     from services.model_store import ModelError, describe_model_source, resolve_model
     from services.topology import Topology
 
     configure_logging("launcher", ns.log_level, json=ns.log_format == "json")
-    topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)
-    problem = check_plan(build_specs(ns, topo, ns.model))
+    try:
+        placement = plan(ns)
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_SETUP
+    say(f"placement: {placement.note}")
+    topo = Topology(
+        len(placement.replicas),
+        ns.front_doors,
+        ns.grammar_replicas,
+        replica_env=placement.replica_envs(),
+    )
+    problem = check_plan(build_specs(ns, topo, ns.model, placement))
     if problem is not None:
         _err(problem)
         return EXIT_PORTS
@@ -138,6 +161,16 @@ def serve(ns: argparse.Namespace) -> int:
         except (LogDirError, OSError) as exc:
             _err(str(exc))
             return EXIT_SETUP
+    if ns.random_weights:
+        # The shape's folder (config.json, tokenizer) serves the front door and the grammar
+        # service; the model service draws the weights itself.
+        try:
+            shape = Path(random_model_folder(ns.random_weights))
+        except ValueError as exc:
+            _err(str(exc))
+            return EXIT_SETUP
+        specs = build_specs(ns, topo, str(shape), placement)
+        return _run(ns, topo, specs, f"{shape} (random weights)")
     say(f"preparing model {ns.model!r}: {describe_model_source(ns.model)}")
     try:
         # Convert/download once, before four processes race for it.
@@ -149,7 +182,7 @@ def serve(ns: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     # Services get a local folder: a hub id is resolved (downloaded) here only.
     model = ns.model if ns.model in ("", "default") else str(folder)
-    return _run(ns, topo, build_specs(ns, topo, model), str(folder))
+    return _run(ns, topo, build_specs(ns, topo, model, placement), str(folder))
 
 
 def _run(ns: argparse.Namespace, topo: Topology, specs: list[ServiceSpec], folder: str) -> int:

@@ -57,7 +57,7 @@ def _free(port: int) -> bool:
 
 def _plan(*args: str) -> str | None:
     ns = _ns(*args)
-    topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)
+    topo = Topology(ns.replicas or 1, ns.front_doors, ns.grammar_replicas)
     return check_plan(build_specs(ns, topo, "default"))
 
 
@@ -124,7 +124,7 @@ def test_ports_keep_their_places_with_more_replicas() -> None:
     """The grammar service stays on base+3 (50054) with --replicas 2 (it moved to 50056)."""
     for args in ([], ["--replicas", "2"], ["--replicas", "3", "--grammar-replicas", "2"]):
         ns = _ns("--port", "50051", *args)
-        topo = Topology(ns.replicas, ns.front_doors, ns.grammar_replicas)
+        topo = Topology(ns.replicas or 1, ns.front_doors, ns.grammar_replicas)
         ports = {s.name: s.port for s in build_specs(ns, topo, "default")}
         first = {n.split("-")[0]: p for n, p in ports.items() if n.split("-")[-1] in (n, "0")}
         assert first == {"tokenizer": 50051, "scheduler": 50052, "model": 50053, "grammar": 50054}

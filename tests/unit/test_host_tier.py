@@ -21,6 +21,9 @@ from radixmesh_wire.step_ops import KVCopy
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.planner.policy import SchedulePolicy
+from scheduler_service.planner.prefill_adder import admit_prefills
+from tests.unit.queue_item import Item
 
 GPU = 12
 HOST = 20
@@ -248,4 +251,29 @@ def test_flush_drops_both_tiers_and_saves_nothing() -> None:
     assert c.flush() == 2  # the GPU path, dropped
     assert c.host.held == 0 and c.host.take_copies() == [] and c.total_cached() == 0
     assert c.match_prefix([1, 2, 3]).host_len == 0
+    c.check_integrity(0, [])
+
+
+def test_lpm_ranks_a_host_hit_between_gpu_hits_and_misses_and_admission_loads_it() -> None:
+    c = RadixCache(SlotAllocator(16, debug=True), host_capacity=32)
+    for toks in ([1] * 8, [2] * 4):  # [1]*8 first: it is the LRU path, evicted to the host
+        s = c.alloc(len(toks))
+        assert s is not None
+        c.insert(toks, s)
+    assert c.evict(8) == 8 and c.host is not None
+    host_long = Item([1] * 8 + [9], 0)  # 8 host tokens: ranks as 4 GPU tokens
+    gpu_short = Item([2] * 3 + [9], 1)  # 3 GPU tokens
+    cold = Item([3, 9], 2)
+    order = SchedulePolicy("lpm").order([cold, gpu_short, host_long], c)
+    assert order == [host_long, gpu_short, cold]
+    plan = admit_prefills(order, c, chunk_budget=4, max_running=8, num_running=0)
+    first = plan.admitted[0]
+    # Loaded, not recomputed: its 8 host tokens are prefix, and the chunk budget went to the
+    # one token it computes and to the next requests.
+    assert first.item is host_long and first.prefix_len == 8 and first.n_tokens == 1
+    assert c.host.stats.host_hit_tokens == 8
+    assert [x.to_host for x in c.host.take_copies()] == [True, False]
+    for a in plan.admitted:
+        c.free_slots(a.new_slots)
+        c.unlock(a.match.node)
     c.check_integrity(0, [])

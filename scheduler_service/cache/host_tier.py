@@ -83,7 +83,9 @@ class HostTier:
         """``node`` may have become eligible (or its time changed): give it a heap entry."""
         if eligible(node):
             heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
-            if len(self._heap) > 4 * len(self._live()) + 256:
+            # Stale entries pile up (entries are invalidated lazily): rebuild when the heap
+            # outgrows the host tokens (a bound on the nodes holding any), amortised O(1).
+            if len(self._heap) > 2 * self.held + 256:
                 self._rebuild()
 
     def _live(self) -> set[Any]:
@@ -166,15 +168,20 @@ class HostTier:
         same direction are merged (fewer, larger copies) unless a destination repeats: a host
         slot freed and reused inside one queue must be written in order."""
         out: list[KVCopy] = []
+        src: list[int] = []
+        dst: list[int] = []
         dsts: set[int] = set()
+        to_host = False
         for c in self._copies:
-            if out and out[-1].to_host == c.to_host and dsts.isdisjoint(c.dst):
-                last = out[-1]
-                out[-1] = KVCopy(c.to_host, last.src + c.src, last.dst + c.dst)
-            else:
-                out.append(c)
-                dsts = set()
+            if src and (c.to_host != to_host or not dsts.isdisjoint(c.dst)):
+                out.append(KVCopy(to_host, src, dst))
+                src, dst, dsts = [], [], set()
+            to_host = c.to_host
+            src.extend(c.src)  # fresh lists: a load's dst is also its node's slot list
+            dst.extend(c.dst)
             dsts.update(c.dst)
+        if src:
+            out.append(KVCopy(to_host, src, dst))
         self._copies = []
         return out
 

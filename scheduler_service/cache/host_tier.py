@@ -160,7 +160,7 @@ class HostTier:
 
     def load(self, node: Any, gpu_slots: list[int]) -> None:
         """Queue the copy of host-only ``node`` into ``gpu_slots`` (it keeps its host copy)."""
-        self._copies.append(KVCopy(False, list(node.host), gpu_slots))
+        self._copies.append(KVCopy(False, list(node.host), list(gpu_slots)))
         self.stats.loaded_tokens += len(gpu_slots)
 
     def take_copies(self) -> list[KVCopy]:
@@ -177,7 +177,7 @@ class HostTier:
                 out.append(KVCopy(to_host, src, dst))
                 src, dst, dsts = [], [], set()
             to_host = c.to_host
-            src.extend(c.src)  # fresh lists: a load's dst is also its node's slot list
+            src.extend(c.src)  # fresh lists: the queued ops stay as they were
             dst.extend(c.dst)
             dsts.update(c.dst)
         if src:

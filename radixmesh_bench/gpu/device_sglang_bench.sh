@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SGLang's own serving client against `radixmesh serve`, on the GPU machine, from the repository
+# root. Each argument is one configuration (a NAME ending in _probe: greedy probe only), NAME=SERVE_FLAGS (flags with ',' for spaces are not
+# supported: use ':' between flags, e.g. tp2=--gpus:0,1:--tp:2). For each: start serve with
+# random Llama-3.1-8B weights (or --random-weights given in the flags), wait for its HTTP port,
+# run ShareGPT (BENCH_PROMPTS prompts, rate inf) and a batch-1 ITL probe (random 128/128, one
+# at a time), stop the stack. Needs: .whl (device wheels), .sgl (SGLang's bench client copied
+# from its README's folder, its wheels in .sgl/whl, the ShareGPT sample .sgl/sharegpt.json.gz).
+# Results: $OUT/<NAME>.jsonl (bench_serving's lines), $OUT/<NAME>_greedy.json (greedy probe);
+# serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed.
+set -o pipefail
+. radixmesh_bench/gpu/device_env.sh || exit 3
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .sgl/whl/*.whl || exit 3
+export PYTHONPATH=$PYTHONPATH:$PWD/.sgl NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -c 'import datasets' 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.sgl/stubs
+[ -f /tmp/sharegpt.json ] || gunzip -c .sgl/sharegpt.json.gz > /tmp/sharegpt.json
+PROMPTS=${BENCH_PROMPTS:-2000}
+LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
+SHAPE=${BENCH_SHAPE:-llama-3.1-8b}
+TOK=$(python3 -m model_service.random_configs "$SHAPE") || exit 3
+status=0
+for spec in "$@"; do
+  name=${spec%%=*}; flags=${spec#*=}; flags=${flags//:/ }
+  echo "=== $name: serve --random-weights $SHAPE $flags $(date +%T)"
+  setsid python3 -m services.cli serve --random-weights "$SHAPE" --no-smoke --port 50051 \
+    --http-port 8000 --cuda-graph-max-bs 256 --max-running-requests 512 $flags \
+    > "$LOGS/$name.log" 2>&1 &
+  pid=$!
+  ok=0
+  for _ in $(seq 1 300); do
+    grep -q "serving; Ctrl-C" "$LOGS/$name.log" && { ok=1; break; }
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  grep -E "placement|ready|error|Error" "$LOGS/$name.log" | tail -5
+  if [ $ok = 1 ]; then
+    timeout 300 python3 radixmesh_bench/gpu/greedy_probe.py --out "$OUT/${name}_greedy.json" || status=1
+  fi
+  if [ $ok = 1 ] && [ "${name%_probe}" = "$name" ]; then
+    timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
+      --dataset-name sharegpt --dataset-path /tmp/sharegpt.json --num-prompts "$PROMPTS" \
+      --tokenizer "$TOK" --request-rate inf --seed 1 --output-file "$OUT/$name.jsonl" \
+      2>&1 | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
+    timeout 120 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
+      --dataset-name random --random-input-len 128 --random-output-len 128 --random-range-ratio 1 \
+      --num-prompts 4 --max-concurrency 1 --tokenizer "$TOK" --seed 1 \
+      --output-file "$OUT/$name.jsonl" 2>&1 | grep -E "Median ITL|Output token throughput" || status=1
+  fi
+  if [ $ok != 1 ]; then
+    echo "$name: serve did not become ready"; tail -20 "$LOGS/$name.log"; status=1
+  fi
+  kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+  pkill -f "python3 -m (model|scheduler|tokenizer|grammar)_service" 2>/dev/null; sleep 2
+done
+save_kernels
+exit $status

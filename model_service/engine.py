@@ -27,7 +27,7 @@ from model_service.preflight import (
 from model_service.runner import ModelRunner
 from model_service.tp.comm import TPComm
 from model_service.tp.shard import ONE, Shard, check_divisible, local_args
-from model_service.weights import load_hf_config, load_model, random_model
+from model_service.weights import load_hf_config, load_model, random_llava, random_model
 from services.model_store import ModelError, resolve_model
 
 log = structlog.get_logger(__name__)
@@ -147,7 +147,9 @@ def build_engine(
         "they were estimated to fit, so something else took the memory: free the device or "
         "use a smaller model or dtype",
     ):
-        if cfg.random_weights:
+        if cfg.random_weights and is_llava(hf_cfg):
+            model: LlamaForCausalLM = random_llava(hf_cfg, dtype, device)
+        elif cfg.random_weights:
             model = random_model(full, dtype, device, shard=shard, comm=comm)
         else:
             model = load_model(model_dir, dtype, device, shard=shard, comm=comm)

@@ -15,6 +15,7 @@ Names:
   replicas share one GPU (`radixmesh bench router`).
 - `tiny-llama`: the same family in miniature (GQA, llama3 RoPE scaling, the Llama-3.1
   vocabulary) for quick tests on any device.
+- `llava-1.5-7b`, `tiny-llava`: LLaVA shapes (vision tower + Llama), built by random_llava.py.
 - `tiny-qwen2`: a Qwen2 in miniature (q/k/v biases, one KV head, tied embeddings, Qwen2's
   RoPE theta and 32,768-token context), for tests of the Qwen2 path, e.g. tensor parallelism
   with fewer KV heads than ranks.
@@ -38,6 +39,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from model_service.random_llava import SHAPES as LLAVA_SHAPES
+from model_service.random_llava import random_llava_config
 from services.model_store import ModelError, cache_root
 
 ASSET_DIR = Path(__file__).parent / "assets" / "llama3_1_tokenizer"
@@ -218,9 +221,15 @@ def random_config(name: str, tokenizer_dir: str | Path = "", **overrides: Any) -
     loads with AutoConfig / AutoTokenizer. `tokenizer_dir` replaces the bundled Llama-3.1
     tokenizer; its vocabulary must fit the architecture's embedding table.
     """
+    tok = Path(tokenizer_dir).expanduser() if tokenizer_dir else bundled_tokenizer_dir()
+    base, extra = parse_name(name)
+    if base in LLAVA_SHAPES:  # a LlavaConfig and its folder (random_llava.py)
+        if extra or overrides:
+            raise ModelError(f"--random-weights {base}: LLaVA shapes take no overrides")
+        folder = cache_root() / "random" / base
+        return random_llava_config(base, folder, tok), folder
     fields = config_dict(name, **overrides)
     cfg = hf_config(fields)
-    tok = Path(tokenizer_dir).expanduser() if tokenizer_dir else bundled_tokenizer_dir()
     files = (
         [p for p in tok.iterdir() if p.is_file() and p.name != "config.json"]
         if tok.is_dir()

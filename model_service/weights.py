@@ -154,11 +154,37 @@ def load_llava(
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(model.args)
-    # Non-persistent buffers of the CLIP tower (position ids) are still on meta: rebuild them.
+    _tower_buffers(model, torch.device("cpu"))
+    return model.to(device).eval()
+
+
+def _tower_buffers(model: LlavaForCausalLM, device: torch.device) -> None:
+    """The CLIP tower's non-persistent position ids, left on meta (or uninitialised) by
+    building on meta: rebuilt as CLIP builds them."""
     for mod in model.vision_tower.modules():
         for bname, buf in list(mod.named_buffers(recurse=False)):
-            if buf.is_meta and bname == "position_ids":
-                mod.register_buffer(
-                    bname, torch.arange(buf.shape[-1]).expand(buf.shape), persistent=False
-                )
-    return model.to(device).eval()
+            if bname == "position_ids":
+                ids = torch.arange(buf.shape[-1], device=device).expand(buf.shape)
+                mod.register_buffer(bname, ids, persistent=False)
+
+
+def random_llava(
+    hf_cfg: object, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> LlavaForCausalLM:
+    """A LLaVA with seeded random weights (`--random-weights llava-...`): normal(0, 0.02),
+    norms weight 1 and bias 0, other biases 0; the separate (unfused) form."""
+    with torch.device("meta"):
+        model = LlavaForCausalLM(hf_cfg)
+    model = model.to_empty(device=device).to(dtype)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+    model.inv_freq = rope_inv_freq(model.args).to(device)
+    _tower_buffers(model, device)
+    return model.eval()

@@ -170,3 +170,38 @@ def test_different_images_give_different_output(checkpoint) -> None:  # type: ig
     _, folder = checkpoint
     outs = [_ours(_runner(folder), [_prompt([_image(s)])[1:]])[0] for s in (10, 11)]
     assert outs[0] != outs[1]
+
+
+def test_random_llava_shapes() -> None:
+    """`--random-weights tiny-llava` / `llava-1.5-7b`: folders the front door reads as LLaVA
+    (the tokenizer maps <image> to the config's image id) and a model the runner serves."""
+    from transformers import AutoTokenizer
+
+    from model_service.random_configs import random_config
+    from model_service.weights import random_llava
+    from tokenizer_service.images import ImageSpec
+
+    cfg7, folder7 = random_config("llava-1.5-7b")
+    spec7 = ImageSpec.from_folder(folder7)
+    assert spec7 is not None and spec7.tokens_per_image == 576 and spec7.crop == (336, 336)
+    assert cfg7.text_config.hidden_size == 4096 and cfg7.vision_config.num_hidden_layers == 24
+    cfg, folder = random_config("tiny-llava")
+    spec = ImageSpec.from_folder(folder)
+    assert spec is not None
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.convert_tokens_to_ids("<image>") == spec.image_token_id == cfg.image_token_index
+    model = random_llava(cfg, torch.float32, torch.device("cpu"))
+    pool = KVPool(2, 64, 2, 64, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, pool, ReferenceAttention(pool, 4, 64), torch.device("cpu"))
+    px = np.random.default_rng(0).standard_normal((3, 28, 28)).astype(np.float32)
+    pid = pseudo_id(content_hash(px.tobytes()), cfg.text_config.vocab_size)
+    image = ImageInput(1, 4, pid, px.tobytes(), (3, 28, 28))
+    ids = [1, pid, pid, pid, pid, 2]
+    ops = StepOps(
+        1,
+        admits=[
+            AdmitOp(0, Sampling(temperature=0.0), 0, [], ids, list(range(6)), True, images=(image,))
+        ],
+    )
+    out = runner.step(ops)
+    assert len(out.rows) == 1 and 0 <= out.rows[0].token < cfg.text_config.vocab_size

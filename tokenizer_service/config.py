@@ -94,6 +94,13 @@ class TokenizerConfig(ServiceConfig):
         1_000_000, "most characters tokenized for one request (text, chat contents)"
     )
     max_request_bytes: int = field(8 << 20, "largest request message accepted (bytes)")
+    max_image_bytes: int = field(
+        20 << 20, "multimodal models: largest encoded image (bytes; the request bound applies too)"
+    )
+    max_image_pixels: int = field(
+        40_000_000, "multimodal models: most pixels (width x height) of one image, from its header"
+    )
+    max_images: int = field(16, "multimodal models: most images in one request")
     tokenize_threads: int = field(2, "threads tokenizing long inputs off the event loop")
     reuse_port: bool = field(
         False,

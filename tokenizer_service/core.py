@@ -106,7 +106,7 @@ class FrontDoor:
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
         self.pacer = Pacer()  # fewer, fuller events while the loop runs late (pacing.py)
         self.image_spec = ImageSpec.from_folder(tok.folder)  # None: a text-only model
-        self.image_bounds = ImageBounds()
+        self.image_bounds = ImageBounds(cfg.max_image_bytes, cfg.max_image_pixels, cfg.max_images)
         if self.image_spec is not None:  # chat content keeps the image marker (tokenization)
             tok.image_marker = (self.image_spec.image_token, self.image_spec.image_token_id)
 

@@ -8,9 +8,10 @@ against it in tests/unit/test_image_prep.py) and `place` expands each image mark
 prompt into the image's placeholder positions holding its hash-derived pseudo id
 (radixmesh_wire/images.py). Every failure is an `InvalidRequest` naming the image.
 
-Bounds (flags in config.py): bytes per image, decoded pixels per image (checked from the
-header, before decoding: a 20k x 20k PNG of a few kB is refused without allocating 1.2 GB),
-images per request. Decoding runs in a worker thread (the caller's job).
+Bounds (--max-image-bytes, --max-image-pixels, --max-images: config.py): bytes per image,
+decoded pixels per image (checked from the header, before decoding: a 20k x 20k PNG of a few
+kB is refused without allocating 1.2 GB), images per request. Decoding runs in a worker
+thread (the caller's job).
 """
 
 from __future__ import annotations

@@ -245,8 +245,12 @@ def test_sglang_unknown_fields_are_named_and_known_ones_pass() -> None:
             "stream_options": {"include_usage": True},
             "lora_path": None,
             "return_logprob": False,
+            "return_routed_experts": False,
             "logprob_start_len": -1,
         },
         4096,
     )
     assert bench.stream and bench.inputs[0].sampling.max_new_tokens == 8
+    with pytest.raises(HttpError) as e:
+        parse_sglang({"text": "a", "return_routed_experts": True}, 4096)
+    assert e.value.param == "return_routed_experts"

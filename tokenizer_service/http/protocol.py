@@ -186,6 +186,9 @@ class SGLangGenerate(Strict):
     return_text_in_logprobs: bool | None = None
     rid: str | list[str] | None = None
     stream_options: StreamOptions | None = None  # bench_serving sends it; usage is always in
+    # sglang.bench_serving (0.5.23) always sends it, false unless asked: routed experts are a
+    # mixture-of-experts feature, so only false is accepted.
+    return_routed_experts: Literal[False] | None = None
     # Images (multimodal models): data URLs or base64, one per "<image>" marker of the text;
     # with a batch of texts, one such list per text.
     image_data: str | list[str] | list[list[str]] | None = None

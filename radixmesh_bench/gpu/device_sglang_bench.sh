@@ -23,7 +23,8 @@ for spec in "$@"; do
   name=${spec%%=*}; flags=${spec#*=}; flags=${flags//:/ }
   echo "=== $name: serve --random-weights $SHAPE $flags $(date +%T)"
   setsid python3 -m services.cli serve --random-weights "$SHAPE" --no-smoke --port 50051 \
-    --http-port 8000 --cuda-graph-max-bs 256 --max-running-requests 512 $flags \
+    --http-port 8000 --cuda-graph-max-bs 256 --max-running-requests 512 \
+    --log-dir "$LOGS/$name.d" $flags \
     > "$LOGS/$name.log" 2>&1 &
   pid=$!
   ok=0
@@ -47,7 +48,8 @@ for spec in "$@"; do
       --output-file "$OUT/$name.jsonl" 2>&1 | grep -E "Median ITL|Output token throughput" || status=1
   fi
   if [ $ok != 1 ]; then
-    echo "$name: serve did not become ready"; tail -20 "$LOGS/$name.log"; status=1
+    echo "$name: serve did not become ready"; tail -5 "$LOGS/$name.log"; status=1
+    for f in "$LOGS/$name.d"/*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -15; done
   fi
   kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
   pkill -f "python3 -m (model|scheduler|tokenizer|grammar)_service" 2>/dev/null; sleep 2

@@ -32,7 +32,16 @@ GENERATED = ("radixmesh_wire/pb/",)
 # and `self.` writes only inside request.py (the request's own methods).
 KV_FIELDS = ("kv_slots", "kv_len", "pending", "cached_len", "node", "phase", "jump")
 REQUEST_NAMES = re.compile(r"^(r|req|request|chunked|item)$")
-QUICK = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", "-m", "not integration"]
+QUICK = [
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "tests/unit",
+    "-m",
+    "not integration and not slow",
+]
 
 
 def python_files(root: Path) -> list[str]:

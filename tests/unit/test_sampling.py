@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model_service.sampling import (
@@ -73,6 +74,7 @@ def test_the_draw_that_once_rounded_to_one_respects_top_k_and_masks() -> None:
     assert drawn in (5, 9) and drawn != tok
 
 
+@pytest.mark.slow  # the longest pure test (15-35 s on two cores); left out by the quick command
 def test_seeded_sweep_never_leaves_top_k_top_p_min_p_or_the_mask() -> None:
     """A few million seeded draws over a real vocabulary size: every token inside its row's
     filters and grammar mask (before the fix about one row in 270 escaped)."""

@@ -368,7 +368,10 @@ class StepSession:
 
 
 def _device_setter(device: torch.device) -> Callable[[], None] | None:
-    if device.type != "cuda":
+    """The step threads' initializer: pin them to the engine's GPU when it names one. A bare
+    "cuda" (one GPU, TP1) needs none, and `set_device` refuses a device without an index: that
+    failed the initializer, broke both thread pools, and every session with them (H100)."""
+    if device.type != "cuda" or device.index is None:
         return None
     return lambda: torch.cuda.set_device(device)
 

@@ -9,6 +9,7 @@ from collections import deque
 from typing import Any
 
 import pytest
+import torch
 
 from model_service.runner import StepError
 from model_service.tp import steps
@@ -118,3 +119,14 @@ def test_a_message_out_of_order_ends_the_group() -> None:
     pipe.send(b"M", b"")  # masks nobody waits for
     runner, why = _replay(pipe)
     assert runner.calls == [] and "running a step" in why
+
+
+def test_step_threads_pin_a_named_gpu_and_leave_a_bare_cuda_alone() -> None:
+    """A bare "cuda" device (one GPU at TP1) must not get an initializer that calls
+    torch.cuda.set_device: it refuses a device without an index, and a failed initializer
+    breaks the step pool for good (every Steps session then failed on the H100)."""
+    from model_service.server import _device_setter
+
+    assert _device_setter(torch.device("cpu")) is None
+    assert _device_setter(torch.device("cuda")) is None
+    assert callable(_device_setter(torch.device("cuda", 1)))

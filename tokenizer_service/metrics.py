@@ -129,7 +129,9 @@ def _reported(load: Load | None, lab: tuple[tuple[str, str], ...]) -> Iterator[R
 
 class RequestTimer:
     """One Generate call. Invariant: exactly one of `succeeded` / `failed` counts it, and the
-    in-flight gauge goes up in the constructor and down in `close` (the handler's finally)."""
+    in-flight gauge goes up in the constructor and down once, when the call ends: at its
+    outcome (before the final message leaves, so a client that has its answer never scrapes
+    its own stream as still open) or at `close` (the handler's finally), whichever is first."""
 
     __slots__ = ("m", "t0", "first", "last", "ended", "closed")
 
@@ -158,6 +160,7 @@ class RequestTimer:
         if self.ended:
             return
         self.ended = True
+        self._leave()
         self.m.success.labels(finish_reason).inc()
         self.m.prompt_tokens.inc(prompt_tokens)
         self.m.generation_tokens.inc(output_tokens)
@@ -167,12 +170,14 @@ class RequestTimer:
         if self.ended:
             return
         self.ended = True
+        self._leave()
         self.m.failure.labels(reason).inc()
 
     def close(self) -> None:
         """Ends the call: one not yet counted was cancelled by its client (or its deadline)."""
-        if self.closed:
-            return
-        self.closed = True
         self.failed("cancelled")
-        self.m.inflight.dec()
+
+    def _leave(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.m.inflight.dec()

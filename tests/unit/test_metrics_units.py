@@ -48,7 +48,11 @@ def test_request_timer_counts_each_call_once() -> None:
     ok.tokens(1)
     ok.tokens(2)
     ok.succeeded("length", prompt_tokens=4, output_tokens=3)
+    # Out of flight at its outcome, before the handler's finally: a client that has its answer
+    # and scrapes at once sees its stream closed (the CI race of test_metrics).
+    assert m.inflight._value.get() == 2
     bad.failed("invalid_argument")
+    assert m.inflight._value.get() == 1
     for t in (ok, cancelled, bad, ok):  # close twice: still one decrement
         t.close()
     fams = _families(m.registry)

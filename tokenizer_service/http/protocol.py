@@ -41,19 +41,14 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaSpec | None = None
 
 
-class SamplingFields(Strict):
-    """The sampling fields chat and completions share: OpenAI's and the SGLang / vLLM
-    extensions."""
+class CommonSampling(Strict):
+    """The sampling fields both APIs name alike (OpenAI's, SGLang's and vLLM's)."""
 
-    model: str | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = Field(default=None, ge=0)
-    min_tokens: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -62,10 +57,20 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
-    response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
+
+
+class SamplingFields(CommonSampling):
+    """The sampling fields chat and completions share: OpenAI's and the SGLang / vLLM
+    extensions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    min_tokens: int | None = None
+    response_format: ResponseFormat | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     best_of: int | None = None
     stream: bool | None = None
@@ -147,27 +152,11 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
 
-class SGLangSampling(Strict):
+class SGLangSampling(CommonSampling):
     """SGLang's sampling_params (its names: max_new_tokens, min_new_tokens)."""
 
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = Field(default=None, ge=0)
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    json_schema: str | dict[str, Any] | None = None
     # Sent by SGLang's clients, no effect here (documented in docs/http.md).
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None

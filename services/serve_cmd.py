@@ -99,11 +99,11 @@ def build_specs(
 ) -> list[ServiceSpec]:
     """`placement`: where each replica's ranks run (None: one rank per replica, no GPU
     pinning, as on the CPU)."""
-    from services.placement import Placement
+    from services.placement import plan_placement
     from services.topology import sequential_ports, topology_specs
 
-    if placement is None:
-        placement = Placement(1, tuple(() for _ in range(topo.replicas)), "")
+    if placement is None:  # the placement rule's own CPU case, not a hand-made copy of it
+        placement = plan_placement([], replicas=topo.replicas)
     kinds = service_args(ns, placement)
     m = ns.metrics_port
     specs = topology_specs(

@@ -35,20 +35,21 @@ def _placement(cfg: ModelServiceConfig, argv: list[str]):  # type: ignore[no-unt
             return ONE, None, torch.device("cuda", ids[0])
         return ONE, None, base
     from model_service.tp import group
-    from services.launcher import free_port
+    from model_service.tp.comm import open_store
 
     shard = Shard(cfg.tp_rank, cfg.tp)
     device = group.rank_device(base, ids, cfg.tp, cfg.tp_rank)
-    init = cfg.tp_init
+    init, store = cfg.tp_init, None
     if shard.rank == 0:
         from model_service.engine import model_config
 
         model_config(cfg)  # an unsupported model or split fails here, before any rank starts
-        init = f"tcp://127.0.0.1:{free_port()}"
+        store = open_store(cfg.tp, cfg.tp_timeout_s)
+        init = f"tcp://127.0.0.1:{store.port}"
         group.start_children(argv, cfg.tp, init)
     else:
         group.watch_leader()
-    comm = group.join_group(shard, device, init, cfg.tp_timeout_s, cfg.threads)
+    comm = group.join_group(shard, device, init, cfg.tp_timeout_s, cfg.threads, store)
     return shard, comm, device
 
 

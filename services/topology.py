@@ -21,21 +21,34 @@ from services.ports import PortUse
 _HANDED_OUT: set[int] = set()  # ports this process gave out: never twice
 
 
-def _ephemeral_low() -> int:
-    """Where the kernel's ephemeral range (outgoing connections' local ports) starts."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral range (outgoing connections' local ports), both ends included."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def quiet_ports(ephemeral: tuple[int, int]) -> range:
+    """Where free_port draws: the larger stretch of 10000-65535 outside the ephemeral range.
+    Machines differ: 32768-60999 (Linux's default) leaves 10000-32767, a container with
+    1024-65535 leaves none, and one with 10000-20000 leaves 20001-65535."""
+    low, high = ephemeral
+    below = range(10_000, max(10_000, min(low, 65_536)))
+    above = range(max(10_000, high + 1), 65_536)
+    return below if len(below) >= len(above) else above
 
 
 def free_port() -> int:
-    """A free localhost port for a service to bind a moment later. Taken below the kernel's
+    """A free localhost port for a service to bind a moment later. Taken outside the kernel's
     ephemeral range: a port the kernel hands out (bind to 0) can be taken by any outgoing
-    connection before the service binds it, which failed a CI run with "address in use"."""
-    low, high = 10_000, _ephemeral_low()
-    for _ in range(200 if high - low > 1000 else 0):
-        port = random.randrange(low, high)
+    connection before the service binds it, which failed CI runs with "address in use"
+    (twice: once with bind-to-0, once on a machine whose ephemeral range left no room below
+    32768, so the fallback below ran)."""
+    pool = quiet_ports(_ephemeral_range())
+    for _ in range(200 if len(pool) > 1000 else 0):
+        port = random.choice(pool)
         if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -33,10 +33,41 @@ CTRL_TIMEOUT = timedelta(days=365)
 STEP, MASKS, MASKS_FAILED, RESET = b"S", b"M", b"E", b"R"
 
 
+def open_store(size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, on a port the kernel picks as it binds: a port chosen first
+    and bound later can be taken in between (by a service of another stack on this host)."""
+    # Not waiting for the workers here: the other ranks are started after it listens.
+    return dist.TCPStore(
+        "127.0.0.1",
+        0,
+        size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _connect_store(init_method: str, timeout_s: float) -> dist.TCPStore:
+    """Ranks 1..N-1: a client of rank 0's store at tcp://host:port."""
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
 class TPComm:
     """Collectives over the group `shard` belongs to (rank 0 .. size-1, one per process)."""
 
-    def __init__(self, shard: Shard, init_method: str, device: torch.device, timeout_s: float):
+    def __init__(
+        self,
+        shard: Shard,
+        init_method: str,
+        device: torch.device,
+        timeout_s: float,
+        store: dist.Store | None = None,
+    ):
+        """`store`: rank 0's rendezvous store, already listening (open_store); the other
+        ranks connect to it at `init_method` (tcp://host:port). Every rank hands
+        init_process_group a store of its own making, so all see the same keys (given an
+        init_method instead, torch prefixes them)."""
         self.shard = shard
         self.device = device
         if device.type == "cuda":
@@ -47,7 +78,7 @@ class TPComm:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
-            init_method=init_method,
+            store=store if store is not None else _connect_store(init_method, timeout_s),
             rank=shard.rank,
             world_size=shard.size,
             timeout=timedelta(seconds=timeout_s),

@@ -27,6 +27,7 @@ import threading
 
 import structlog
 import torch
+import torch.distributed as dist
 
 from model_service.tp.comm import NCCL_ENV, TPComm
 from model_service.tp.shard import Shard
@@ -101,13 +102,19 @@ def watch_leader() -> None:
 
 
 def join_group(
-    shard: Shard, device: torch.device, init: str, timeout_s: float, cpu_threads: int
+    shard: Shard,
+    device: torch.device,
+    init: str,
+    timeout_s: float,
+    cpu_threads: int,
+    store: dist.Store | None = None,
 ) -> TPComm:
-    """Every rank: set this process up for its device and join the group."""
+    """Every rank: set this process up for its device and join the group (rank 0 through its
+    own `store`, the others through `init`, the address of that store)."""
     if device.type == "cpu" and cpu_threads == 0:
         # N ranks on one machine: share the cores instead of each taking all of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // shard.size))
-    return TPComm(shard, init, device, timeout_s)
+    return TPComm(shard, init, device, timeout_s, store)
 
 
 def fatal(what: str, exc: BaseException) -> None:

@@ -10,6 +10,7 @@ protocols of `--protocols`:
 - sglang: HTTP POST /generate with stream=true, read as `sglang.bench_serving --backend sglang`
   reads it (cumulative `text` and `meta_info.completion_tokens` per `data:` event);
 - openai: HTTP POST /v1/chat/completions with stream=true (delta events, usage at the end);
+- completions: HTTP POST /v1/completions with stream=true (text events, usage at the end);
 - grpc: RadixMesh.Generate with stream=true (GenerateChunk messages).
 
 Each client loop runs streams back to back until `--seconds` have passed. Reported (JSON):
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import subprocess
@@ -57,6 +59,9 @@ SAMPLE = (
 
 
 SERVED_NAME = "front-door-load"
+OPENAI = ("openai", "completions")  # the OpenAI-shaped streams (delta text, no token counts)
+
+LENS_ENV = "FRONT_DOOR_LOAD_LENS"  # the parent's TextTokens table, for client processes
 
 _loads: Callable[[bytes], Any] = json.loads
 try:  # the clients parse every event: orjson keeps them from being the bottleneck
@@ -189,6 +194,22 @@ class Tally:
             self.errors.append(why[:300])
 
 
+class TextTokens:
+    """Tokens behind a stream's text so far. OpenAI deltas carry text, not token counts (an
+    event may carry several tokens), so the client counts them from the length of the text it
+    has: every stream generates the same token sequence, whose cumulative text lengths
+    (`lens[k]`: characters of the first k tokens, as the front door detokenizes them) the
+    parent computes once. A held-back character (a token that ends mid-UTF-8) can shift a
+    count by one; the stream's usage total corrects its sum at the end."""
+
+    def __init__(self, lens: list[int]) -> None:
+        self.lens = lens
+
+    def count(self, chars: int) -> int:
+        """The fewest tokens whose text is at least `chars` long."""
+        return bisect.bisect_left(self.lens, chars)
+
+
 async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     async for line in resp.content:
         if not line.startswith(b"data: "):
@@ -223,33 +244,40 @@ async def sglang_stream(http: aiohttp.ClientSession, url: str, ns: argparse.Name
     t.streams += 1
 
 
-async def openai_stream(http: aiohttp.ClientSession, url: str, ns: argparse.Namespace, t: Tally):
-    body = {
+async def openai_stream(
+    http: aiohttp.ClientSession, url: str, ns: argparse.Namespace, t: Tally, chat: bool
+):
+    body: dict[str, Any] = {
         "model": SERVED_NAME,
-        "messages": [{"role": "user", "content": "Tell me a story."}],
         "max_tokens": ns.output_tokens,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+    if chat:
+        body["messages"] = [{"role": "user", "content": "Tell me a story."}]
+    else:
+        body["prompt"] = "Tell me a story."
+    path, name = ("/v1/chat/completions", "openai") if chat else ("/v1/completions", "completions")
+    async with http.post(f"{url}{path}", json=body) as resp:
         if resp.status != 200:
-            t.fail(f"openai {resp.status}: {await resp.text()}")
+            t.fail(f"{name} {resp.status}: {await resp.text()}")
             return
-        last, events, usage = 0.0, 0, 0
+        last, seen, chars, usage = 0.0, 0, 0, 0
         async for ev in _sse_events(resp):
             if "error" in ev:
-                t.fail(f"openai: {ev}")
+                t.fail(f"{name}: {ev}")
                 return
             if ev.get("usage"):
                 usage = int(ev["usage"]["completion_tokens"])
             for ch in ev.get("choices", []):
-                if ch.get("delta", {}).get("content"):
-                    # one event per token at stream_interval 1: counted as one, then the
-                    # usage total corrects the count below
-                    last = t.event(last, 1)
-                    events += 1
-        t.tokens += usage - events
+                text = ch.get("delta", {}).get("content") if chat else ch.get("text")
+                if text:
+                    chars += len(text)
+                    n = max(ns.text_tokens.count(chars), seen + 1)
+                    last = t.event(last, n - seen)
+                    seen = n
+        t.tokens += usage - seen  # the usage total is exact
     t.streams += 1
 
 
@@ -288,8 +316,8 @@ async def drive(http_url: str, grpc_addr: str, ns: argparse.Namespace) -> dict[s
                 try:
                     if p == "sglang":
                         await sglang_stream(http, http_url, ns, t)
-                    elif p == "openai":
-                        await openai_stream(http, http_url, ns, t)
+                    elif p in OPENAI:
+                        await openai_stream(http, http_url, ns, t, chat=p == "openai")
                     else:
                         await grpc_stream(stub, ns, t)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -308,11 +336,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def sample_tokens() -> list[int]:
+def sample_tokens(output_tokens: int) -> tuple[list[int], list[int]]:
+    """The stand-in's token cycle, and the text length of each prefix of a stream's
+    `output_tokens` tokens as the front door's detokenizer emits them (`TextTokens`)."""
     from services.model_store import resolve_model
+    from tokenizer_service.detokenizer import IncrementalDetokenizer
     from tokenizer_service.tokenization import Tokenization
 
-    return Tokenization(resolve_model("default")).encode(SAMPLE, add_special_tokens=False)
+    tok = Tokenization(resolve_model("default"))
+    tokens = tok.encode(SAMPLE, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok.decoder(True))
+    lens = [0]
+    for k in range(output_tokens):
+        lens.append(lens[-1] + len(detok.push([tokens[k % len(tokens)]])))
+    return tokens, lens
 
 
 def _summary(t: Tally, wall: float, cpu: float | None) -> dict:
@@ -374,7 +411,9 @@ def merge(into: Tally, t: Tally) -> None:
 async def main_async(ns: argparse.Namespace) -> dict:
     sched_port, grpc_port, http_port = free_port(), free_port(), free_port()
     me = str(Path(__file__).resolve())
-    tokens = sample_tokens()
+    tokens, lens = sample_tokens(ns.output_tokens)
+    ns.text_tokens = TextTokens(lens)
+    os.environ[LENS_ENV] = json.dumps(lens)  # for the client processes
     stand_in = subprocess.Popen(
         [sys.executable, me, "--stand-in", str(sched_port), "--step-ms", str(ns.step_ms)],
         env={**os.environ, "FRONT_DOOR_LOAD_TOKENS": json.dumps(tokens)},
@@ -441,7 +480,9 @@ def main() -> None:
         "--step-ms", type=float, default=20.0, help="stand-in scheduler step period (ms)"
     )
     p.add_argument(
-        "--protocols", default="sglang,openai,grpc", help="comma-separated: sglang,openai,grpc"
+        "--protocols",
+        default="sglang,openai,grpc",
+        help="comma-separated: sglang,openai (chat),completions,grpc",
     )
     p.add_argument("--front-door-args", default="", help="extra flags for the front door")
     p.add_argument("--front-door-pid-file", default="", help="write the front door's pid here")
@@ -450,6 +491,7 @@ def main() -> None:
     p.add_argument("--client-of", default="", help=argparse.SUPPRESS)
     ns = p.parse_args()
     if ns.client_of:  # a child process: clients only, tallies as JSON on stdout
+        ns.text_tokens = TextTokens(json.loads(os.environ[LENS_ENV]))
         http_url, grpc_addr = ns.client_of.split(",")
         tallies = asyncio.run(drive(http_url, grpc_addr, ns))
         print(json.dumps({p: vars(t) for p, t in tallies.items()}))
@@ -459,7 +501,7 @@ def main() -> None:
         asyncio.run(serve_stand_in(ns.stand_in, tokens, ns.step_ms / 1000))
         return
     for proto in ns.protocols.split(","):
-        if proto not in ("sglang", "openai", "grpc"):
+        if proto not in ("sglang", *OPENAI, "grpc"):
             p.error(f"unknown protocol {proto!r}")
     print(json.dumps(asyncio.run(main_async(ns)), indent=2))
 

@@ -293,7 +293,10 @@ def _add_serve(sub: Any) -> None:
         "(or per --tp GPUs), 1 on the CPU",
     )
     topo.add_argument(
-        "--front-doors", type=positive_int, default=1, help="front doors (HTTP ports count up)"
+        "--front-doors",
+        type=positive_int,
+        default=1,
+        help="front-door processes, all on --port and --http-port (SO_REUSEPORT)",
     )
     topo.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
 

@@ -297,7 +297,7 @@ class Launcher:
         if n >= self.max_startup_failures:
             reason = f"it died {n} times in a row before getting ready; not restarting it"
         host = spec.address.rsplit(":", 1)[0]
-        if port_in_use(host, spec.port):
+        if port_in_use(host, spec.port, spec.shared_port):
             reason = port_message(name, host, spec.port)
         if reason:
             raise StartupFailure(

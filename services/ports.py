@@ -10,12 +10,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
-def port_in_use(host: str, port: int) -> bool:
+def port_in_use(host: str, port: int, shared: bool = False) -> bool:
     """True when nothing could listen on host:port now. SO_REUSEADDR as gRPC sets it, so a
-    socket of a just-stopped process in TIME_WAIT does not count as in use."""
+    socket of a just-stopped process in TIME_WAIT does not count as in use. `shared`: the
+    port is bound with SO_REUSEPORT by several of our processes (front doors), so siblings
+    holding it leave it usable; a process holding it without SO_REUSEPORT does not."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -31,6 +35,7 @@ class PortUse:
     port: int
     owner: str
     flag: str = "--port"
+    shared: bool = False  # bound with SO_REUSEPORT by several front doors: may repeat
 
 
 def port_message(service: str, host: str, port: int, flag: str = "--port") -> str:
@@ -53,6 +58,8 @@ def first_problem(uses: Iterable[PortUse], host: str = "127.0.0.1") -> str | Non
         if not 0 < use.port < 65536:
             return f"port {use.port} ({use.owner}) is not a TCP port: pick another with {use.flag}"
         other = seen.get(use.port)
+        if other is not None and other.shared and use.shared and other.owner == use.owner:
+            continue  # one address, several front doors
         if other is not None:
             return (
                 f"port {use.port} would be both {other.owner} ({other.flag}) and {use.owner} "
@@ -60,6 +67,6 @@ def first_problem(uses: Iterable[PortUse], host: str = "127.0.0.1") -> str | Non
             )
         seen[use.port] = use
     for use in seen.values():
-        if port_in_use(host, use.port):
+        if port_in_use(host, use.port, use.shared):
             return in_use_message(use, host)
     return None

@@ -150,6 +150,7 @@ def serve(ns: argparse.Namespace) -> int:
         ns.front_doors,
         ns.grammar_replicas,
         replica_env=placement.replica_envs(),
+        shared_port=True,  # clients (SGLang's bench included) reach them all on one address
     )
     problem = check_plan(build_specs(ns, topo, ns.model, placement))
     if problem is not None:
@@ -185,13 +186,22 @@ def serve(ns: argparse.Namespace) -> int:
     return _run(ns, topo, build_specs(ns, topo, model, placement), str(folder))
 
 
+def _port_label(topo: Topology, name: str, port: int) -> str:
+    """`scheduler :50052`; a front door on the shared address by its health-only port."""
+    if topo.shares_port and name.startswith("tokenizer-"):
+        return f"{name} health :{port}"
+    return f"{name} :{port}"
+
+
 def _run(ns: argparse.Namespace, topo: Topology, specs: list[ServiceSpec], folder: str) -> int:
     from services.drain import INTERNAL_EXTRA_S
     from services.launcher import Launcher
 
     launcher = Launcher(specs, log_dir=Path(ns.log_dir) if ns.log_dir else None, internal_tls=True)
+    from services.topology import sequential_ports
+
     names = topo.names()
-    port_of = {spec.name: spec.port for spec in specs}.__getitem__
+    port_of = sequential_ports(ns.port, topo)
 
     async def main() -> None:
         # SIGTERM/SIGINT: stop supervising; the finally below forwards SIGTERM to every
@@ -204,13 +214,14 @@ def _run(ns: argparse.Namespace, topo: Topology, specs: list[ServiceSpec], folde
         launcher.start_all()
         say(f"starting services (model {folder}); logs in {launcher.log_dir}")
         await launcher.wait_ready(timeout=ns.startup_timeout, progress=_startup_progress)
-        others = ", ".join(f"{n} :{port_of(n)}" for n in names[1:])
+        others = ", ".join(_port_label(topo, n, port_of(n)) for n in names[1:])
         api = f"API at localhost:{port_of(names[0])} ({others})"
         http = f"; HTTP at http://localhost:{ns.http_port} (OpenAI /v1, SGLang /generate, /metrics)"
         say(f"ready. {api}{http if ns.http_port else ''}")
         if ns.metrics_port:
-            last = ns.metrics_port + len(names) - 1
-            say(f"/metrics on ports {ns.metrics_port}-{last} (same order)")
+            metrics_of = sequential_ports(ns.metrics_port, topo)
+            served = ", ".join(f"{n} :{metrics_of(n)}" for n in names if topo.is_service(n))
+            say(f"/metrics on {served}")
         if not ns.no_smoke:
             key = smoke_key(ns, os.environ)
             await asyncio.to_thread(_smoke, f"localhost:{port_of(names[0])}", key)

@@ -74,6 +74,8 @@ class ServiceSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment of this service
     # Other ports the service binds (HTTP, /metrics), checked with the gRPC one before start.
     extra_ports: tuple[PortUse, ...] = ()
+    # The gRPC port is bound with SO_REUSEPORT by several front doors (Topology.shared_port).
+    shared_port: bool = False
 
     @property
     def address(self) -> str:
@@ -81,7 +83,12 @@ class ServiceSpec:
 
     def port_uses(self) -> list[PortUse]:
         """Every port this service binds, each with the `radixmesh serve` flag that moves it."""
-        uses = [PortUse(self.port, f"the {self.name} service's gRPC port", "--port")]
+        owner = (
+            "the front doors' gRPC port"
+            if self.shared_port
+            else f"the {self.name} service's gRPC port"
+        )
+        uses = [PortUse(self.port, owner, "--port", self.shared_port)]
         if self.health_port:
             uses.append(PortUse(self.health_port, f"the {self.name} service's health port"))
         return [*uses, *self.extra_ports]
@@ -134,28 +141,44 @@ class Topology:
     """How many of each service a local stack runs. A replica is one scheduler with its own
     model service (the scheduler owns that model's KV slots). Every front door connects to
     every replica; every scheduler to every grammar service. `replica_env`: extra environment
-    per replica's model service, cycled (e.g. CUDA_VISIBLE_DEVICES per GPU)."""
+    per replica's model service, cycled (e.g. CUDA_VISIBLE_DEVICES per GPU).
+    `shared_port`: several front doors listen on one public address (gRPC and HTTP, with
+    SO_REUSEPORT: the kernel spreads connections over them), each with a plaintext
+    health-only port of its own so the launcher can tell them apart; otherwise each front
+    door has its own ports (tests and the router bench address them one by one)."""
 
     replicas: int = 1
     front_doors: int = 1
     grammars: int = 1
     replica_env: tuple[dict[str, str], ...] = ()
+    shared_port: bool = False
 
     def __post_init__(self) -> None:
         if min(self.replicas, self.front_doors, self.grammars) < 1:
             raise ValueError(f"every count must be at least 1: {self}")
 
+    @property
+    def shares_port(self) -> bool:
+        return self.shared_port and self.front_doors > 1
+
     def names(self) -> list[str]:
-        """Service names in port order. With one of a kind its name is the kind
+        """Port names in port order. With one of a kind its name is the kind
         ("scheduler"); with several, "scheduler-0", "scheduler-1", ... The first of each
         kind comes first in the classic order (front door, scheduler, model, grammar on
         consecutive ports: 50051-50054 whatever the counts), then the other replicas'
-        scheduler+model pairs, the other grammar services and the other front doors."""
+        scheduler+model pairs, the other grammar services and the other front doors.
+        Front doors on a shared port: "tokenizer" (first) is the public address they all
+        bind, and every front door's own name, at the end, its health-only port."""
         fd = _named("tokenizer", self.front_doors)
         pairs = zip(_named("scheduler", self.replicas), _named("model", self.replicas), strict=True)
         flat = [name for pair in pairs for name in pair]
         grammars = _named("grammar", self.grammars)
-        return [fd[0], *flat[:2], grammars[0], *flat[2:], *grammars[1:], *fd[1:]]
+        first, rest = (["tokenizer"], fd) if self.shares_port else (fd[:1], fd[1:])
+        return [*first, *flat[:2], grammars[0], *flat[2:], *grammars[1:], *rest]
+
+    def is_service(self, name: str) -> bool:
+        """False for the shared public address's name: a port, not a process."""
+        return not (self.shares_port and name == "tokenizer")
 
 
 def service_role(name: str) -> str:
@@ -188,7 +211,8 @@ def topology_specs(
 ) -> list[ServiceSpec]:
     """Specs for `topo`. `port_of(name)` gives each service's port (name per
     `Topology.names`, with the kind as the key when there is one of it: "scheduler");
-    front door i serves HTTP on `http_port + i` (0: off). `shutdown_grace`: the front doors'
+    front door i serves HTTP on `http_port + i` (0: off), or all on `http_port` when they
+    share the port (Topology.shared_port). `shutdown_grace`: the front doors'
     SIGTERM grace; internal services get a little more (services.drain), so requests
     that fit it never lose a dependency first. `metrics_port(name)`: each service's /metrics
     port (None: metrics off). `model_args` go to every model service as given (`--kv-tokens`
@@ -208,10 +232,11 @@ def topology_specs(
             out.append(f"--metrics-port={metrics_port(name)}")
         return out
 
-    def ports(name: str, http: int = 0) -> tuple[PortUse, ...]:
+    def ports(name: str, http: int = 0, shared: bool = False) -> tuple[PortUse, ...]:
         uses = []
         if http:
-            uses.append(PortUse(http, f"the {name} service's HTTP API", "--http-port"))
+            owner = "the front doors' HTTP API" if shared else f"the {name} service's HTTP API"
+            uses.append(PortUse(http, owner, "--http-port", shared))
         if metrics_port is not None and metrics_port(name):
             uses.append(
                 PortUse(metrics_port(name), f"the {name} service's /metrics", "--metrics-port")
@@ -250,23 +275,27 @@ def topology_specs(
         specs.append(
             ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs), extra_ports=ports(g))
         )
+    shared = topo.shares_port
     for i, fd in enumerate(_named("tokenizer", topo.front_doors)):
-        http = http_port + i if http_port else 0
+        http = (http_port if shared else http_port + i) if http_port else 0
         targs = [
             f"--scheduler-address={scheduler_list}",
             f"--http-port={http}",
             "--model",
             model,
+            *(["--reuse-port"] if shared else []),
             *tokenizer_args,
         ]
         specs.append(
             ServiceSpec(
                 fd,
                 "tokenizer_service",
-                port_of(fd),
+                port_of("tokenizer") if shared else port_of(fd),
                 args(fd, targs),
                 public=True,
-                extra_ports=ports(fd, http),
+                health_port=port_of(fd) if shared else 0,
+                extra_ports=ports(fd, http, shared),
+                shared_port=shared,
             )
         )
     return specs

@@ -46,7 +46,8 @@ class Stack:
 
     def names(self, kind: str) -> list[str]:
         """The services of one kind ("scheduler" -> ["scheduler-0", "scheduler-1"])."""
-        return [n for n in self.topology.names() if n.split("-", 1)[0] == kind]
+        names = filter(self.topology.is_service, self.topology.names())
+        return [n for n in names if n.split("-", 1)[0] == kind]
 
     @property
     def http_url(self) -> str:

@@ -51,10 +51,11 @@ def _lines_until(proc: subprocess.Popen[str], marker: str, limit_s: float = 600)
 
 
 def test_serve_with_api_keys_smoke_answers_and_keeps_serving(tmp_path: Path) -> None:
-    base = _free_block(4)
+    base = _free_block(6)  # the shared front-door address, 3 services, 2 health ports
     logs = tmp_path / "logs"
     cmd = [sys.executable, "-m", "services.cli", "serve", "--port", str(base), "--http-port"]
     cmd += ["0", "--api-keys", "k-one,k-two", "--log-dir", str(logs), "--log-format", "json"]
+    cmd += ["--front-doors", "2"]
     cmd += ["--log-level", "debug", "--shutdown-grace", "5"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXMESH_API_KEY")}
     err_file = tmp_path / "serve.err"  # a file, not a pipe: nobody reads it while it runs
@@ -68,6 +69,11 @@ def test_serve_with_api_keys_smoke_answers_and_keeps_serving(tmp_path: Path) -> 
         endpoint = f"localhost:{base}"
         with Client(endpoint, api_key="k-two", timeout=120) as c:
             assert c.generate("Hello", max_new_tokens=2, temperature=0).completion_tokens == 2
+        # One address, two front doors: each new connection goes to one of them (the kernel
+        # hashes it), so 24 connections all reaching one has odds 2**-23.
+        for _ in range(24):
+            with Client(endpoint, api_key="k-one", timeout=120) as c:
+                assert c.generate("Hi", max_new_tokens=1).completion_tokens == 1
         with Client(endpoint, api_key="", timeout=60) as c, pytest.raises(RadixMeshError) as err:
             c.generate("Hello", max_new_tokens=2)
         assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
@@ -88,8 +94,13 @@ def test_serve_with_api_keys_smoke_answers_and_keeps_serving(tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    for service in ("tokenizer", "scheduler", "model", "grammar"):
-        lines = (logs / f"{service}.log").read_text().splitlines()
+    served = {}
+    for name in ("tokenizer-0", "tokenizer-1", "scheduler", "model", "grammar"):
+        lines = (logs / f"{name}.log").read_text().splitlines()
         events = [json.loads(line) for line in lines if line.strip()]
-        assert events and all(e.get("service") == service for e in events[:3]), service
-        assert any(e.get("level") == "debug" for e in events), service  # --log-level reached it
+        service = name.split("-")[0]
+        assert events and all(e.get("service") == service for e in events[:3]), name
+        assert any(e.get("level") == "debug" for e in events), name  # --log-level reached it
+        served[name] = sum(e.get("event") == "request_done" for e in events)
+    assert served["tokenizer-0"] >= 1 and served["tokenizer-1"] >= 1, served
+    assert served["tokenizer-0"] + served["tokenizer-1"] >= 26, served  # smoke: +1 or +2

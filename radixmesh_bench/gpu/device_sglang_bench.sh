@@ -3,8 +3,8 @@
 # root. Each argument is one configuration (a NAME ending in _probe: greedy probe only), NAME=SERVE_FLAGS (flags with ',' for spaces are not
 # supported: use ':' between flags, e.g. tp2=--gpus:0,1:--tp:2). For each: start serve with
 # random Llama-3.1-8B weights (or --random-weights given in the flags), wait for its HTTP port,
-# run ShareGPT (BENCH_PROMPTS prompts, rate inf) and a batch-1 ITL probe (random 128/128, one
-# at a time), stop the stack. Needs: .whl (device wheels), .sgl (SGLang's bench client copied
+# run the workloads of BENCH_WORKLOADS (default: ShareGPT, BENCH_PROMPTS prompts at rate inf,
+# then a batch-1 ITL probe), stop the stack. Needs: .whl (device wheels), .sgl (SGLang's bench client copied
 # from its README's folder, its wheels in .sgl/whl, the ShareGPT sample .sgl/sharegpt.json.gz).
 # Results: $OUT/<NAME>.jsonl (bench_serving's lines), $OUT/<NAME>_greedy.json (greedy probe);
 # serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed.
@@ -15,6 +15,9 @@ export PYTHONPATH=$PYTHONPATH:$PWD/.sgl NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABL
 python3 -c 'import datasets' 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.sgl/stubs
 [ -f /tmp/sharegpt.json ] || gunzip -c .sgl/sharegpt.json.gz > /tmp/sharegpt.json
 PROMPTS=${BENCH_PROMPTS:-2000}
+# sharegpt (BENCH_PROMPTS, rate inf), gsp (SGLang's generated-shared-prefix 64 x 16, 2,048-token
+# prefixes, 256 out, rate inf), itl1 (batch-1 ITL: random 128/128, one at a time), in order.
+WORKLOADS=${BENCH_WORKLOADS:-sharegpt,itl1}
 LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
 SHAPE=${BENCH_SHAPE:-llama-3.1-8b}
 TOK=$(python3 -m model_service.random_configs "$SHAPE") || exit 3
@@ -38,14 +41,20 @@ for spec in "$@"; do
     timeout 300 python3 radixmesh_bench/gpu/greedy_probe.py --out "$OUT/${name}_greedy.json" || status=1
   fi
   if [ $ok = 1 ] && [ "${name%_probe}" = "$name" ]; then
-    timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
-      --dataset-name sharegpt --dataset-path /tmp/sharegpt.json --num-prompts "$PROMPTS" \
-      --tokenizer "$TOK" --request-rate inf --seed 1 --output-file "$OUT/$name.jsonl" \
-      2>&1 | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
-    timeout 120 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
-      --dataset-name random --random-input-len 128 --random-output-len 128 --random-range-ratio 1 \
-      --num-prompts 4 --max-concurrency 1 --tokenizer "$TOK" --seed 1 \
-      --output-file "$OUT/$name.jsonl" 2>&1 | grep -E "Median ITL|Output token throughput" || status=1
+    for wl in ${WORKLOADS//,/ }; do
+      case $wl in
+        sharegpt) data=(--dataset-name sharegpt --dataset-path /tmp/sharegpt.json --num-prompts "$PROMPTS" --request-rate inf) ;;
+        gsp) data=(--dataset-name generated-shared-prefix --gsp-num-groups 64 --gsp-prompts-per-group 16
+                   --gsp-system-prompt-len 2048 --gsp-question-len 128 --gsp-output-len 256 --request-rate inf) ;;
+        itl1) data=(--dataset-name random --random-input-len 128 --random-output-len 128
+                    --random-range-ratio 1 --num-prompts 4 --max-concurrency 1) ;;
+        *) echo "unknown workload $wl"; status=1; continue ;;
+      esac
+      echo "--- $name $wl $(date +%T)"
+      timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
+        "${data[@]}" --tokenizer "$TOK" --seed 1 --output-file "$OUT/$name.jsonl" 2>&1 \
+        | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
+    done
   fi
   if [ $ok != 1 ]; then
     echo "$name: serve did not become ready"; tail -5 "$LOGS/$name.log"; status=1

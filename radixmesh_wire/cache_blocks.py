@@ -9,6 +9,9 @@ prefix: a radix path of depth >= (i + 1) * BLOCK_TOKENS.
 
 Cache keys are token ids shifted by the request's namespace offset (tenant isolation), so a
 tenant's blocks never match another tenant's prompt.
+
+With a host KV tier a block is published as GPU-resident or host-resident (its KV saved to host
+memory when the GPU evicted it); both ends weigh a host-resident hit by `HOST_HIT_WEIGHT`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from array import array
 from collections.abc import Sequence
 
 BLOCK_TOKENS = 16  # fine enough for few-shot prefixes, ~128 hashes for a 2k-token prompt
+# A host-tier hit's worth, in GPU-hit tokens (issue 31): loading KV back from host memory costs
+# a copy, far less than recomputing it and more than using it in place. The one value both
+# ends rank matches by: the scheduler's prefill order (a waiting request's host-resident
+# prefix) and the front door's router (a replica's host-resident blocks). docs/radix.md.
+HOST_HIT_WEIGHT = 0.5
 
 
 def namespace_offset(namespace: str) -> int:

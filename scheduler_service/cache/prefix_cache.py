@@ -24,13 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from radixmesh_wire.cache_blocks import HOST_HIT_WEIGHT as _HOST_HIT_WEIGHT
+
 if TYPE_CHECKING:
     from scheduler_service.cache.allocator import SlotAllocator
 
 CACHE_MODES = ("tree", "table", "off")
-# A host-tier hit's worth, in GPU-hit tokens, when policies rank matches: loading KV back costs
-# a copy, far less than recomputing it and more than using it in place (docs/radix.md).
-HOST_HIT_WEIGHT = 0.5
+# A host-tier hit's worth, in GPU-hit tokens, when policies rank matches (docs/radix.md): one
+# constant in the wire package, which the front door's router weighs host-resident blocks by.
+HOST_HIT_WEIGHT = _HOST_HIT_WEIGHT
 EVICTION_POLICIES = ("lru", "lfu")
 
 
@@ -84,15 +86,21 @@ class CacheObserver(Protocol):
     while it lives (splits add nodes above, never change where a node's path ends)."""
 
     def added(self, leaf: Any, keys: list[int], start: int) -> None:
-        """A new leaf now holds ``keys[start:]`` (``keys``: its whole root path)."""
+        """A new leaf now holds ``keys[start:]`` (``keys``: its whole root path), or a host-only
+        node (same edge) is on the GPU again (loaded back, or computed again)."""
         ...
 
     def split(self, lower: Any, upper: Any, k: int) -> None:
         """``upper`` (new) took the first ``k`` keys of ``lower``'s edge."""
         ...
 
+    def offloaded(self, node: Any) -> None:
+        """``node`` lost its GPU slots but stays in the tree, host-only (its KV was saved to the
+        host tier, issue 31)."""
+        ...
+
     def evicted(self, node: Any) -> None:
-        """A leaf left the tree (its keys are no longer cached)."""
+        """A node left the tree, from either tier (its keys are no longer cached)."""
         ...
 
     def reset(self) -> None:

@@ -31,9 +31,10 @@ Invariants (``check_integrity`` verifies all of them):
   protected nodes form a subtree containing the root, and ``evictable - protected_size`` tokens
   can be evicted leaf-first without touching a protected node.
 
-Observer (``observer``, ``--cache-events``): told of every new leaf, split, evicted leaf and
-reset (``prefix_cache.CacheObserver``), one call per structural change; with none set the hot
-paths pay one ``is None`` test per change and nothing else.
+Observer (``observer``, ``--cache-events``): told of every new leaf, split, node leaving the
+tree, node moving between the tiers (offloaded to the host, brought back to the GPU) and reset
+(``prefix_cache.CacheObserver``), one call per structural change; with none set the hot paths
+pay one ``is None`` test per change and nothing else.
 
 A handle returned by ``match_prefix``/``insert`` keeps meaning "the path ending at this token
 position": splitting always creates the *upper* half as a new node, so existing handles (and
@@ -615,14 +616,14 @@ class RadixCache:
             self._evictable -= size
             parent = node.parent
             assert parent is not None
-            if obs is not None:
-                obs.evicted(node)  # cache events publish GPU-resident blocks only
             if host is not None and not self._flushing and host.save(node):
                 free(node.value)  # the queued save runs before any new use of these slots
                 node.value = []  # host-only now: it keeps its place in the tree
+                if obs is not None:
+                    obs.offloaded(node)  # its blocks stay published, as host-resident
             else:
                 free(node.value)
-                self._drop(node)
+                self._drop(node)  # tells the observer (the node and its host-only subtree)
             node = None
             if parent is not root and parent.lock_ref == 0 and _gpu_leaf(parent):
                 # It just became an unlocked leaf. When it would be the very next pop (its key
@@ -645,6 +646,8 @@ class RadixCache:
         node.dead = True
         node.parent = None
         self._nodes -= 1
+        if self.observer is not None:
+            self.observer.evicted(node)
 
     def _drop(self, node: _Node) -> None:
         """Evict ``node`` for good, with its host-only subtree (their host copies freed)."""
@@ -656,6 +659,8 @@ class RadixCache:
                 d = stack.pop()
                 stack.extend(d.children.values())
                 host.drop(d)
+                if self.observer is not None:
+                    self.observer.evicted(d)
                 d.dead = True
                 d.parent = None
                 self._nodes -= 1
@@ -796,6 +801,17 @@ class RadixCache:
             path = above + node.key
             yield node, len(above), path
             stack.extend((c, path) for c in node.children.values() if c.value)
+
+    def debug_host_paths(self) -> Iterator[tuple[object, int, list[int]]]:
+        """Every host-only node (KV in host memory only) with its depth above its edge and its
+        whole root path's keys (tests and integrity checks only; O(tokens x depth))."""
+        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in self._root.children.values()]
+        while stack:
+            node, above = stack.pop()
+            path = above + node.key
+            if not node.value:
+                yield node, len(above), path
+            stack.extend((c, path) for c in node.children.values())
 
     def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
         """Every GPU-cached prefix -> KV slot of its last token (tests only; O(tokens x

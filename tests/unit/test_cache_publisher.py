@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
 from scheduler_service.cache.allocator import SlotAllocator
-from scheduler_service.cache.publisher import CacheDelta, CachePublisher
+from scheduler_service.cache.publisher import GPU, HOST, CacheDelta, CachePublisher
 from scheduler_service.cache.radix_cache import RadixCache
 
 CAPACITY = 160
@@ -53,14 +53,16 @@ SETTINGS = settings(
 )
 
 
-def apply(held: set[int], delta: CacheDelta | None) -> None:
-    """What a front door does with a CacheEvents message."""
+def apply(held: dict[int, int], delta: CacheDelta | None) -> None:
+    """What a front door does with a CacheEvents message: hash -> tier (GPU or HOST)."""
     if delta is None:
         return
     if delta.reset:
         held.clear()
-    held.update(delta.added)
-    held.difference_update(delta.removed)
+    for h in delta.removed:
+        held.pop(h, None)
+    held.update(dict.fromkeys(delta.added, GPU))
+    held.update(dict.fromkeys(delta.host, HOST))
 
 
 class Running:
@@ -69,23 +71,31 @@ class Running:
 
 
 class PublisherMachine(RuleBasedStateMachine):
+    HOST_CAPACITY = 0  # tokens of the host KV tier (issue 31); 0: none
+
     def __init__(self) -> None:
         super().__init__()
         self.pub = CachePublisher()
         self.alloc = SlotAllocator(CAPACITY, debug=True)
-        self.cache = RadixCache(self.alloc, observer=self.pub)
+        self.cache = RadixCache(self.alloc, observer=self.pub, host_capacity=self.HOST_CAPACITY)
         self.owned: list[list[int]] = []
         self.locks: list[object] = []
         self.running: list[Running] = []
-        self.subscribers: list[set[int]] = []
+        self.subscribers: list[dict[int, int]] = []
         self.holds: list[list[int]] = []  # live requests' prompt blocks
 
-    def expected(self) -> set[int]:
-        """Every cached prefix of a whole number of blocks, hashed from scratch, and every
-        block a live request holds."""
+    def expected(self) -> dict[int, int]:
+        """Every cached prefix of a whole number of blocks, hashed from scratch, with its tier:
+        GPU when its last token is on the GPU or a live request holds it, else HOST when its
+        last token is in a host-only node."""
+        host: set[int] = set()
+        for _, start, path in self.cache.debug_host_paths():
+            ends = range(start + 1, len(path) + 1)
+            host.update(block_hashes(path[:n])[-1] for n in ends if n % BLOCK_TOKENS == 0)
         prefixes = self.cache.debug_prefix_map()
-        tree = {block_hashes(p)[-1] for p in prefixes if len(p) % BLOCK_TOKENS == 0}
-        return tree.union(*self.holds)
+        gpu = {block_hashes(p)[-1] for p in prefixes if len(p) % BLOCK_TOKENS == 0}
+        gpu = gpu.union(*self.holds)
+        return dict.fromkeys(host - gpu, HOST) | dict.fromkeys(gpu, GPU)
 
     # -- provisional holds ----------------------------------------------------------------------
     @rule(toks=sequences())
@@ -182,7 +192,7 @@ class PublisherMachine(RuleBasedStateMachine):
     # -- front doors ----------------------------------------------------------------------------
     @rule()
     def subscribe(self) -> None:
-        held: set[int] = set()
+        held: dict[int, int] = {}
         apply(held, self.pub.snapshot())
         self.subscribers.append(held)
 
@@ -201,13 +211,47 @@ class PublisherMachine(RuleBasedStateMachine):
         owned = [s for chunk in self.owned for s in chunk]
         owned += [s for r in self.running for s in r.slots[r.cached :]]
         self.cache.check_integrity(len(owned), owned)
-        self.pub.check_integrity(self.cache.debug_paths())
-        assert self.pub.held() == self.expected()
-        assert self.pub.block_count == len(self.pub.held())
+        self.pub.check_integrity(self.cache.debug_paths(), self.cache.debug_host_paths())
+        want = self.expected()
+        assert self.pub.held() == set(want)
+        assert self.pub.host_held() == {h for h, t in want.items() if t == HOST}
+        assert self.pub.block_count == len(want)
+        assert self.pub.host_block_count == len(self.pub.host_held())
 
 
 TestPublisherMachine = PublisherMachine.TestCase
 TestPublisherMachine.settings = SETTINGS
+
+
+class HostTierPublisherMachine(PublisherMachine):
+    """The same with a host KV tier: GPU eviction saves to host memory (blocks stay published,
+    host-resident), the host tier's own LRU drops them (removed), a hit loads them back (GPU
+    again), a request recomputing a host-only path puts it back on the GPU, and a flush drops
+    both tiers. Subscribers must hold every block in its tier after each drain."""
+
+    HOST_CAPACITY = 96
+
+    @rule(toks=sequences(min_len=2))
+    def load_back(self, toks: list[int]) -> None:
+        c = self.cache
+        m = c.match_prefix(toks, len(toks) - 1)
+        c.lock(m.node)
+        loaded = c.load_host(m) if m.host_len else None
+        c.unlock(m.node if loaded is None else loaded.node)
+        self.drain_copies()
+
+    @rule()
+    def flush_cache(self) -> None:
+        self.cache.flush()
+        self.drain_copies()
+
+    def drain_copies(self) -> None:
+        assert self.cache.host is not None
+        self.cache.host.take_copies()  # the model service would run them with the next step
+
+
+TestHostTierPublisherMachine = HostTierPublisherMachine.TestCase
+TestHostTierPublisherMachine.settings = SETTINGS
 
 
 # -- examples -----------------------------------------------------------------------------------
@@ -268,11 +312,11 @@ def test_a_snapshot_is_the_last_drained_state_so_the_next_drain_completes_it() -
     old = list(range(32))
     cache.insert(old, _slots(cache, 32))
     pub.drain()
-    early = set(block_hashes(old))  # a session open since before
+    early = dict.fromkeys(block_hashes(old), GPU)  # a session open since before
     cache.evict(32)
     brief = list(range(500, 516))
     cache.insert(brief, _slots(cache, 16))
-    late: set[int] = set()
+    late: dict[int, int] = {}
     apply(late, pub.snapshot())  # a session opening between these changes and their flush
     assert late == early
     cache.evict(16)  # `brief` leaves again before the flush: the drain never mentions it
@@ -281,7 +325,8 @@ def test_a_snapshot_is_the_last_drained_state_so_the_next_drain_completes_it() -
     delta = pub.drain()
     apply(late, delta)
     apply(early, delta)
-    assert late == early == set(block_hashes(new)) == pub.held()
+    assert late == early == dict.fromkeys(block_hashes(new), GPU)
+    assert set(late) == pub.held()
 
 
 def test_namespaced_keys_hash_as_the_front_door_hashes_a_tenant_prompt() -> None:
@@ -314,3 +359,95 @@ def test_a_held_prompt_is_published_at_once_and_withdrawn_only_if_not_cached() -
     pub.release(ha)
     assert pub.drain() == CacheDelta(False, [], sorted(ha))
     assert pub.block_count == 0
+
+
+# -- the host tier (issue 31): a block's tier follows its node ------------------------------------
+def _tiered(gpu: int = 64, host: int = 64) -> tuple[RadixCache, CachePublisher]:
+    pub = CachePublisher()
+    return RadixCache(SlotAllocator(gpu), observer=pub, host_capacity=host), pub
+
+
+def _load_back(cache: RadixCache, toks: list[int]) -> None:
+    m = cache.match_prefix(toks)
+    assert m.host_len == len(toks)
+    cache.lock(m.node)
+    loaded = cache.load_host(m)
+    assert loaded is not None and loaded.length == len(toks)
+    cache.unlock(loaded.node)
+
+
+def test_evicted_to_host_stays_published_as_host_and_a_load_makes_it_gpu_again() -> None:
+    cache, pub = _tiered()
+    a = list(range(40))  # 2 whole blocks, 8 tokens over
+    ha = block_hashes(a)
+    cache.insert(a, _slots(cache, 40))
+    assert pub.drain() == CacheDelta(False, sorted(ha), [], [])
+    assert cache.evict(40) == 40  # GPU -> host: the blocks move tier, nothing is removed
+    assert pub.drain() == CacheDelta(False, [], [], sorted(ha))
+    assert pub.held() == set(ha) == pub.host_held() and pub.host_block_count == 2
+    _load_back(cache, a)  # host -> GPU: GPU-resident again (the host copy stays)
+    assert pub.drain() == CacheDelta(False, sorted(ha), [], [])
+    assert pub.host_held() == set()
+    cache.evict(40)  # back to the host: no copy needed, the blocks move tier again
+    assert pub.drain() == CacheDelta(False, [], [], sorted(ha))
+    assert cache.host is not None and cache.host.evict(40) == 40  # the host's own LRU drops it
+    assert pub.drain() == CacheDelta(False, [], sorted(ha), [])
+    assert pub.block_count == 0
+
+
+def test_tier_changes_between_drains_are_net() -> None:
+    cache, pub = _tiered()
+    a = list(range(32))
+    ha = block_hashes(a)
+    cache.insert(a, _slots(cache, 32))
+    pub.drain()
+    cache.evict(32)
+    _load_back(cache, a)  # GPU -> host -> GPU before the flush: nothing to tell
+    assert pub.drain() is None
+    cache.evict(32)
+    assert cache.host is not None
+    cache.host.evict(32)  # GPU -> host -> gone: only the removal
+    assert pub.drain() == CacheDelta(False, [], sorted(ha), [])
+    b = list(range(100, 132))
+    cache.insert(b, _slots(cache, 32))
+    cache.evict(32)  # new and offloaded before the flush: new to subscribers, as host
+    assert pub.drain() == CacheDelta(False, [], [], sorted(block_hashes(b)))
+
+
+def test_no_room_on_the_host_removes_and_a_held_prompt_stays_gpu() -> None:
+    cache, pub = _tiered(gpu=64, host=16)
+    a = list(range(32))  # 32 tokens do not fit a 16-token host tier
+    cache.insert(a, _slots(cache, 32))
+    pub.drain()
+    cache.evict(32)
+    assert pub.drain() == CacheDelta(False, [], sorted(block_hashes(a)), [])
+    b = list(range(200, 216))
+    hb = block_hashes(b)
+    pub.hold(hb)  # a live request's prompt: GPU-resident however the tree holds it
+    cache.insert(b, _slots(cache, 16))
+    cache.evict(16)  # saved to the host, but the hold keeps it published as GPU
+    assert pub.drain() == CacheDelta(False, hb, [], [])
+    pub.release(hb)  # the request ended: the block is the host tier's now
+    assert pub.drain() == CacheDelta(False, [], [], hb)
+
+
+def test_a_snapshot_keeps_the_drained_tiers() -> None:
+    cache, pub = _tiered()
+    a = list(range(32))
+    ha = block_hashes(a)
+    cache.insert(a, _slots(cache, 32))
+    pub.drain()
+    early = dict.fromkeys(ha, GPU)
+    cache.evict(32)  # offloaded, not yet drained
+    late: dict[int, int] = {}
+    apply(late, pub.snapshot())
+    assert late == early  # the drained state: still on the GPU
+    delta = pub.drain()
+    apply(late, delta)
+    apply(early, delta)
+    assert late == early == dict.fromkeys(ha, HOST)
+    cache.flush()  # both tiers dropped
+    delta = pub.drain()
+    assert delta == CacheDelta(False, [], sorted(ha), [])
+    apply(late, delta)
+    assert late == {}

@@ -148,8 +148,8 @@ class HostTierMachine(RuleBasedStateMachine):
         c = self.cache
         owned = [s for r in self.running for s in r.slots[r.cached :]]
         c.check_integrity(len(owned), owned)
-        # Cache events mirror the GPU-resident blocks exactly (host-only nodes are evicted).
-        self.pub.check_integrity(c.debug_paths())
+        # Cache events mirror every block in its tier (host-only nodes: host-resident blocks).
+        self.pub.check_integrity(c.debug_paths(), c.debug_host_paths())
         assert c.host is not None and c.host.queued == 0
         stack: list[tuple[Any, tuple[int, ...]]] = [(n, ()) for n in c._root.children.values()]
         while stack:

@@ -1,10 +1,11 @@
 """Images where they enter: decoded, bounded, preprocessed and hashed once, at the front door.
 
 `ImageSpec` is what the served model wants (read from its folder: config.json of a LLaVA
-model and its preprocessor_config.json, as transformers' CLIPImageProcessor reads them);
+model and its preprocessor_config.json, as transformers' image processors read them);
 `prepare` turns the bytes of one image into the model's pixel values (convert to RGB, resize
-the shortest edge, centre crop, rescale, normalise: CLIPImageProcessor's steps, checked
-against it in tests/unit/test_image_prep.py) and `place` expands each image marker of a
+the shortest edge and centre crop as CLIPImageProcessor does, or resize to a fixed size as
+SiglipImageProcessor does; rescale, normalise: checked against transformers' own processors
+in tests/unit/test_image_prep.py) and `place` expands each image marker of a
 prompt into the image's placeholder positions holding its hash-derived pseudo id
 (radixmesh_wire/images.py). Every failure is an `InvalidRequest` naming the image.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radixmesh_wire.image_geometry import tile_tokens
 from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
 from tokenizer_service.validation import InvalidRequest
 
@@ -44,15 +46,16 @@ class ImageSpec:
     image_token_id: int  # the prompt's image marker (its text: `image_token`)
     image_token: str
     tokens_per_image: int
-    shortest_edge: int
-    crop: tuple[int, int]  # (height, width)
+    shortest_edge: int  # resize the shortest edge to this; 0: resize to `crop` exactly
+    crop: tuple[int, int]  # (height, width): the centre crop, or the exact size
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     rescale: float = 1 / 255
 
     @staticmethod
     def from_folder(folder: Path, token_text: str = "<image>") -> ImageSpec | None:
-        """The spec of the LLaVA model in `folder`, or None for a text-only model."""
+        """The spec of the LLaVA model in `folder`, or None for a text-only model.
+        ValueError for a LLaVA whose vision tower or select strategy is not supported."""
         cfg_file = folder / "config.json"
         if not cfg_file.exists():
             return None
@@ -61,16 +64,20 @@ class ImageSpec:
             return None
         vis = cfg.get("vision_config", {})
         side, patch = int(vis.get("image_size", 224)), int(vis.get("patch_size", 14))
-        full = cfg.get("vision_feature_select_strategy", "default") == "full"
+        tower = vis.get("model_type", "clip_vision_model")
+        strategy = cfg.get("vision_feature_select_strategy", "default")
         pre_file = folder / "preprocessor_config.json"
         pre = json.loads(pre_file.read_text()) if pre_file.exists() else {}
         size = pre.get("size", {"shortest_edge": side})
         crop = pre.get("crop_size", {"height": side, "width": side})
+        exact = "shortest_edge" not in size  # SiglipImageProcessor: {"height", "width"}
+        if exact:
+            crop = size
         return ImageSpec(
             image_token_id=int(cfg.get("image_token_index", cfg.get("image_token_id", 32000))),
             image_token=token_text,
-            tokens_per_image=(side // patch) ** 2 + (1 if full else 0),
-            shortest_edge=int(size.get("shortest_edge", side)),
+            tokens_per_image=tile_tokens(tower, side, patch, strategy),
+            shortest_edge=0 if exact else int(size["shortest_edge"]),
             crop=(int(crop["height"]), int(crop["width"])),
             mean=tuple(pre.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),  # type: ignore[arg-type]
             std=tuple(pre.get("image_std", (0.26862954, 0.26130258, 0.27577711))),  # type: ignore[arg-type]
@@ -127,9 +134,12 @@ def _preprocess(img: object, spec: ImageSpec) -> np.ndarray:
 
     assert isinstance(img, Image.Image)
     w, h = img.size
-    short, long_ = (w, h) if w <= h else (h, w)
-    new_short, new_long = spec.shortest_edge, int(spec.shortest_edge * long_ / short)
-    size = (new_short, new_long) if w <= h else (new_long, new_short)
+    if spec.shortest_edge:
+        short, long_ = (w, h) if w <= h else (h, w)
+        new_short, new_long = spec.shortest_edge, int(spec.shortest_edge * long_ / short)
+        size = (new_short, new_long) if w <= h else (new_long, new_short)
+    else:
+        size = (spec.crop[1], spec.crop[0])  # PIL sizes are (width, height)
     img = img.resize(size, Image.Resampling.BICUBIC)
     arr = np.asarray(img, dtype=np.float32)  # [H, W, 3]
     ch, cw = spec.crop

@@ -1,9 +1,11 @@
 """LLaVA-style vision-language model: a CLIP vision tower, a projector and our Llama decoder.
 
 Layout and numerics as HF transformers' `LlavaForConditionalGeneration` (LLaVA-1.5):
-- the vision tower is transformers' own `CLIPVisionModel` (a real dependency, used as is);
+- the vision tower is transformers' own class for `vision_config.model_type` (`CLIPVisionModel`
+  or `SiglipVisionModel`: real dependencies, used as is); another tower is refused by name;
 - image features are the tower's hidden states at `vision_feature_layer` (an index, or a list
-  whose layers are concatenated), less the CLS token under the "default" select strategy;
+  whose layers are concatenated), less the first feature under the "default" select strategy
+  (CLIP's CLS; HF drops the first feature whatever the tower);
 - the projector is linear_1 -> activation -> linear_2 (ours, HF parameter names);
 - the language model is `LlamaForCausalLM` (ours): the image's features replace the token
   embeddings at the image's placeholder positions, and from there on an image token is a token
@@ -25,6 +27,7 @@ from torch import nn
 
 from model_service.attention.backend import LayerAttention
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer
+from radixmesh_wire.image_geometry import TOWER_HAS_CLS, ImageGeometry, tile_tokens
 
 LLAVA_MODEL_TYPES = ("llava",)
 
@@ -36,6 +39,26 @@ def is_llava(hf_cfg: Any) -> bool:
 def text_config(hf_cfg: Any) -> Any:
     """The language model's config: a LLaVA config's `text_config`, else the config itself."""
     return hf_cfg.text_config if is_llava(hf_cfg) else hf_cfg
+
+
+# transformers' class for each tower of image_geometry.TOWER_HAS_CLS (the same keys).
+_TOWER_CLASSES = {
+    "clip_vision_model": "CLIPVisionModel",
+    "siglip_vision_model": "SiglipVisionModel",
+}
+assert _TOWER_CLASSES.keys() == TOWER_HAS_CLS.keys()
+
+
+def build_tower(vcfg: Any) -> nn.Module:
+    """transformers' own vision model for this vision config; ValueError for another tower."""
+    import transformers
+
+    kind = getattr(vcfg, "model_type", "")
+    if kind not in _TOWER_CLASSES:
+        raise ValueError(
+            f"vision tower {kind!r} is not supported (supported: {', '.join(_TOWER_CLASSES)})"
+        )
+    return getattr(transformers, _TOWER_CLASSES[kind])(vcfg)  # type: ignore[no-any-return]
 
 
 _ACTS = {"gelu": nn.GELU, "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh")}
@@ -64,19 +87,16 @@ class LlavaForCausalLM(LlamaForCausalLM):
         if comm is not None:
             raise ValueError("LLaVA models do not support tensor parallelism yet")
         super().__init__(LlamaArgs.from_hf_config(hf_cfg.text_config))
-        from transformers import CLIPVisionModel
-
         vcfg = hf_cfg.vision_config
-        if getattr(vcfg, "model_type", "") != "clip_vision_model":
-            raise ValueError(f"vision tower {vcfg.model_type!r} is not supported (CLIP only)")
-        self.vision_tower = CLIPVisionModel(vcfg)
+        self.vision_tower = build_tower(vcfg)
         layer = hf_cfg.vision_feature_layer
         self.feature_layers: tuple[int, ...] = (
             tuple(layer) if isinstance(layer, (list, tuple)) else (int(layer),)
         )
         self.select_strategy: str = hf_cfg.vision_feature_select_strategy
-        if self.select_strategy not in ("default", "full"):
-            raise ValueError(f"vision_feature_select_strategy {self.select_strategy!r}")
+        per_tile = tile_tokens(
+            vcfg.model_type, int(vcfg.image_size), int(vcfg.patch_size), self.select_strategy
+        )
         self.multi_modal_projector = Projector(
             vcfg.hidden_size * len(self.feature_layers),
             self.args.hidden_size,
@@ -84,8 +104,8 @@ class LlavaForCausalLM(LlamaForCausalLM):
             bool(getattr(hf_cfg, "multimodal_projector_bias", True)),
         )
         self.image_size: int = int(vcfg.image_size)
-        patches = (vcfg.image_size // vcfg.patch_size) ** 2
-        self.tokens_per_image: int = patches + (1 if self.select_strategy == "full" else 0)
+        self.geometry = ImageGeometry(self.image_size, per_tile)
+        self.tokens_per_image: int = self.geometry.max_tokens()
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, 3, H, W] (preprocessed) -> features [N, tokens_per_image, hidden]."""

@@ -81,3 +81,18 @@ def test_markers_expand_to_hash_keyed_positions() -> None:
     assert place([299], [a2], SPEC, 300)[1][0].pseudo_id == pa  # same content, same key
     with pytest.raises(InvalidRequest, match="1 image markers"):
         place([1, 299], [a, b], SPEC, 300)
+
+
+@pytest.mark.parametrize(("w", "h"), [(40, 30), (30, 50), (100, 37)])
+def test_pixels_match_siglip_image_processor(w: int, h: int) -> None:
+    """SigLIP's processor resizes to a fixed size (no crop) and normalises with 0.5."""
+    from PIL import Image
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    spec = ImageSpec(299, "<image>", 4, 0, (28, 28), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    data = png(w, h, seed=h)
+    ref = SiglipImageProcessorPil(size={"height": 28, "width": 28})
+    want = ref(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
+    got = prepare(data, spec, ImageBounds()).pixels
+    assert got.shape == want.shape == (3, 28, 28)
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -338,7 +338,7 @@ class Stats(_message.Message):
     def __init__(self, queue_length: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., kv_evictable: _Optional[int] = ..., kv_locked: _Optional[int] = ..., kv_request_owned: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., retractions: _Optional[int] = ..., steps: _Optional[int] = ..., radix_seconds: _Optional[float] = ..., frontend_inflight: _Optional[int] = ..., mask_wait_seconds: _Optional[float] = ..., jump_forwards: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., host_kv_capacity: _Optional[int] = ..., host_kv_used: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., host_saved_tokens: _Optional[int] = ..., host_loaded_tokens: _Optional[int] = ..., host_evicted_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., router_policy: _Optional[str] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
-    __slots__ = ("address", "instance_id", "connected", "draining", "routed", "moved_in", "exact_cache", "cached_blocks", "load_tokens", "inflight", "waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_free", "scheduler", "error", "serving")
+    __slots__ = ("address", "instance_id", "connected", "draining", "routed", "moved_in", "exact_cache", "cached_blocks", "load_tokens", "inflight", "waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_free", "scheduler", "error", "serving", "cached_host_blocks")
     class RoutedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,7 @@ class ReplicaStats(_message.Message):
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    CACHED_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     address: str
     instance_id: str
     connected: bool
@@ -382,4 +383,5 @@ class ReplicaStats(_message.Message):
     scheduler: Stats
     error: str
     serving: bool
-    def __init__(self, address: _Optional[str] = ..., instance_id: _Optional[str] = ..., connected: _Optional[bool] = ..., draining: _Optional[bool] = ..., routed: _Optional[_Mapping[str, int]] = ..., moved_in: _Optional[int] = ..., exact_cache: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., load_tokens: _Optional[int] = ..., inflight: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_free: _Optional[int] = ..., scheduler: _Optional[_Union[Stats, _Mapping]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ...) -> None: ...
+    cached_host_blocks: int
+    def __init__(self, address: _Optional[str] = ..., instance_id: _Optional[str] = ..., connected: _Optional[bool] = ..., draining: _Optional[bool] = ..., routed: _Optional[_Mapping[str, int]] = ..., moved_in: _Optional[int] = ..., exact_cache: _Optional[bool] = ..., cached_blocks: _Optional[int] = ..., load_tokens: _Optional[int] = ..., inflight: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_free: _Optional[int] = ..., scheduler: _Optional[_Union[Stats, _Mapping]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ..., cached_host_blocks: _Optional[int] = ...) -> None: ...

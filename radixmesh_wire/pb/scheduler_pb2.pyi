@@ -82,14 +82,16 @@ class SchedulerHello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., context_length: _Optional[int] = ..., cache_block_tokens: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class CacheEvents(_message.Message):
-    __slots__ = ("reset", "added", "removed")
+    __slots__ = ("reset", "added", "removed", "host")
     RESET_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     reset: bool
     added: _containers.RepeatedScalarFieldContainer[int]
     removed: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, reset: _Optional[bool] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
+    host: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, reset: _Optional[bool] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
     __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free", "cache_hit_rate")

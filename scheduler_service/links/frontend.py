@@ -72,6 +72,7 @@ def _add_feed(msg: scheduler_pb2.SchedulerMessage, feed: Feed) -> None:
         msg.cache.reset = c.reset
         msg.cache.added.extend(c.added)
         msg.cache.removed.extend(c.removed)
+        msg.cache.host.extend(c.host)
     if feed.load is not None:
         ld = feed.load
         msg.load.waiting_requests = ld.waiting_requests
@@ -163,7 +164,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 instance_id=opened.instance_id,
             )
         )
-        log.info("frontend_session", session=label, cache_blocks=len(opening.cache.added))
+        log.info(
+            "frontend_session",
+            session=label,
+            cache_blocks=len(opening.cache.added),
+            host_cache_blocks=len(opening.cache.host),
+        )
 
         async def read() -> None:
             try:

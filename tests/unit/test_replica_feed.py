@@ -199,12 +199,14 @@ def test_opening_is_the_snapshot_and_the_current_load() -> None:
 
 
 def test_feed_to_proto() -> None:
-    feed = Feed(CacheDelta(False, [1, 2**64 - 1], [3]), Load(1, 2, 3, 4, 5, 6))
+    feed = Feed(CacheDelta(False, [1, 2**64 - 1], [3], [4, 5]), Load(1, 2, 3, 4, 5, 6))
     msg = batch_to_proto(Batch([], [], [], feed))
-    assert (msg.cache.reset, list(msg.cache.added), list(msg.cache.removed)) == (
+    c = msg.cache
+    assert (c.reset, list(c.added), list(c.removed), list(c.host)) == (
         False,
         [1, 2**64 - 1],
         [3],
+        [4, 5],  # host-resident blocks (issue 31)
     )
     ld = msg.load
     assert (ld.waiting_requests, ld.running_requests, ld.waiting_tokens) == (1, 2, 3)

@@ -6,9 +6,10 @@ TP2, say) can be compared token by token afterwards:
 
 The prompts are random ids below 128000 from a fixed seed (the same on every run), 8 of
 them with 64 to 512 tokens; 64 new tokens each, greedy, ignore_eos. The comparison prints the
-agreement rate and, per prompt, the first position where the two differ (bf16 random weights
-have near-ties: a divergence after one is expected; fp32 with the reference attention must
-agree exactly)."""
+agreement rate and, per prompt, the first position where the two differ and A's margin there
+(top-1 minus top-2 logprob). bf16 random weights have near-ties: a divergence at a margin
+within bf16's rounding (NEAR_TIE) is expected of two correct configurations, one at a wide
+margin is a bug; fp32 with the reference attention must agree exactly."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ import sys
 from pathlib import Path
 
 NEW = 64
+# bf16 keeps 8 significant bits: logits of size ~10 round by ~0.04, so two configurations that
+# sum in a different order (TP's all-reduce) can swap tokens whose logprobs differ by this much.
+NEAR_TIE = 0.1
 
 
 def prompts() -> list[list[int]]:
@@ -26,24 +30,47 @@ def prompts() -> list[list[int]]:
     return [[rng.randrange(128000) for _ in range(64 * (1 + i))] for i in range(8)]
 
 
-def probe(endpoint: str) -> list[list[int]]:
+def probe(endpoint: str) -> dict[str, list[list[float]] | list[list[int]]]:
+    """Per prompt: the greedy ids and, per token, the top-1 minus top-2 logprob."""
     from radixmesh.api import Client
 
+    ids: list[list[int]] = []
+    margins: list[list[float]] = []
     with Client(endpoint, timeout=600) as c:
-        return [
-            c.generate(input_ids=p, max_new_tokens=NEW, ignore_eos=True, temperature=0).output_ids
-            for p in prompts()
-        ]
+        for p in prompts():
+            r = c.generate(
+                input_ids=p,
+                max_new_tokens=NEW,
+                ignore_eos=True,
+                temperature=0,
+                return_logprob=True,
+                top_logprobs=2,
+            )
+            ids.append(r.output_ids)
+            margins.append([_margin(t.top) for t in r.output_logprobs])
+    return {"ids": ids, "margins": margins}
 
 
-def compare(a: list[list[int]], b: list[list[int]]) -> dict[str, object]:
-    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-    total = sum(len(r) for r in a)
+def _margin(top: list[tuple[int, float]]) -> float:
+    return top[0][1] - top[1][1] if len(top) >= 2 else float("inf")
+
+
+def compare(a: dict | list, b: dict | list) -> dict[str, object]:
+    """Agreement of B with A; a file of an older probe is a bare list of ids (no margins)."""
+    ia, ib = (x["ids"] if isinstance(x, dict) else x for x in (a, b))
+    ma = a.get("margins") if isinstance(a, dict) else None
+    same = sum(x == y for ra, rb in zip(ia, ib, strict=True) for x, y in zip(ra, rb, strict=True))
+    total = sum(len(r) for r in ia)
     first = [
         next((i for i, (x, y) in enumerate(zip(ra, rb, strict=True)) if x != y), len(ra))
-        for ra, rb in zip(a, b, strict=True)
+        for ra, rb in zip(ia, ib, strict=True)
     ]
-    return {"agreement": same / total, "first_divergence": first, "tokens": total}
+    out: dict[str, object] = {"agreement": same / total, "first_divergence": first, "tokens": total}
+    if ma is not None:
+        at = [round(m[i], 4) for m, i, r in zip(ma, first, ia, strict=True) if i < len(r)]
+        out["margin_at_divergence"] = at
+        out["wide_divergences"] = sum(m > NEAR_TIE for m in at)  # > 0: not rounding
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(compare(a, b)))
         return 0
     out = probe(ns.endpoint)
-    text = json.dumps(out)
     if ns.out:
-        ns.out.write_text(text)
-    print(f"probe: {len(out)} prompts, {sum(map(len, out))} tokens", file=sys.stderr)
+        ns.out.write_text(json.dumps(out))
+    ids = out["ids"]
+    print(f"probe: {len(ids)} prompts, {sum(map(len, ids))} tokens", file=sys.stderr)
     return 0
 
 

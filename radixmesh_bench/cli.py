@@ -22,6 +22,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
         radix_bench,
         router,
         security_cost,
+        step_cost,
     )
 
     cpu_serving.add_parser(bsub)
@@ -30,6 +31,7 @@ def add_bench_commands(b: argparse.ArgumentParser) -> None:
     constrained.add_parser(bsub)
     online_serving.add_parser(bsub)
     security_cost.add_parser(bsub)
+    step_cost.add_parser(bsub)
     router.add_parser(bsub)
     cli_help.add_parser(bsub)
 

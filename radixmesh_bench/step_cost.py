@@ -1,0 +1,88 @@
+"""`radixmesh bench step-cost`: the stack's CPU cost per step, on the CPU (JSON on stdout).
+
+Two parts, both deterministic enough to catch a regression in a number (issue 27):
+
+- `scheduler` (step_cost_sched): the scheduler's own CPU per step at 64 and 256 running, with
+  and without a waiting backlog, by phase (build, encode, decode, apply, flush), plus the bytes
+  per step to the model service and to the front door.
+- `codec` (step_codec_cost): the step codec at 1, 64 and 256 decode rows, decode-only and mixed
+  with admissions: bytes per step message and result, and the encode/decode time of each side.
+
+`--process` adds the scheduler as a process over gRPC against a fake model service and front
+door (`tests/load/scheduler_load.py`, which must be importable: run from a checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from radixmesh_bench.report import emit_report
+
+
+def _process_part(running: list[int], seconds: float) -> dict[str, Any]:
+    try:
+        from tests.load.scheduler_load import load_one
+    except ImportError as exc:  # an installed package without the repository's tests
+        return {
+            "skipped": f"tests/load/scheduler_load.py not importable ({exc}): run from a checkout"
+        }
+    log_dir = Path(tempfile.mkdtemp(prefix="step-cost-"))
+    out: dict[str, Any] = {"logs": str(log_dir)}
+    for n in running:
+        out[f"running_{n}"] = asyncio.run(load_one(n, 1000, 128, seconds, False, log_dir, []))
+    return out
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    from radixmesh_bench.step_codec_cost import run_codec
+    from radixmesh_bench.step_cost_sched import run_scheduler
+    from services.logging import configure_logging
+
+    configure_logging(
+        "bench", "warning"
+    )  # the scheduler's per-request debug lines are not the cost
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {
+        "bench": "step_cost",
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "note": "CPU seconds of this process's thread; best of --repeats runs (noise only adds)",
+    }
+    if "scheduler" in ns.parts:
+        report["scheduler"] = run_scheduler(
+            ns.running, ns.waiting, ns.steps, ns.warmup_steps, ns.repeats
+        )
+    if "codec" in ns.parts:
+        report["codec"] = run_codec(ns.rows, ns.codec_iters, ns.repeats)
+    if ns.process:
+        report["process"] = _process_part(ns.running, ns.process_seconds)
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "step-cost", help="scheduler CPU per step and the step codec's bytes and time (CPU)"
+    )
+    p.add_argument("--parts", nargs="+", default=["scheduler", "codec"])
+    p.add_argument("--running", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--waiting", type=int, default=1000, help="also measured: a queued backlog")
+    p.add_argument("--steps", type=int, default=400, help="measured steps per run")
+    p.add_argument("--warmup-steps", type=int, default=40, help="admission, before measuring")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256], help="codec: rows")
+    p.add_argument("--codec-iters", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--process", action="store_true", help="also the scheduler process over gRPC")
+    p.add_argument("--process-seconds", type=float, default=6.0)
+    p.add_argument("--out", default="", help="also write the JSON here")
+
+    def main(ns: argparse.Namespace) -> int:
+        return emit_report(run(ns), ns.out)
+
+    p.set_defaults(func=main)

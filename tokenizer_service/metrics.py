@@ -92,6 +92,7 @@ def replica_readings(replicas: ReplicaSet) -> Iterator[Reading]:
             ("load_tokens", "The router's load estimate of the replica (tokens).", v.load_tokens),
             ("load_requests", "The router's load estimate (requests).", v.load_requests),
             ("cached_blocks", "Prefix-cache blocks the router knows it holds.", len(v.blocks)),
+            ("cached_host_blocks", "Of those, the ones in its host KV tier.", v.host_blocks),
             ("inflight", "This front door's live requests on the replica.", len(link.live)),
         )
         for short, help_, value in gauges:

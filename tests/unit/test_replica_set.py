@@ -205,11 +205,18 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     for output positions; `stall_after` stops a request after that many tokens (so a test
     can kill this replica while requests are live)."""
 
-    def __init__(self, instance: str, held: list[int], stall_after: int = 10**9) -> None:
+    def __init__(
+        self,
+        instance: str,
+        held: list[int],
+        stall_after: int = 10**9,
+        host_held: tuple[int, ...] = (),
+    ) -> None:
         self.stats = api_pb2.Stats()
         self.flush = scheduler_pb2.FlushCacheResponse(flushed=True, evicted_tokens=5)
         self.instance = instance
         self.held = held
+        self.host_held = host_held  # blocks in its host KV tier (issue 31)
         self.stall_after = stall_after
         self.submits: list[scheduler_pb2.SubmitRequest] = []
 
@@ -226,7 +233,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                 cache_block_tokens=BLOCK_TOKENS,
                 instance_id=self.instance,
             ),
-            cache=scheduler_pb2.CacheEvents(reset=True, added=self.held),
+            cache=scheduler_pb2.CacheEvents(reset=True, added=self.held, host=self.host_held),
             load=scheduler_pb2.LoadReport(waiting_tokens=7, running_tokens=3),
         )
         async for msg in request_iterator:
@@ -388,7 +395,7 @@ async def test_a_replica_that_is_not_ready_gets_no_traffic() -> None:
 
 @aio
 async def test_stats_sum_the_replicas_and_list_each() -> None:
-    one, two = FakeScheduler("i1", held=[]), FakeScheduler("i2", held=[1, 2, 3])
+    one, two = FakeScheduler("i1", held=[]), FakeScheduler("i2", held=[1, 2, 3], host_held=(4, 5))
     one.stats = api_pb2.Stats(
         kv_capacity=100, kv_free=50, prompt_tokens=10, cached_prompt_tokens=2, steps=3
     )
@@ -405,7 +412,8 @@ async def test_stats_sum_the_replicas_and_list_each() -> None:
         assert s.token_usage == pytest.approx(0.25) and s.cache_hit_rate == pytest.approx(0.5)
         assert s.router_policy == "round_robin"
         by = {r.address: r for r in s.replicas}
-        assert by[a2].instance_id == "i2" and by[a2].cached_blocks == 3 and by[a2].exact_cache
+        assert by[a2].instance_id == "i2" and by[a2].cached_blocks == 5 and by[a2].exact_cache
+        assert by[a2].cached_host_blocks == 2 and by[a1].cached_host_blocks == 0
         assert by[a1].scheduler.steps == 3 and by[a1].connected and by[a1].serving
         assert sum(r.routed["round_robin"] for r in s.replicas) == 1
         await s2.stop(0)  # one replica gone: listed with its error, the rest still summed

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixmesh_wire.cache_blocks import BLOCK_TOKENS, block_hashes, cache_keys
-from tokenizer_service.routing.replica_view import Load, ReplicaView
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, HOST_HIT_WEIGHT, block_hashes, cache_keys
+from tokenizer_service.routing.replica_view import Load, Match, ReplicaView
 from tokenizer_service.routing.router import (
     Balance,
     Candidate,
@@ -173,6 +173,56 @@ def test_exact_view_follows_events_and_instance_resets() -> None:
     assert v.matched_blocks(hs) == 3
     v.on_hello("restarted", BLOCK_TOKENS, 1 << 20)  # a new process: an empty cache
     assert v.matched_blocks(hs) == 0 and not v.routed
+
+
+def test_exact_view_keeps_each_block_in_its_tier() -> None:
+    """Issue 31: a block the GPU evicted to the host tier stays held, host-resident; one
+    loaded back is GPU-resident again; removed or reset, it is gone from both."""
+    v = _exact(PROMPT)
+    hs = _hashes(PROMPT)
+    room = v.room_tokens
+    v.on_cache_events(False, [], [], hs[3:])  # GPU -> host: still held, no GPU room taken
+    assert v.match(hs) == Match(6, 3) and v.host_blocks == 3
+    assert v.room_tokens == room + 3 * BLOCK_TOKENS
+    v.on_cache_events(False, hs[3:4], [hs[5]])  # one loaded back, one dropped from the host
+    assert v.match(hs) == Match(5, 1) and v.host == {hs[4]}
+    v.on_routed(hs, 10)  # routed: the request loads its host block, so it counts as GPU
+    assert v.match(hs) == Match(6, 0)
+    v.on_cache_events(True, hs[:1], [], hs[1:2])  # a snapshot: host part as listed
+    assert v.match(hs) == Match(2, 1) and v.host_blocks == 1
+    assert Match(2, 1).score == 1 + HOST_HIT_WEIGHT
+    v.on_hello("restarted", BLOCK_TOKENS, 1 << 20)
+    assert v.match(hs) == Match(0, 0) and v.host_blocks == 0
+
+
+@pytest.mark.parametrize("names", [("a:1", "b:1"), ("b:1", "a:1"), ("x:9", "c:3")])
+def test_a_host_resident_prefix_beats_no_match_and_loses_to_a_gpu_one(
+    names: tuple[str, str],
+) -> None:
+    """Replica A holds the prompt's prefix in host memory. Against B holding nothing A wins
+    (a copy beats a recompute), whichever way the rendezvous order of the names falls; against
+    B holding it on the GPU, B wins; a longer host match beats a much shorter GPU one (the
+    weight, not the tier alone, ranks them). The threshold counts blocks in either tier."""
+    hs = _hashes(PROMPT)
+    a_name, b_name = names
+
+    def on_host(n: int) -> ReplicaView:
+        v = _exact()
+        v.on_cache_events(False, [], [], hs[:n])
+        return v
+
+    def choose(a: ReplicaView, b: ReplicaView) -> tuple[str, str, int, int]:
+        d = Router().choose([Candidate(a_name, a), Candidate(b_name, b)], hs, hs[0])
+        return (d.address, d.reason, d.matched_blocks, d.host_blocks)
+
+    assert choose(on_host(6), _exact()) == (a_name, "cache_hit", 6, 6)
+    # 4 of 6 blocks on the host: at or over the threshold by blocks held (score 2 < 3).
+    assert choose(on_host(4), _exact()) == (a_name, "cache_hit", 4, 4)
+    assert choose(on_host(6), _exact(PROMPT)) == (b_name, "cache_hit", 6, 0)
+    # 6 host blocks score 6 * HOST_HIT_WEIGHT = 3 > 2 GPU blocks; 6 host < 4 GPU.
+    assert HOST_HIT_WEIGHT == 0.5
+    assert choose(on_host(6), _exact(PROMPT[:32]))[:2] == (a_name, "cache_hit")
+    assert choose(on_host(6), _exact(SHARED))[:2] == (b_name, "cache_hit")
 
 
 def test_a_burst_of_one_prefix_follows_the_first_request() -> None:

@@ -255,6 +255,7 @@ class ReplicaSet:
             replica=link.address,
             reason=decision.reason,
             matched_blocks=decision.matched_blocks,
+            host_blocks=decision.host_blocks,
         )
         return ticket
 

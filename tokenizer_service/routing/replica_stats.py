@@ -36,6 +36,7 @@ def replica_stats(replicas: ReplicaSet, link: SchedulerLink) -> api_pb2.ReplicaS
         moved_in=counts.moved_in if counts else 0,
         exact_cache=v.exact,
         cached_blocks=len(v.blocks),
+        cached_host_blocks=v.host_blocks,
         load_tokens=v.load_tokens,
         inflight=len(link.live),
     )

@@ -6,6 +6,10 @@ Two ways to know the blocks (radixmesh_wire.cache_blocks: chained hashes of 16-k
 - exact: the scheduler publishes its radix cache's inserts and evictions (hello says
   `cache_block_tokens > 0`); `blocks` mirrors them. A reset (a new session's snapshot, or a
   new `instance_id`: the process restarted with an empty cache) drops everything first.
+  With a host KV tier (issue 31) a block is GPU-resident or host-resident (evicted from the GPU
+  but kept in host memory: the replica serves it with a copy, not a recompute); `host` is the
+  subset of `blocks` held in host memory only, and `match` tells how many of a prompt's
+  leading blocks are host-resident so the router can weigh them (HOST_HIT_WEIGHT).
   A prompt routed here is cached only once its prefill has run, so its blocks are also kept
   in `routed` (a small LRU) until the replica publishes them (or evicts them): requests of the
   same prefix that arrive meanwhile (a burst) follow the first instead of scattering.
@@ -27,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from radixmesh_wire.cache_blocks import BLOCK_TOKENS
+from radixmesh_wire.cache_blocks import BLOCK_TOKENS, HOST_HIT_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,20 @@ class Load:
         return self.waiting_requests + self.running_requests
 
 
+@dataclass(frozen=True)
+class Match:
+    """A prompt's leading blocks a replica holds, `host` of them in host memory only."""
+
+    blocks: int = 0
+    host: int = 0
+
+    @property
+    def score(self) -> float:
+        """What the match is worth, in GPU-resident blocks: a host-resident block counts
+        HOST_HIT_WEIGHT (cheaper than recomputing it, dearer than a GPU hit)."""
+        return self.blocks - self.host * (1.0 - HOST_HIT_WEIGHT)
+
+
 class ReplicaView:
     def __init__(self, block_cap: int = 65536) -> None:
         self.block_cap = block_cap
@@ -59,6 +77,7 @@ class ReplicaView:
         self.kv_capacity = 0
         # Held blocks; in approximate mode the order is recency (oldest first).
         self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.host: set[int] = set()  # exact mode: of `blocks`, those in host memory only
         # Exact mode: blocks of prompts routed here that the replica has not published yet.
         self.routed: OrderedDict[int, None] = OrderedDict()
         self.reported: Load | None = None
@@ -76,6 +95,7 @@ class ReplicaView:
         exact = block_tokens == BLOCK_TOKENS
         if instance_id != self.instance_id or exact != self.exact:
             self.blocks.clear()
+            self.host.clear()
             self.routed.clear()
             self.reported = None
             self.pending_tokens = self.pending_requests = 0
@@ -83,19 +103,33 @@ class ReplicaView:
         self.exact = exact
         self.kv_capacity = kv_capacity
 
-    def on_cache_events(self, reset: bool, added: Iterable[int], removed: Iterable[int]) -> None:
+    def on_cache_events(
+        self,
+        reset: bool,
+        added: Iterable[int],
+        removed: Iterable[int],
+        host: Iterable[int] = (),
+    ) -> None:
+        """`added`: GPU-resident now; `host`: host-resident now; `removed`: held in neither."""
         if not self.exact:
             return
+        blocks, routed, on_host = self.blocks, self.routed, self.host
         if reset:
-            self.blocks.clear()
-            self.routed.clear()
-        routed = self.routed
+            blocks.clear()
+            routed.clear()
+            on_host.clear()
         for h in removed:
-            self.blocks.pop(h, None)
+            blocks.pop(h, None)
             routed.pop(h, None)
+            on_host.discard(h)
         for h in added:
-            self.blocks[h] = None
+            blocks[h] = None
             routed.pop(h, None)
+            on_host.discard(h)
+        for h in host:
+            blocks[h] = None
+            routed.pop(h, None)
+            on_host.add(h)
 
     def on_load(self, load: Load) -> None:
         self.reported = load
@@ -115,9 +149,10 @@ class ReplicaView:
         if not hashes:
             return
         record = self.routed if self.exact else self.blocks
+        on_host = self.host
         for h in reversed(hashes):  # deepest first: the prefix ends up the most recent
-            if self.exact and h in self.blocks:
-                continue
+            if self.exact and h in self.blocks and h not in on_host:
+                continue  # on the GPU there already (a host block will be loaded: routed)
             if h in record:
                 record.move_to_end(h)
             else:
@@ -140,20 +175,37 @@ class ReplicaView:
         return max(self.block_cap, 1)
 
     def matched_blocks(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of a prompt this replica holds."""
-        n = 0
-        blocks, routed = self.blocks, self.routed
+        """How many leading blocks of a prompt this replica holds, in either tier."""
+        return self.match(hashes).blocks
+
+    def match(self, hashes: Sequence[int]) -> Match:
+        """The leading blocks of a prompt this replica holds, and how many of them are in host
+        memory only (a block just routed here counts as GPU-resident: its request computes or
+        loads it)."""
+        n = on_host = 0
+        blocks, routed, host = self.blocks, self.routed, self.host
         for h in hashes:
-            if h not in blocks and h not in routed:
+            if h in routed:
+                pass
+            elif h in blocks:
+                if h in host:
+                    on_host += 1
+            else:
                 break
             n += 1
-        return n
+        return Match(n, on_host)
+
+    @property
+    def host_blocks(self) -> int:
+        """Blocks it holds in host memory only (exact mode)."""
+        return len(self.host)
 
     @property
     def room_tokens(self) -> int:
-        """KV this replica's cache does not hold yet, as far as this front door knows (its
-        capacity less the blocks it holds or was just sent); 0 with no known capacity."""
-        held = (len(self.blocks) + len(self.routed)) * BLOCK_TOKENS
+        """GPU KV this replica's cache does not hold yet, as far as this front door knows (its
+        capacity less the GPU-resident blocks it holds or was just sent; host-resident ones
+        take no GPU room); 0 with no known capacity."""
+        held = (len(self.blocks) - len(self.host) + len(self.routed)) * BLOCK_TOKENS
         return max(self.kv_capacity - held, 0)
 
     @property

@@ -3,12 +3,17 @@
 Policies (`--router`):
 - cache_aware (default, the paper's A.4 and SGLang's router, on real cache contents where the
   replicas publish them): hash the prompt's cache keys into chained blocks and find each
-  replica's longest run of leading blocks it holds.
-  * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5): the
-    longest match among the holders within their share wins (ties: least loaded, then the
-    rendezvous order below) -> `cache_hit`; unless it has a backlog, then the least loaded
-    -> `balance`. The prefix hot: its requests spread evenly, each to the replica under
-    its share that took the fewest of them lately -> `share` (`cache_hit` if it held it).
+  replica's longest run of leading blocks it holds, in either tier. A match scores its
+  GPU-resident blocks at 1 and its host-resident ones (issue 31: evicted from the GPU, kept in
+  host memory, served with a copy) at HOST_HIT_WEIGHT, the scheduler's own weight of a host
+  hit: a prefix on one replica's host beats no match anywhere, the same prefix on another's
+  GPU beats it.
+  * Some replica holds at least `cache_threshold` of the prompt's blocks (SGLang's 0.5; the
+    blocks held in either tier count): the best score among the holders within their share
+    wins (ties: least loaded, then the rendezvous order below) -> `cache_hit`; unless it has
+    a backlog, then the least loaded -> `balance`. The prefix hot: its requests spread
+    evenly, each to the replica under its share that took the fewest of them lately ->
+    `share` (`cache_hit` if it held it).
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
     cached anywhere): among the replicas within a small band of the least loaded
     (COLD_BAND_*) and, of those, the ones whose cache has about as much room as the
@@ -45,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from tokenizer_service.routing.replica_view import ReplicaView
+from tokenizer_service.routing.replica_view import Match, ReplicaView
 from tokenizer_service.routing.traffic_share import TrafficShare
 
 
@@ -70,6 +75,7 @@ class Decision:
     reason: str
     matched_blocks: int = 0  # leading blocks of the prompt the chosen replica holds
     prefix_blocks: int = 0  # the longest any replica holds (what the decision weighed)
+    host_blocks: int = 0  # of matched_blocks, those the chosen replica holds on its host tier
 
 
 @dataclass(frozen=True)
@@ -125,14 +131,15 @@ class Router:
     def _cache_aware(
         self, candidates: Sequence[Candidate], hashes: Sequence[int], key: int
     ) -> Decision:
-        matched = {c.address: c.view.matched_blocks(hashes) for c in candidates}
-        best = max(matched.values())
+        matched: dict[str, Match] = {c.address: c.view.match(hashes) for c in candidates}
+        longest = max(m.blocks for m in matched.values())
+        best = max(m.score for m in matched.values())
         least = _least_loaded(candidates, key)
-        if best > 0 and best >= self.cache_threshold * len(hashes):
-            holders = [c for c in candidates if matched[c.address] == best]
+        if longest > 0 and longest >= self.cache_threshold * len(hashes):
+            holders = [c for c in candidates if matched[c.address].score == best]
             names = [c.address for c in candidates]
             limit = self.balance.share
-            prefix = hashes[best - 1]
+            prefix = hashes[longest - 1]
             if limit > 0 and self.share.hot(prefix, names):
                 # A prefix carrying more than one replica's worth of traffic: its requests
                 # spread evenly, each to the replica under its share that took the fewest
@@ -152,11 +159,15 @@ class Router:
                 fair = [c for c in holders if not self.share.over(c.address, names, limit)]
                 pick = _least_loaded(fair or holders, key)
             if not self.balance.overloaded(pick.view, candidates):
-                reason = "cache_hit" if matched[pick.address] == best else "share"
-                return Decision(pick.address, reason, matched[pick.address], best)
-            return Decision(least.address, "balance", matched[least.address], best)
+                reason = "cache_hit" if matched[pick.address].score == best else "share"
+                return _decision(pick.address, reason, matched[pick.address], longest)
+            return _decision(least.address, "balance", matched[least.address], longest)
         cold = _rendezvous_among_least_loaded(candidates, key)
-        return Decision(cold.address, "cold", matched[cold.address])
+        return _decision(cold.address, "cold", matched[cold.address], 0)
+
+
+def _decision(address: str, reason: str, m: Match, prefix_blocks: int) -> Decision:
+    return Decision(address, reason, m.blocks, prefix_blocks, m.host)
 
 
 # Cold picks: replicas within this many requests (and tokens of work) of the least loaded

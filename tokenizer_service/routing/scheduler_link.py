@@ -288,7 +288,7 @@ class SchedulerLink:
         """The replica's cache events and load report, into its view."""
         if msg.HasField("cache"):
             c = msg.cache
-            self.view.on_cache_events(c.reset, c.added, c.removed)
+            self.view.on_cache_events(c.reset, c.added, c.removed, c.host)
         if msg.HasField("load"):
             self.view.on_load(_load(msg.load))
 

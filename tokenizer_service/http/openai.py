@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from contextlib import aclosing
 from typing import Any
 
 import structlog
@@ -22,23 +21,22 @@ from tokenizer_service.http.errors import (
     TENANT,
     HttpError,
     error_response,
-    from_status,
     read_json,
 )
 from tokenizer_service.http.fanout import (
     choice_inputs,
-    merged,
     name_inputs,
     prefill_once,
     run_all,
 )
+from tokenizer_service.http.openai_frames import TextFrames
 from tokenizer_service.http.openai_params import (
     OpenAIRequest,
-    openai_field,
+    openai_error,
     parse_chat,
     parse_completion,
 )
-from tokenizer_service.http.sse import DONE, frame, open_stream
+from tokenizer_service.http.openai_stream import OpenAIStream
 from tokenizer_service.http.tools import StreamedCalls, plan_tools, prepare_messages, reply_calls
 
 log = structlog.get_logger(__name__)
@@ -99,15 +97,15 @@ class OpenAIApi:
         except HttpError as err:
             return error_response(err)
         except GenerateError as exc:
-            return error_response(_openai_error(exc))
+            return error_response(openai_error(exc))
         log.debug("openai_request", chat=chat, n=len(inputs), user=req.user)
-        shape = _Shape(self.core, req, model, chat, cached, rid)
+        shape = Shape(self.core, req, model, chat, cached, rid)
         if req.stream:
-            return await self._stream(request, inputs, shape)
+            return await OpenAIStream(self.core, inputs, shape).serve(request)
         try:
             results = await run_all(self.core, inputs)
         except GenerateError as exc:
-            return error_response(_openai_error(exc))
+            return error_response(openai_error(exc))
         return web.json_response(shape.whole(results))
 
     def _tools(self, req: OpenAIRequest) -> None:
@@ -148,64 +146,13 @@ class OpenAIApi:
             out.extend(choice_inputs(inp, ids, req.n))
         return out, cached
 
-    async def _stream(
-        self, request: web.Request, inputs: list[GenerateInput], shape: _Shape
-    ) -> web.StreamResponse:
-        resp = await open_stream(request)
-        results: dict[int, Complete] = {}
-        try:
-            for i, inp in enumerate(inputs):
-                if shape.chat:
-                    await resp.write(frame(shape.chunk(i, role=True)))
-                elif shape.req.echo:
-                    echo = (
-                        inp.text
-                        if inp.text is not None
-                        else self.core.tok.decode(inp.input_ids or [])
-                    )
-                    await resp.write(frame(shape.chunk(i, text=echo)))
-            calls = shape.tool_streams(len(inputs))
-            async with aclosing(merged(self.core, inputs)) as events:
-                async for i, ev in events:
-                    if calls is not None:  # the reply's text goes through the tool parser
-                        deltas = calls[i].feed(ev.text) if isinstance(ev, Chunk) else []
-                        if isinstance(ev, Complete):
-                            deltas = calls[i].finish()
-                        for d in deltas:
-                            await resp.write(frame(shape.delta_chunk(i, d)))
-                        if isinstance(ev, Complete):
-                            results[i] = ev
-                            called = calls[i].sent > 0
-                            await resp.write(frame(shape.chunk(i, finish=ev, called=called)))
-                    elif isinstance(ev, Chunk):
-                        if ev.text or ev.logprobs:
-                            await resp.write(frame(shape.chunk(i, ev)))
-                    else:
-                        results[i] = ev
-                        await resp.write(frame(shape.chunk(i, finish=ev)))
-            if shape.req.include_usage:
-                ordered = [results[i] for i in sorted(results)]
-                await resp.write(frame(shape.usage_chunk(ordered)))
-        except GenerateError as exc:
-            await resp.write(frame(_openai_error(exc).body()))
-        await resp.write(DONE)
-        await resp.write_eof()
-        return resp
-
 
 def _called(finish_reason: str) -> str:
     """A reply that called tools ends with `tool_calls` (unless it was cut or aborted)."""
     return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
-def _openai_error(exc: GenerateError) -> HttpError:
-    """A core error in OpenAI's words: `max_tokens`, not the gRPC API's `max_new_tokens`, and
-    the field at fault as `param`."""
-    message, param = openai_field(exc.message, exc.field)
-    return from_status(exc.status, message, param)
-
-
-class _Shape:
+class Shape:
     """OpenAI's response objects for one request."""
 
     def __init__(
@@ -358,6 +305,12 @@ class _Shape:
         if self.req.include_usage:
             out["usage"] = None
         return out
+
+    def text_frames(self, n: int) -> TextFrames:
+        """The frames of text-only events, byte-identical to `chunk(i, ev)` of such events
+        when logprobs are off."""
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        return TextFrames(head, self.chat, self.req.include_usage, n)
 
     def tool_streams(self, n: int) -> list[StreamedCalls] | None:
         """One tool-call reader per choice when the request's tools are on, else None."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh_wire.pb import api_pb2
-from tokenizer_service.core import GenerateInput
-from tokenizer_service.http.errors import HttpError
+from tokenizer_service.core import GenerateError, GenerateInput
+from tokenizer_service.http.errors import HttpError, from_status
 from tokenizer_service.http.image_parts import MARKER, image_bytes
 from tokenizer_service.http.protocol import (
     MAX_N,
@@ -38,6 +38,13 @@ def openai_field(message: str, field_name: str) -> tuple[str, str | None]:
     for ours, theirs in OPENAI_NAMES.items():
         message = message.replace(ours, theirs)
     return message, OPENAI_NAMES.get(field_name, field_name) or None
+
+
+def openai_error(exc: GenerateError) -> HttpError:
+    """A core error in OpenAI's words: `max_tokens`, not the gRPC API's `max_new_tokens`, and
+    the field at fault as `param`."""
+    message, param = openai_field(exc.message, exc.field)
+    return from_status(exc.status, message, param)
 
 
 @dataclass

@@ -11,17 +11,23 @@ Two stacks, started once for this module:
 The workload: five conversations of about 100-token histories, turns interleaved, so every
 returning turn finds its history evicted from the small GPU pool (five histories are twice
 its size). With the tier, each returning turn's history is loaded back from host memory.
+
+Cache events by tier: a prompt pushed out of the GPU pool stays published, host-resident, to a
+new front-door session and in the front door's own view of the replica.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from radixmesh.api import Client, GenerateResult
 
 from radixmesh_bench.radix_texts import GEOGRAPHY_QUESTIONS, NO_REUSE_SENTENCES
+from radixmesh_wire.cache_blocks import block_hashes
+from radixmesh_wire.pb import scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import Stack, start_stack
 
 pytestmark = pytest.mark.integration
@@ -132,3 +138,46 @@ def _run_other(c: Client) -> None:
     """Three unrelated 100-token requests: more than the GPU pool holds besides."""
     for i in range(3):
         _greedy(c, c.tokenize(f"Story {i}: " + " ".join(NO_REUSE_SENTENCES[i * 6 + 3 : i * 6 + 9])))
+
+
+def test_a_prefix_evicted_to_the_host_stays_advertised_host_resident(tier: Stack) -> None:
+    """A finished prompt's blocks, pushed out of the GPU pool by unrelated requests, are still
+    published: a new front-door session's snapshot lists them as host-resident (`host`, not
+    `added`; before issue 31's tiered events they were removed), and the front door's view of
+    the replica counts them (GetStats' `cached_host_blocks`)."""
+    with Client(tier.endpoint, timeout=TIMEOUT) as c:
+        prompt = c.tokenize("Routing note: " + " ".join(NO_REUSE_SENTENCES[-8:]))
+        _greedy(c, prompt)
+        _run_other(c)  # more than the GPU pool holds besides: the prompt goes to the host
+        s = c.stats()
+    blocks = set(block_hashes(prompt))
+    assert len(blocks) >= 4 and s.host_saved_tokens > 0
+    snapshot = asyncio.run(_opening_snapshot(tier))
+    assert snapshot.reset
+    assert blocks <= set(snapshot.host), "evicted prompt not advertised host-resident"
+    assert not blocks & set(snapshot.added)
+    replica = s.replicas[0]
+    assert replica.exact_cache and replica.cached_host_blocks >= len(blocks)
+    assert replica.cached_blocks >= replica.cached_host_blocks
+
+
+async def _opening_snapshot(stack: Stack) -> scheduler_pb2.CacheEvents:
+    """The cache events a new front-door session opens with: the scheduler's published state."""
+    done = asyncio.Event()
+
+    async def outgoing() -> AsyncIterator[scheduler_pb2.FrontendMessage]:
+        hello = scheduler_pb2.FrontendHello(session_id="host-tier-events")
+        yield scheduler_pb2.FrontendMessage(hello=hello)
+        await done.wait()
+
+    async with stack.channel_as("scheduler", "tokenizer") as chan:
+        call = scheduler_pb2_grpc.SchedulerStub(chan).Session(outgoing())
+        try:
+            first = await call.read()
+            assert first.HasField("hello") and first.hello.cache_block_tokens > 0
+            opening = await call.read()
+            assert opening.HasField("cache")
+            return opening.cache
+        finally:
+            done.set()
+            call.cancel()

@@ -23,12 +23,16 @@ overwrote them) and tokens are a function of that hash, so the front door knows 
 exact output in advance. A tiny KV pool, small chunks and many concurrent requests with shared
 prefixes force eviction, chunked prefill and retraction; any wrong reuse of a slot shows up as
 a wrong token or a broken chain, and a stall (no progress for 20 s) is reported as a deadlock.
-At the end a second session opens: its cache-events snapshot must equal the set the first
-session built from every flush's net changes (``cache_events_agree``).
+At the end a second session opens: its cache-events snapshot must equal the blocks, each with
+its tier, that the first session built from every flush's net changes (``cache_events_agree``).
+``--host-kv N`` adds a host KV tier of N tokens (issue 31) to both: the fake model keeps a host
+pool of slot hashes and runs the step's copies (saves, loads) before its work, so a wrong load
+shows up as a broken chain, and cache events then move blocks between the tiers.
 
     python tests/load/scheduler_load.py                      # load, prints JSON
     python tests/load/scheduler_load.py --profile
     python tests/load/scheduler_load.py check --kv 700 --requests 300
+    python tests/load/scheduler_load.py check --kv 400 --host-kv 2000   # with the host tier
     python tests/load/scheduler_load.py chunk-stall --stall-s 10   # a known deadlock
 """
 
@@ -103,13 +107,21 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
     """Answers steps at once. ``verify``: keep a hash per KV slot and check the scheduler's use
     of slots (see the module docstring); otherwise no per-request state at all."""
 
-    def __init__(self, capacity: int, context_length: int = 1 << 20, verify: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        context_length: int = 1 << 20,
+        verify: bool = False,
+        host_capacity: int = 0,
+    ) -> None:
         self.capacity = capacity
         self.context_length = context_length
         self.verify = verify
+        self.host_capacity = host_capacity
         self.steps = 0
         self.violations: list[str] = []
         self.pool: dict[int, tuple[int, int]] = {}  # slot -> (hash, parent hash)
+        self.host: dict[int, tuple[int, int]] = {}  # host slot -> the same (issue 31)
         self.seqs: dict[int, _Seq] = {}
 
     def info(self) -> model_pb2.WorkerInfo:
@@ -122,6 +134,7 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
             device="none",
             dtype="none",
             attention_backend="none",
+            host_kv_capacity=self.host_capacity,
         )
 
     async def GetWorkerInfo(
@@ -141,6 +154,7 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
             return
         self.seqs.clear()
         self.pool.clear()
+        self.host.clear()
         yield model_pb2.StepReply(
             opened=model_pb2.SessionOpened(session_id=first.open.session_id, info=self.info())
         )
@@ -196,9 +210,26 @@ class FakeModel(model_pb2_grpc.ModelWorkerServicer):
         rows.append(handle)
         toks.append(t)
 
+    def _copy(self, step: model_pb2.Step) -> None:
+        """The host tier's copies, in order: a slot's (hash, parent) moves with its KV."""
+        for c in step.copies:
+            src, dst = unpack_i32(c.src), unpack_i32(c.dst)
+            frm, to, cap = (
+                (self.pool, self.host, self.host_capacity)
+                if c.to_host
+                else (self.host, self.pool, self.capacity)
+            )
+            if len(src) != len(dst) or len(set(dst)) != len(dst):
+                raise StepViolation("a copy's src and dst differ in length or repeat a slot")
+            for s, d in zip(src, dst, strict=True):
+                if s not in frm or not 0 <= d < cap:
+                    raise StepViolation(f"copy of unwritten slot {s} or to bad slot {d}")
+                to[d] = frm[s]
+
     def _verified(self, step: model_pb2.Step) -> model_pb2.StepResult:
         for h in unpack_i32(step.release_handles):
             self.seqs.pop(h, None)
+        self._copy(step)
         rows: list[int] = []
         toks: list[int] = []
         touched: list[tuple[int, _Seq]] = []
@@ -293,11 +324,12 @@ class Tracked:
 
 class FrontDoor:
     """One Scheduler.Session stream: submit requests, collect their deltas; cache events
-    are applied to `held` (the scheduler's published blocks) as a routing front door would."""
+    are applied to `held` (the scheduler's published blocks -> tier, "gpu" or "host") as a
+    routing front door would."""
 
     def __init__(self, address: str, session_id: str = "load") -> None:
         self.session_id = session_id
-        self.held: set[int] = set()
+        self.held: dict[int, str] = {}
         self.cache_messages = 0
         self.chan = grpc.aio.insecure_channel(
             address, options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -329,10 +361,13 @@ class FrontDoor:
             self.messages += 1
             if msg.HasField("cache"):
                 self.cache_messages += 1
-                if msg.cache.reset:
+                c = msg.cache
+                if c.reset:
                     self.held.clear()
-                self.held.update(msg.cache.added)
-                self.held.difference_update(msg.cache.removed)
+                for h in c.removed:
+                    self.held.pop(h, None)
+                self.held.update(dict.fromkeys(c.added, "gpu"))
+                self.held.update(dict.fromkeys(c.host, "host"))
             for key, u in unpack_message(msg).items():
                 r = self.by_key.get(key)
                 if r is None:
@@ -385,7 +420,8 @@ class FrontDoor:
 
 async def cache_events_agree(fd: FrontDoor, address: str, wait_s: float = 10.0) -> tuple[bool, int]:
     """After the run: a second session's opening snapshot must equal what `fd` built from the
-    whole run's cache events (net changes over every flush, through eviction and aborts)."""
+    whole run's cache events (net changes over every flush, through eviction and aborts), every
+    block in the same tier (GPU or host)."""
     late = FrontDoor(address, session_id="check-snapshot")
     await late.open()
     try:
@@ -641,10 +677,12 @@ def check_workload(n: int, seed: int) -> list[tuple[list[int], int]]:
 
 async def run_check(ns: argparse.Namespace) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="scheduler-check-"))
-    model = FakeModel(ns.kv, verify=True)
+    model = FakeModel(ns.kv, verify=True, host_capacity=ns.host_kv)
     server, mport = await start_fake_model(model)
     work = check_workload(ns.requests, ns.seed)
+    host = ["--host-kv-tokens", str(ns.host_kv)] if ns.host_kv else []
     args = [
+        *host,
         "--debug-invariants",
         "--chunk-tokens",
         str(ns.chunk),
@@ -657,6 +695,7 @@ async def run_check(ns: argparse.Namespace) -> dict:
     report: dict = {
         "test": "scheduler_check",
         "kv": ns.kv,
+        "host_kv": ns.host_kv,
         "requests": ns.requests,
         "concurrency": ns.concurrency,
         "scheduler_args": args,
@@ -739,6 +778,7 @@ async def run_check(ns: argparse.Namespace) -> dict:
                     {
                         "cache_events_agree": agree,
                         "cache_blocks_held": blocks,
+                        "cache_host_blocks_held": sum(t == "host" for t in fd.held.values()),
                         "finished": sum(t.done.is_set() for t in fd.reqs.values()),
                         "wrong": len(wrong),
                         "wrong_examples": wrong[:5],
@@ -749,6 +789,8 @@ async def run_check(ns: argparse.Namespace) -> dict:
                         ),
                         "cache_hit_rate": round(s.cache_hit_rate, 4),
                         "evicted_tokens": s.evicted_tokens,
+                        "host_saved_tokens": s.host_saved_tokens,
+                        "host_hit_tokens": s.host_hit_tokens,
                         "retractions": s.retractions,
                         "end_kv": {
                             "free": s.kv_free,
@@ -837,6 +879,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--profile", action="store_true", help="py-spy top-10 of the scheduler")
     p.add_argument("--kv", type=int, default=700, help="check: KV capacity in tokens")
+    p.add_argument("--host-kv", type=int, default=0, help="check: host KV tier tokens (0: off)")
     p.add_argument("--requests", type=int, default=300, help="check: requests")
     p.add_argument("--concurrency", type=int, default=24, help="check: requests in flight")
     p.add_argument("--chunk", type=int, default=64, help="check: --chunk-tokens")

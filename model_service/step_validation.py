@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from model_service.image_rows import check_images
 from model_service.runner import RequestState, StepError
+from radixmesh_wire.image_geometry import ImageGeometry
 from radixmesh_wire.images import ImageInput
 from radixmesh_wire.step_ops import Sampling, StepOps
 
@@ -26,9 +27,14 @@ class StepLimits:
     max_handles: int  # handle ids are 0..max_handles-1
     host_kv_capacity: int = 0  # host slot ids are 0..host_kv_capacity-1 (0: no host tier)
     image_tokens: int = 0  # tokens per image (multimodal models); 0: images are refused
+    # The model's image layout (any-resolution models: tokens and pixels by image size).
+    image_geometry: ImageGeometry | None = None
 
 
 def _in_range(what: str, values: Iterable[int], hi: int) -> None:
+    # min/max in C for lists; the loop only to name the culprit (or for other iterables)
+    if isinstance(values, list | tuple) and (not values or (min(values) >= 0 and max(values) < hi)):
+        return
     for v in values:
         if not 0 <= v < hi:
             raise StepError(f"{what} {v} is outside [0, {hi})")
@@ -38,6 +44,8 @@ def _check_token_ids(
     h: int, ids: list[int], start: int, images: tuple[ImageInput, ...], vocab: int
 ) -> None:
     """Ids below the vocabulary, except at an image's positions, which hold its pseudo id."""
+    if not images and (not ids or (min(ids) >= 0 and max(ids) < vocab)):
+        return  # the common case in C; the loop below names the culprit
     at: dict[int, int] = {}
     for im in images:
         for p in range(max(im.offset, start), min(im.offset + im.n_tokens, start + len(ids))):
@@ -55,7 +63,7 @@ def _check_admit_images(h: int, images: tuple[ImageInput, ...], lim: StepLimits)
         return
     if not lim.image_tokens:
         raise StepError(f"handle {h}: images for a text-only model")
-    bad = check_images(images, lim.image_tokens)
+    bad = check_images(images, lim.image_tokens, lim.image_geometry)
     if bad:
         raise StepError(f"handle {h}: {bad}")
     if any(im.pseudo_id < lim.vocab_size for im in images):
@@ -107,14 +115,24 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
     _in_range("freed slot", ops.freed_slots, lim.kv_capacity)
     _check_copies(ops, lim)
     live = set(requests) - set(ops.releases)
-    lengths = {h: len(requests[h].slots) for h in live}
+    # Sequence lengths as the step changes them, filled on first use (a decode-only step
+    # needs none: building them for every live request cost more than the decode rows' check).
+    lengths: dict[int, int] = {}
+
+    def length(h: int) -> int:
+        n = lengths.get(h)
+        if n is None:
+            n = len(requests[h].slots) if h in live else 0
+        return n
+
     truncated: set[int] = set()
-    for h, length in ops.truncates:
+    for h, length_to in ops.truncates:
         if h not in live:
             raise StepError(f"truncate of unknown handle {h}")
-        if length > lengths[h]:
-            raise StepError(f"handle {h}: truncate to {length} of a {lengths[h]}-token sequence")
-        lengths[h] = length
+        lengths[h] = length(h)
+        if length_to > lengths[h]:
+            raise StepError(f"handle {h}: truncate to {length_to} of a {lengths[h]}-token sequence")
+        lengths[h] = length_to
         truncated.add(h)
     rows: set[int] = set()
     step_tokens = 0
@@ -129,9 +147,9 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         if ids is not None:
             if not ids or len(ids) != len(slots):
                 raise StepError(f"handle {h}: {len(ids)} ids for {len(slots)} slots")
-            _check_token_ids(h, ids, lengths.get(h, 0), images, lim.vocab_size)
+            _check_token_ids(h, ids, length(h), images, lim.vocab_size)
         _in_range(f"handle {h}: slot", slots, lim.kv_capacity)
-        lengths[h] = lengths.get(h, 0) + len(slots)
+        lengths[h] = length(h) + len(slots)
         if lengths[h] > lim.context_length:
             raise StepError(
                 f"handle {h}: {lengths[h]} tokens exceed the context length {lim.context_length}"
@@ -159,6 +177,9 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         raise StepError(
             f"{len(ops.decode_handles)} decode handles for {len(ops.decode_slots)} slots"
         )
+    if _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
+        return
+    # Something is wrong with a decode row: the same checks row by row, to say which.
     for h, slot in zip(ops.decode_handles, ops.decode_slots, strict=True):
         if h not in live:
             raise StepError(
@@ -167,3 +188,29 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         if not requests[h].has_token or h in truncated:
             raise StepError(f"decode for handle {h} with no sampled token")
         row(h, None, [slot])
+
+
+def _decodes_ok(
+    ops: StepOps,
+    requests: Mapping[int, RequestState],
+    lim: StepLimits,
+    live: set[int],
+    taken: set[int],
+    step_tokens: int,
+) -> bool:
+    """Every decode row passes the per-row checks of `validate_step`, checked for the whole
+    set at once (set algebra and min/max in C, one pass for the per-request fields): a decode
+    row runs for every running request every step. `taken`: handles with another row this
+    step or truncated (neither may decode). False means only "look row by row"."""
+    handles, slots = ops.decode_handles, ops.decode_slots
+    if not handles:
+        return True
+    hs = set(handles)
+    if len(hs) != len(handles) or not hs <= live or not hs.isdisjoint(taken):
+        return False
+    if min(slots) < 0 or max(slots) >= lim.kv_capacity:
+        return False
+    if step_tokens + len(handles) > lim.kv_capacity:
+        return False
+    ctx = lim.context_length  # a decode adds one token: the sequence must be shorter
+    return all((st := requests[h]).has_token and len(st.slots) < ctx for h in handles)

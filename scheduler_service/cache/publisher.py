@@ -90,11 +90,6 @@ class CachePublisher:
         self._prev: dict[int, int] = {}  # touched since the last drain -> its state then
         self._reset = False
 
-    def _state(self, h: int) -> int:
-        if h in self._gpu_tree or h in self._holds:
-            return GPU
-        return HOST if h in self._host_tree else ABSENT
-
     def _touch(self, hashes: Iterable[int]) -> None:
         """Record the drained state of ``hashes`` before they change (first touch only)."""
         if self._reset:
@@ -250,9 +245,9 @@ class CachePublisher:
         if not self._prev:
             return None
         out: tuple[list[int], list[int], list[int]] = ([], [], [])  # by state: ABSENT, HOST, GPU
-        state = self._state
-        for h, old in self._prev.items():
-            now = state(h)
+        gpu, holds, on_host = self._gpu_tree, self._holds, self._host_tree
+        for h, old in self._prev.items():  # its published state now (as in _touch)
+            now = GPU if (h in gpu or h in holds) else (HOST if h in on_host else ABSENT)
             if now != old:
                 out[now].append(h)
         self._prev = {}

@@ -17,13 +17,16 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from radixmesh_wire.image_geometry import ImageGeometry
 from radixmesh_wire.images import ImageInput
 
 
 class VisionModel(Protocol):
     tokens_per_image: int
 
-    def image_features(self, pixels: torch.Tensor) -> torch.Tensor: ...
+    def encode_images(
+        self, images: list[ImageInput], device: torch.device
+    ) -> list[torch.Tensor]: ...
 
 
 @dataclass
@@ -43,18 +46,38 @@ class RowSpan:
     cursor: int
 
 
-def check_images(images: tuple[ImageInput, ...], per_image: int) -> str:
-    """'' if the images fit the model, else what is wrong."""
+def check_images(
+    images: tuple[ImageInput, ...], per_image: int, geometry: ImageGeometry | None = None
+) -> str:
+    """'' if the images fit the model, else what is wrong. With the model's `geometry`, each
+    image's token count and pixel shape must be what its size gives (any-resolution models:
+    LLaVA-NeXT), so a bad image cannot fail the forward pass of a whole step."""
     end = -1
     for im in images:
         bad = im.check()
         if bad:
             return bad
-        if im.n_tokens != per_image:
+        if geometry is not None:
+            bad = _check_geometry(im, geometry)
+            if bad:
+                return bad
+        elif im.n_tokens != per_image:
             return f"an image of {im.n_tokens} tokens; this model's images have {per_image}"
         if im.offset < end:
             return "images overlap or are out of order"
         end = im.offset + im.n_tokens
+    return ""
+
+
+def _check_geometry(im: ImageInput, geometry: ImageGeometry) -> str:
+    if geometry.max_tokens() != geometry.tile_tokens and min(im.image_size) <= 0:
+        return "an image without its size: this model lays out images by their size"
+    want = geometry.tokens(im.image_size)
+    if im.n_tokens != want:
+        return f"an image of {im.n_tokens} tokens; this model's images of this size have {want}"
+    shape = geometry.pixel_shape(im.image_size)
+    if im.shape != shape:
+        return f"pixels of shape {im.shape}; this model takes {shape} for this image"
     return ""
 
 
@@ -68,8 +91,7 @@ def step_image_rows(
             if _overlap(im, sp) and i not in sp.images.feats:
                 todo.append((sp.images, i))
     if todo:
-        pixels = torch.stack([_pixels(ri.images[i], device) for ri, i in todo])
-        feats = model.image_features(pixels)
+        feats = model.encode_images([ri.images[i] for ri, i in todo], device)
         for (ri, i), f in zip(todo, feats, strict=True):
             ri.feats[i] = f
     rows: list[int] = []
@@ -92,8 +114,10 @@ def _overlap(im: ImageInput, sp: RowSpan) -> bool:
     return im.offset < sp.start + sp.n and sp.start < im.offset + im.n_tokens
 
 
-def _pixels(im: ImageInput, device: torch.device) -> torch.Tensor:
-    arr = np.frombuffer(im.pixels, dtype=np.float32).reshape(im.shape)
+def image_pixels(im: ImageInput, device: torch.device) -> torch.Tensor:
+    """The image's tiles, float32 [tiles, 3, H, W] (one tile for fixed-size models)."""
+    c, h, w = im.shape
+    arr = np.frombuffer(im.pixels, dtype=np.float32).reshape(c // 3, 3, h, w)
     return torch.from_numpy(arr.copy()).to(device)
 
 

@@ -133,6 +133,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             max_handles=max_handles,
             host_kv_capacity=engine.runner.pool.host_capacity,
             image_tokens=int(getattr(engine.runner.model, "tokens_per_image", 0)),
+            image_geometry=getattr(engine.runner.model, "geometry", None),
         )
         # Step heartbeat for the liveness watchdog: a step that never ends (a stuck step
         # thread) turns liveness NOT_SERVING; the scheduler's prober and the launcher see it.

@@ -57,3 +57,82 @@ class ImageGeometry:
     def pixel_shape(self, size: tuple[int, int]) -> tuple[int, int, int]:
         """The float32 pixels' shape on the wire: the tiles' channels stacked."""
         return (3 * self.tiles(size), self.tile, self.tile)
+
+
+def select_best_resolution(
+    size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...]
+) -> tuple[int, int]:
+    """The (height, width) of `pinpoints` an image of `size` (height, width) fits best: the
+    most of its pixels kept, then the least padding (HF's `select_best_resolution`, the same
+    float arithmetic, so the same choice on ties)."""
+    oh, ow = size
+    best = pinpoints[0]
+    most, least = 0, float("inf")
+    for h, w in pinpoints:
+        scale = min(w / ow, h / oh)
+        effective = min(int(ow * scale) * int(oh * scale), ow * oh)
+        wasted = w * h - effective
+        if effective > most or (effective == most and wasted < least):
+            most, least, best = effective, wasted, (h, w)
+    return best
+
+
+def unpadded(size: tuple[int, int], current: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) rows/columns of a `current` (height, width) feature grid
+    that hold the image of `size` (height, width) rather than the padding around it (HF's
+    `unpad_image`, the same rounding)."""
+    oh, ow = size
+    ch, cw = current
+    if ow / oh > cw / ch:
+        new_h = int(round(oh * (cw / ow), 7))
+        pad = (ch - new_h) // 2
+        return pad, ch - pad, 0, cw
+    new_w = int(round(ow * (ch / oh), 7))
+    pad = (cw - new_w) // 2
+    return 0, ch, pad, cw - pad
+
+
+@dataclass(frozen=True)
+class AnyresGeometry(ImageGeometry):
+    """LLaVA-NeXT's any-resolution layout: an image is resized (aspect kept) and padded to the
+    best of `pinpoints` (height, width), cut into tiles, and sent as a base tile (the whole
+    image resized to one tile) plus the grid's tiles in row-major order. Its positions: the
+    base tile's features, then the grid's features with the padding's rows/columns dropped,
+    each row followed by one newline feature."""
+
+    pinpoints: tuple[tuple[int, int], ...] = ()
+    side: int = 0  # patches along a tile's side (tile / patch)
+
+    def __post_init__(self) -> None:
+        if not self.pinpoints:
+            raise ValueError("an any-resolution model needs image_grid_pinpoints")
+        for h, w in self.pinpoints:
+            if h <= 0 or w <= 0 or h % self.tile or w % self.tile:
+                raise ValueError(
+                    f"image_grid_pinpoints entry {[h, w]} is not a multiple of the tile {self.tile}"
+                )
+        if self.tile_tokens != self.side * self.side:
+            raise ValueError(
+                f"a tile yields {self.tile_tokens} features, not {self.side}^2: any-resolution "
+                "models need one feature per patch (CLIP with 'default', SigLIP with 'full')"
+            )
+
+    def grid(self, size: tuple[int, int]) -> tuple[int, int]:
+        """(rows, columns) of tiles for an image of `size` (height, width)."""
+        h, w = select_best_resolution(size, self.pinpoints)
+        return h // self.tile, w // self.tile
+
+    def tiles(self, size: tuple[int, int]) -> int:
+        rows, cols = self.grid(size)
+        return 1 + rows * cols
+
+    def tokens(self, size: tuple[int, int]) -> int:
+        rows, cols = self.grid(size)
+        top, bottom, left, right = unpadded(size, (rows * self.side, cols * self.side))
+        return self.tile_tokens + (bottom - top) * (right - left + 1)
+
+    def max_tokens(self) -> int:
+        return self.tile_tokens + max(
+            (h // self.tile * self.side) * (w // self.tile * self.side + 1)
+            for h, w in self.pinpoints
+        )

@@ -40,13 +40,17 @@ class ImageInput:
 
     `offset`: the sequence position of its first placeholder token; `n_tokens` placeholders
     follow, each holding `pseudo_id`. `pixels`: float32 values of the preprocessed image, C
-    order, of `shape` (channels, height, width)."""
+    order, of `shape` (channels, height, width); an any-resolution model's tiles stack their
+    channels (3 x tiles). `image_size`: the decoded image's (height, width), by which an
+    any-resolution model lays out its features (radixmesh_wire/image_geometry.py); (0, 0)
+    where the model does not need it."""
 
     offset: int
     n_tokens: int
     pseudo_id: int
     pixels: bytes
     shape: tuple[int, int, int]
+    image_size: tuple[int, int] = (0, 0)
 
     def check(self) -> str:
         """'' if consistent, else what is wrong (the receiver refuses the step)."""
@@ -55,4 +59,6 @@ class ImageInput:
             return f"{len(self.pixels)} pixel bytes for shape {self.shape}"
         if self.offset < 0 or self.n_tokens <= 0:
             return f"offset {self.offset}, {self.n_tokens} tokens"
+        if min(self.image_size) < 0:
+            return f"image size {self.image_size}"
         return ""

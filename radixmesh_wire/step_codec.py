@@ -235,10 +235,14 @@ def image_to_proto(im: ImageInput) -> images_pb2.ImageInput:
         pseudo_id=im.pseudo_id,
         pixels=im.pixels,
         shape=list(im.shape),
+        image_size=list(im.image_size) if any(im.image_size) else [],
     )
 
 
 def image_from_proto(msg: images_pb2.ImageInput) -> ImageInput:
-    """Shapes of other than 3 dimensions become (0, 0, 0): `ImageInput.check` refuses them."""
+    """Shapes of other than 3 dimensions become (0, 0, 0) and image sizes of other than 0 or 2
+    (-1, -1): `ImageInput.check` refuses them."""
     shape = tuple(msg.shape) if len(msg.shape) == 3 else (0, 0, 0)
-    return ImageInput(msg.offset, msg.n_tokens, msg.pseudo_id, msg.pixels, shape)  # type: ignore[arg-type]
+    n = len(msg.image_size)
+    size = (0, 0) if n == 0 else tuple(msg.image_size) if n == 2 else (-1, -1)
+    return ImageInput(msg.offset, msg.n_tokens, msg.pseudo_id, msg.pixels, shape, size)  # type: ignore[arg-type]

@@ -5,9 +5,12 @@ model and its preprocessor_config.json, as transformers' image processors read t
 `prepare` turns the bytes of one image into the model's pixel values (convert to RGB, resize
 the shortest edge and centre crop as CLIPImageProcessor does, or resize to a fixed size as
 SiglipImageProcessor does; rescale, normalise: checked against transformers' own processors
-in tests/unit/test_image_prep.py) and `place` expands each image marker of a
+in tests/unit/test_image_prep.py; LLaVA-NeXT's any-resolution tiles: image_anyres.py) and
+`place` expands each image marker of a
 prompt into the image's placeholder positions holding its hash-derived pseudo id
-(radixmesh_wire/images.py). Every failure is an `InvalidRequest` naming the image.
+(radixmesh_wire/images.py): as many as the model takes for an image of that size
+(radixmesh_wire/image_geometry.py; for LLaVA-NeXT a function of the size, as HF's processor
+computes it). Every failure is an `InvalidRequest` naming the image.
 
 Bounds (--max-image-bytes, --max-image-pixels, --max-images: config.py): bytes per image,
 decoded pixels per image (checked from the header, before decoding: a 20k x 20k PNG of a few
@@ -25,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from radixmesh_wire.image_geometry import tile_tokens
+from radixmesh_wire.image_geometry import AnyresGeometry, tile_tokens
 from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
+from tokenizer_service.image_anyres import anyres_tiles, check_tiles
 from tokenizer_service.validation import InvalidRequest
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
@@ -51,6 +55,8 @@ class ImageSpec:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     rescale: float = 1 / 255
+    anyres: AnyresGeometry | None = None  # LLaVA-NeXT: tiles and positions depend on the size
+    base: tuple[int, int] = (0, 0)  # any-resolution: the base tile's (height, width) resize
 
     @staticmethod
     def from_folder(folder: Path, token_text: str = "<image>") -> ImageSpec | None:
@@ -60,7 +66,7 @@ class ImageSpec:
         if not cfg_file.exists():
             return None
         cfg = json.loads(cfg_file.read_text())
-        if cfg.get("model_type") != "llava":
+        if cfg.get("model_type") not in ("llava", "llava_next"):
             return None
         vis = cfg.get("vision_config", {})
         side, patch = int(vis.get("image_size", 224)), int(vis.get("patch_size", 14))
@@ -73,22 +79,40 @@ class ImageSpec:
         exact = "shortest_edge" not in size  # SiglipImageProcessor: {"height", "width"}
         if exact:
             crop = size
+        per_tile = tile_tokens(tower, side, patch, strategy)
+        anyres = None
+        if cfg["model_type"] == "llava_next":
+            pins = cfg.get("image_grid_pinpoints") or pre.get("image_grid_pinpoints") or []
+            anyres = AnyresGeometry(
+                side,
+                per_tile,
+                pinpoints=tuple((int(h), int(w)) for h, w in pins),
+                side=side // patch,
+            )
+            check_tiles(anyres)
+            if (int(crop["height"]), int(crop["width"])) != (side, side):
+                raise ValueError(f"crop_size {crop} is not the vision tower's {side} x {side}")
         return ImageSpec(
             image_token_id=int(cfg.get("image_token_index", cfg.get("image_token_id", 32000))),
             image_token=token_text,
-            tokens_per_image=tile_tokens(tower, side, patch, strategy),
+            tokens_per_image=per_tile if anyres is None else anyres.max_tokens(),
             shortest_edge=0 if exact else int(size["shortest_edge"]),
             crop=(int(crop["height"]), int(crop["width"])),
             mean=tuple(pre.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),  # type: ignore[arg-type]
             std=tuple(pre.get("image_std", (0.26862954, 0.26130258, 0.27577711))),  # type: ignore[arg-type]
             rescale=float(pre.get("rescale_factor", 1 / 255)),
+            anyres=anyres,
+            base=(int(crop["height"]), int(crop["width"]))
+            if exact
+            else (int(size["shortest_edge"]),) * 2,
         )
 
 
 @dataclass(frozen=True)
 class PreparedImage:
-    pixels: np.ndarray  # float32 [3, H, W]
-    digest: bytes  # content hash of the pixels
+    pixels: np.ndarray  # float32 [3, H, W]; any-resolution: [tiles, 3, H, W]
+    digest: bytes  # content hash of the pixels (and of the size, for any-resolution)
+    size: tuple[int, int] = (0, 0)  # the decoded image's (height, width)
 
 
 def prepare(data: bytes, spec: ImageSpec, bounds: ImageBounds, index: int = 0) -> PreparedImage:
@@ -125,11 +149,18 @@ def prepare(data: bytes, spec: ImageSpec, bounds: ImageBounds, index: int = 0) -
         ) from exc
     except Exception as exc:  # PIL's errors for truncated, corrupt or unknown data
         raise InvalidRequest(f"{what} cannot be decoded: {exc}", "images") from exc
-    pixels = _preprocess(rgb, spec)
-    return PreparedImage(pixels, content_hash(pixels.tobytes()))
+    size = (h, w)
+    if spec.anyres is None:
+        pixels = _finish(rgb, spec)
+        return PreparedImage(pixels, content_hash(pixels.tobytes()), size)
+    pixels = anyres_tiles(rgb, spec.anyres, spec.base, lambda t: _finish(t, spec))
+    # The size lays out the features too (unpadding): two sizes never share a key.
+    key = pixels.tobytes() + np.asarray(size, np.uint32).tobytes()
+    return PreparedImage(pixels, content_hash(key), size)
 
 
-def _preprocess(img: object, spec: ImageSpec) -> np.ndarray:
+def _finish(img: object, spec: ImageSpec) -> np.ndarray:
+    """One image (or tile) to its float32 [3, H, W] values: resize, crop, rescale, normalise."""
     from PIL import Image
 
     assert isinstance(img, Image.Image)
@@ -155,7 +186,8 @@ def place(
     ids: list[int], images: list[PreparedImage], spec: ImageSpec, vocab_size: int
 ) -> tuple[list[int], list[ImageInput]]:
     """Each image marker of `ids` (one `spec.image_token_id`) becomes the next image's
-    `tokens_per_image` positions holding its pseudo id. Markers and images must pair up."""
+    positions (`tokens_per_image`, or for any-resolution models as many as its size takes)
+    holding its pseudo id. Markers and images must pair up."""
     markers = ids.count(spec.image_token_id)
     if markers != len(images):
         raise InvalidRequest(
@@ -172,9 +204,10 @@ def place(
             continue
         im = next(it)
         pid = pseudo_id(im.digest, vocab_size)
-        c, h, w = im.pixels.shape
-        inputs.append(
-            ImageInput(len(out), spec.tokens_per_image, pid, im.pixels.tobytes(), (c, h, w))
-        )
-        out.extend([pid] * spec.tokens_per_image)
+        n = spec.tokens_per_image if spec.anyres is None else spec.anyres.tokens(im.size)
+        h, w = im.pixels.shape[-2:]
+        c = 3 * im.pixels.shape[0] if im.pixels.ndim == 4 else im.pixels.shape[0]
+        size = im.size if spec.anyres is not None else (0, 0)
+        inputs.append(ImageInput(len(out), n, pid, im.pixels.tobytes(), (c, h, w), size))
+        out.extend([pid] * n)
     return out, inputs

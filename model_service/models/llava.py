@@ -11,6 +11,13 @@ Layout and numerics as HF transformers' `LlavaForConditionalGeneration` (LLaVA-1
   embeddings at the image's placeholder positions, and from there on an image token is a token
   like any other (its KV is written to the pool and cached by the radix tree).
 
+LLaVA-NeXT (`model_type: llava_next`, HF's `LlavaNextForConditionalGeneration`) is the same
+model plus any-resolution images: an image arrives as a base tile plus a grid of tiles (the
+front door cut them, as LlavaNextImageProcessor does), all tiles go through the tower in one
+batch, and each image's features are laid out by its size (`llava_next.pack_anyres`), with
+the learned `image_newline` feature after every row; so its token count depends on its size
+(`radixmesh_wire.image_geometry.AnyresGeometry`).
+
 Placeholder ids: at an image's positions the sequence holds a pseudo id >= vocab_size derived
 from the image's content hash (`radixmesh_wire.images.pseudo_id`), so the radix tree tells
 images apart; they are never looked up in the embedding table (they are masked to 0 first and
@@ -26,10 +33,13 @@ import torch
 from torch import nn
 
 from model_service.attention.backend import LayerAttention
+from model_service.image_rows import image_pixels
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, Reducer
-from radixmesh_wire.image_geometry import TOWER_HAS_CLS, ImageGeometry, tile_tokens
+from model_service.models.llava_next import pack_anyres
+from radixmesh_wire.image_geometry import TOWER_HAS_CLS, AnyresGeometry, ImageGeometry, tile_tokens
+from radixmesh_wire.images import ImageInput
 
-LLAVA_MODEL_TYPES = ("llava",)
+LLAVA_MODEL_TYPES = ("llava", "llava_next")
 
 
 def is_llava(hf_cfg: Any) -> bool:
@@ -105,7 +115,17 @@ class LlavaForCausalLM(LlamaForCausalLM):
         )
         self.image_size: int = int(vcfg.image_size)
         self.geometry = ImageGeometry(self.image_size, per_tile)
-        self.tokens_per_image: int = self.geometry.max_tokens()
+        self.anyres: AnyresGeometry | None = None
+        if hf_cfg.model_type == "llava_next":
+            self.anyres = AnyresGeometry(
+                self.image_size,
+                per_tile,
+                pinpoints=tuple((int(h), int(w)) for h, w in hf_cfg.image_grid_pinpoints),
+                side=self.image_size // int(vcfg.patch_size),
+            )
+            self.geometry = self.anyres
+            self.image_newline = nn.Parameter(torch.empty(self.args.hidden_size))
+        self.tokens_per_image: int = self.geometry.max_tokens()  # LLaVA-NeXT: the most
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, 3, H, W] (preprocessed) -> features [N, tokens_per_image, hidden]."""
@@ -115,6 +135,23 @@ class LlavaForCausalLM(LlamaForCausalLM):
         if self.select_strategy == "default":
             hs = hs[:, 1:]
         return self.multi_modal_projector(hs)
+
+    def encode_images(self, images: list[ImageInput], device: torch.device) -> list[torch.Tensor]:
+        """Each image's features [its tokens, hidden]; every tile of every image goes through
+        the tower as one batch. The images were checked against `geometry` (step_validation)."""
+        tiles = [image_pixels(im, device) for im in images]
+        feats = self.image_features(torch.cat(tiles))
+        out: list[torch.Tensor] = []
+        at = 0
+        for im, t in zip(images, tiles, strict=True):
+            f = feats[at : at + t.shape[0]]
+            at += t.shape[0]
+            out.append(f[0] if self.anyres is None else self._pack(f, im))
+        return out
+
+    def _pack(self, feats: torch.Tensor, im: ImageInput) -> torch.Tensor:
+        assert self.anyres is not None
+        return pack_anyres(feats, im.image_size, self.anyres, self.image_newline)
 
     def forward(
         self,
@@ -147,6 +184,7 @@ def llava_key(name: str) -> str:
         ("model.language_model.", "model."),
         ("model.vision_tower.", "vision_tower."),
         ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("model.image_newline", "image_newline"),
     ):
         if name.startswith(old):
             name = new + name[len(old) :]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radixmesh_wire.cache_blocks import BLOCK_TOKENS, HOST_HIT_WEIGHT, block_hashes, cache_keys
+from scheduler_service.cache import prefix_cache
 from tokenizer_service.routing.replica_view import Load, Match, ReplicaView
 from tokenizer_service.routing.router import (
     Balance,
@@ -221,6 +222,7 @@ def test_a_host_resident_prefix_beats_no_match_and_loses_to_a_gpu_one(
     assert choose(on_host(6), _exact(PROMPT)) == (b_name, "cache_hit", 6, 0)
     # 6 host blocks score 6 * HOST_HIT_WEIGHT = 3 > 2 GPU blocks; 6 host < 4 GPU.
     assert HOST_HIT_WEIGHT == 0.5
+    assert prefix_cache.HOST_HIT_WEIGHT is HOST_HIT_WEIGHT  # the scheduler weighs it the same
     assert choose(on_host(6), _exact(PROMPT[:32]))[:2] == (a_name, "cache_hit")
     assert choose(on_host(6), _exact(SHARED))[:2] == (b_name, "cache_hit")
 

@@ -318,6 +318,45 @@ async def test_exact_mode_routes_on_what_the_replicas_publish() -> None:
         await s2.stop(0)
 
 
+async def _route_once(first: str, second: str) -> tuple[str, str]:
+    """Where a fresh ReplicaSet over two replicas sends PROMPT, once both have published."""
+    rs = ReplicaSet(AddressSpec("static", addresses=(first, second)))
+    task = await _running(rs, 2)
+    try:  # the hello's message carries the snapshot and the load report together
+        await _until(lambda: all(lk.view.reported is not None for lk in rs.links.values()))
+        t = rs.submit(_submit("r", max_new=1))
+        assert await _collect(t) == [_token(0)]
+        rs.done(t)
+        reasons = [r for c in rs.counts.values() for r in c.by_reason]
+        return t.link.address, reasons[0]
+    finally:
+        task.cancel()
+
+
+@aio
+async def test_host_resident_blocks_route_over_grpc_below_gpu_ones() -> None:
+    """Issue 31 over real sessions: a replica advertising the prompt's blocks in its host tier
+    (CacheEvents.host) takes it from one that holds nothing, as a cache hit, and loses it to
+    one holding the same blocks on its GPU (each pair in both address orders, so the cold
+    rule's rendezvous order cannot decide it)."""
+    hashes = block_hashes(cache_keys(PROMPT, ""))
+    fakes = (
+        FakeScheduler("host", held=[], host_held=tuple(hashes)),
+        FakeScheduler("gpu", held=hashes),
+        FakeScheduler("empty", held=[]),
+    )
+    served = [await _serve(f) for f in fakes]
+    host, gpu, empty = (address for _, address in served)
+    try:
+        for a, b in ((host, empty), (empty, host)):
+            assert await _route_once(a, b) == (host, "cache_hit")
+        for a, b in ((host, gpu), (gpu, host)):
+            assert await _route_once(a, b) == (gpu, "cache_hit")
+    finally:
+        for server, _ in served:
+            await server.stop(0)
+
+
 @aio
 async def test_a_killed_replica_loses_no_request() -> None:
     """Requests on a replica whose server dies continue on the other one, token-exact."""

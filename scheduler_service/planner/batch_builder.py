@@ -157,20 +157,22 @@ class BatchBuilder:
     # -- decode ------------------------------------------------------------------------------
     def _decodes(self, plan: PlannedStep, skip: set[int]) -> None:
         st, cache = self.st, self.st.cache
-        # Runs over every running request each step: st.runnable() inlined.
-        ctx, decode, grammar_up = st.context_length, Phase.DECODE, st.grammar_up
+        # Runs over every running request each step: st.runnable() inlined, and the rare
+        # conditions (a grammar service down, a jump applied this step) filtered apart.
+        ctx, decode = st.context_length, Phase.DECODE
         decoders = [
             r
             for r in st.running.values()
             if r.phase is decode
             and r.jump is None
-            and (grammar_up or r.grammar is None)
-            and r.handle not in skip
-            # room for one more token after those still in flight (inlined: runs per request
-            # per step)
+            # room for one more token after those still in flight
             and len(r.output) + r.pending < r.spec.max_new_tokens
             and len(r.fill) + r.pending < ctx
         ]
+        if skip or not st.grammar_up:
+            decoders = [
+                r for r in decoders if r.handle not in skip and (st.grammar_up or r.grammar is None)
+            ]
         if decoders:
             self.ratio.step()
         shortfall = len(decoders) - (cache.free_size + cache.evictable_size)
@@ -191,15 +193,10 @@ class BatchBuilder:
         if got is None:  # retraction could not free enough: those without a slot wait a step
             got = cache.alloc(cache.free_size + cache.evictable_size) or []
             decoders = decoders[: len(got)]
-        owners, late = plan.owners, plan.late
-        handles = []
-        for r, slot in zip(decoders, got, strict=True):
-            r.decode(slot)
-            h = r.handle
-            handles.append(h)
-            owners[h] = (r, r.epoch)
-            if r.grammar is not None:
-                late.append(h)
+        Request.decode_all(decoders, got)
+        handles = [r.handle for r in decoders]
+        plan.owners.update({r.handle: (r, r.epoch) for r in decoders})
+        plan.late.extend([r.handle for r in decoders if r.grammar is not None])
         plan.ops.decode_handles = handles
         plan.ops.decode_slots = got
 
@@ -216,13 +213,15 @@ class BatchBuilder:
         st, cfg = self.st, self.cfg
         running = list(st.running.values())
         # Requests mid-prefill, oldest admission first (the adder's head is sure of progress).
-        chunked = [r for r in running if r.phase is Phase.PREFILL and st.runnable(r)]
+        # Every step, over every running request: st.runnable() inlined.
+        prefill, up = Phase.PREFILL, st.grammar_up
+        chunked = [r for r in running if r.phase is prefill and (up or r.grammar is None)]
         remaining = [len(r.fill) - r.kv_len for r in chunked]
         if not st.waiting and not chunked:
             return
         candidates: list[Request] = []
         if st.waiting and len(running) < cfg.max_running:
-            waiting = st.waiting if st.grammar_up else [r for r in st.waiting if st.runnable(r)]
+            waiting = st.waiting if up else [r for r in st.waiting if r.grammar is None]
             candidates, _deferred = self.policy.schedule(waiting, st.cache)
         if not candidates and not chunked:
             return  # a full batch with a long queue: no admission work this step

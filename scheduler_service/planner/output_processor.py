@@ -31,7 +31,7 @@ def _current(plan: PlannedStep, handle: int) -> Request | None:
 
 
 def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
-    handles, top = res.handles, res.top
+    handles = res.handles
     for p in res.prompt_logprobs:
         r = _current(plan, p.handle)
         if r is not None and p.values:
@@ -50,14 +50,7 @@ def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
             cached = st.cache.cache_unfinished(r.cache_keys(n), r.kv_slots[:n], r.node)
             if cached is not None:
                 r.cached_prefix(cached.node, cached.cached_len)
-    decode = Phase.DECODE
-    for h, tok, lp in zip(handles, res.tokens, res.logprobs, strict=True):
-        r = _current(plan, h)
-        if r is None:
-            continue  # released (aborted, retracted, stopped) while the step ran
-        r.sample_settled()
-        if r.phase is decode:
-            _on_token(st, r, tok, lp, top.get(h) if top else None)
+    _apply_tokens(st, plan, res)
     if len(handles) != len(plan.sampling):  # rows skipped by late masks, or a failed step
         got = set(handles)
         for h in plan.sampling:
@@ -68,24 +61,44 @@ def apply_result(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
             finish(st, r, "length")
 
 
-def _on_token(
+def _apply_tokens(st: SchedState, plan: PlannedStep, res: StepOutcome) -> None:
+    """Each sampled row's token to its request: once per running request per step, so the
+    per-row work is inlined (`_current`, the token's bookkeeping) and attribute lookups are
+    kept to the minimum; the rare paths (stop, grammar, logprobs, the end) stay calls."""
+    owners, top, ctx = plan.owners, res.top, st.context_length
+    decode = Phase.DECODE
+    generated = 0
+    for h, tok, lp in zip(res.handles, res.tokens, res.logprobs, strict=True):
+        entry = owners.get(h)
+        if entry is None:
+            continue
+        r, epoch = entry
+        if r.handle != h or r.epoch != epoch:
+            continue  # released (aborted, retracted, stopped) while the step ran
+        r.sample_settled()
+        if r.phase is not decode:
+            continue
+        generated += 1
+        if tok in r.stop_ids:
+            finish(st, r, "stop", tok)  # the stop token itself is not part of the output
+            continue
+        out, fill = r.output, r.fill
+        out.append(tok)
+        fill.append(tok)
+        box = r.outbox  # two appends, no object per request
+        box.keys.append(r.key)
+        box.events.append(tok)
+        if r.grammar is not None:
+            st.grammar_ops.accept(h, tok)
+        if r.wants_logprobs:
+            _logprobs(st, r, tok, lp, top.get(h) if top else None)
+        if len(out) >= r.spec.max_new_tokens or len(fill) >= ctx:
+            finish(st, r, "length")
+    st.stats.generated_tokens += generated
+
+
+def _logprobs(
     st: SchedState, r: Request, tok: int, lp: float, top: tuple[list[int], list[float]] | None
 ) -> None:
-    # Once per running request per step: attribute lookups are kept to the minimum.
-    st.stats.generated_tokens += 1
-    if tok in r.stop_ids:
-        finish(st, r, "stop", tok)  # the stop token itself is not part of the output
-        return
-    out, fill = r.output, r.fill
-    out.append(tok)
-    fill.append(tok)
-    box = r.outbox  # two appends, no object per request
-    box.keys.append(r.key)
-    box.events.append(tok)
-    if r.grammar is not None:
-        st.grammar_ops.accept(r.handle, tok)
-    if r.wants_logprobs:
-        top_ids, top_lps = top if top is not None else ([], [])
-        st.extra(r).logprobs.append((tok, lp, top_ids, top_lps))
-    if len(out) >= r.spec.max_new_tokens or len(fill) >= st.context_length:
-        finish(st, r, "length")
+    top_ids, top_lps = top if top is not None else ([], [])
+    st.extra(r).logprobs.append((tok, lp, top_ids, top_lps))

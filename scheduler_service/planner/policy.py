@@ -25,6 +25,7 @@ item's ``match``.
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
@@ -67,8 +68,8 @@ class WaitingLike(Protocol):
 W = TypeVar("W", bound=WaitingLike)
 
 
-def _arrival(w: WaitingLike) -> int:
-    return w.arrival
+# The FCFS key, in C: with a backlog the whole queue is ordered at every admission round.
+_arrival = operator.attrgetter("arrival")
 
 
 class SchedulePolicy:

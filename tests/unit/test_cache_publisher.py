@@ -251,7 +251,8 @@ class HostTierPublisherMachine(PublisherMachine):
 
 
 TestHostTierPublisherMachine = HostTierPublisherMachine.TestCase
-TestHostTierPublisherMachine.settings = SETTINGS
+# Fewer examples: the plain machine covers the rules they share (CI budget).
+TestHostTierPublisherMachine.settings = settings(SETTINGS, max_examples=60)
 
 
 # -- examples -----------------------------------------------------------------------------------

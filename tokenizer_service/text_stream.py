@@ -47,6 +47,9 @@ class TextStream:
         self.unsent_ids: list[int] = []
         self.unsent_lps: list[api_pb2.TokenLogprob] = []
         self.unsent_rollback = 0  # ids of sent chunks that a jump-forward dropped
+        # Ids applied but not yet detokenized: updates held for the ones queued behind them
+        # (`on_delta(hold=True)`) are decoded once, together, when the chunk is released.
+        self.pending: list[int] = []
         self.cached = 0
         self.finish = api_pb2.FINISH_REASON_UNSPECIFIED
         self.matched_stop = ""
@@ -69,8 +72,6 @@ class TextStream:
             self._rollback(u.rollback)
         self.ids.extend(u.token_ids)
         self.unsent_ids.extend(u.token_ids)
-        old = len(self.text)
-        self.text += self.detok.push(u.token_ids)
         done = False
         if ex is not None:
             if ex.HasField("cached_tokens"):
@@ -79,11 +80,20 @@ class TextStream:
             self.logprobs.extend(ex.logprobs)
             self.unsent_lps.extend(ex.logprobs)
             done = ex.finish_reason != api_pb2.FINISH_REASON_UNSPECIFIED
-            if done:
-                self.text += self.detok.flush()
-                self.finish = ex.finish_reason
-                if ex.HasField("matched_stop_token"):
-                    self.matched_stop = str(ex.matched_stop_token)
+        if hold and not done and not self.stops.stops:
+            # Its text waits for the updates behind it: the detokenizer decodes the batch
+            # once (two decodes) instead of once per update. Not with stop strings: a stop
+            # must be found at the update that completes it (ids after it are not output).
+            self.pending.extend(u.token_ids)
+            return None, False
+        old = len(self.text)
+        self._detokenize(u.token_ids)
+        if done:
+            assert ex is not None
+            self.text += self.detok.flush()
+            self.finish = ex.finish_reason
+            if ex.HasField("matched_stop_token"):
+                self.matched_stop = str(ex.matched_stop_token)
         hit = self.stops.find(self.text, old) if self.stops.stops else None
         if hit is not None:
             self.text = self.text[: hit[0]]
@@ -92,6 +102,13 @@ class TextStream:
             self.stopped_by_string = not done
             done = True
         return (None if hold and not done else self._chunk(done)), done
+
+    def _detokenize(self, ids: list[int]) -> None:
+        """The text of the pending ids and then `ids`, appended to `text`."""
+        if self.pending:
+            ids = self.pending + ids
+            self.pending = []
+        self.text += self.detok.push(ids)
 
     def _rollback(self, n: int) -> None:
         """Jump-forward retokenized the tail: drop n tokens. Their text is a prefix of what the
@@ -105,9 +122,11 @@ class TextStream:
         self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt[-8:])
         self.detok.push(self.ids)
         self.text = self.detok.text
+        self.pending = []  # in `ids`, so decoded above
 
     def held_chunk(self) -> Chunk | None:
         """What held updates would have streamed (before a failure ends the stream)."""
+        self._detokenize([])
         return self._chunk(False)
 
     def _chunk(self, done: bool) -> Chunk | None:

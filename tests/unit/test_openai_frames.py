@@ -46,12 +46,13 @@ class _Tok:
 class _Core:
     """What the stream reads of the core: `generate` replays a script; `tok` for echo."""
 
-    def __init__(self, script: list[Event | GenerateError]) -> None:
+    def __init__(self, script: list[Event | GenerateError], **by_rid: list[Event]) -> None:
         self.script = script
+        self.by_rid = by_rid  # other scripts, per request id (several choices)
         self.tok = _Tok()
 
     async def generate(self, inp: GenerateInput) -> AsyncGenerator[Event, None]:
-        for ev in self.script:
+        for ev in self.by_rid.get(inp.rid, self.script):
             if isinstance(ev, GenerateError):
                 raise ev
             yield ev
@@ -171,3 +172,28 @@ def test_stream_is_the_object_path(name: str, chat: bool, usage: bool) -> None:
     # the last finish (or the error), usage and [DONE] leave in the response's final write
     last = _events(rec.writes[-1])
     assert last == want[-(2 if "error" in name else 2 + usage) :]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_two_choices_are_the_object_path(chat: bool) -> None:
+    """n = 2 (through `merged`): each choice's frames are the object path's, in its order;
+    the second finish, usage and [DONE] leave in the final write."""
+    a: list[Event] = [Chunk("a\n", [1], []), Chunk('"b"', [2], []), _complete('a\n"b"')]
+    b: list[Event] = [Chunk("\u00e9\\", [3], []), _complete("\u00e9\\", "stop")]
+    core = _Core([], r0=a, r1=b)
+    req = OpenAIRequest(model="m", inputs=[], n=2, stream=True, include_usage=True)
+    shape = Shape(cast(FrontDoor, core), req, "m", chat, None, "r")
+    rec = _Recorder()
+    inputs = [GenerateInput(rid="r0"), GenerateInput(rid="r1")]
+    asyncio.run(OpenAIStream(cast(FrontDoor, core), inputs, shape).run(cast(Any, rec)))
+    got = [json.loads(e[6:]) for e in _events(b"".join(rec.writes))[:-1]]
+    for i, script in enumerate([a, b]):
+        want = [shape.chunk(i, role=True)] if chat else []
+        want += [
+            shape.chunk(i, ev) if isinstance(ev, Chunk) else shape.chunk(i, finish=ev)
+            for ev in script
+        ]
+        assert [g for g in got if g["choices"] and g["choices"][0]["index"] == i] == want
+    assert got[-1] == shape.usage_chunk([cast(Complete, a[-1]), cast(Complete, b[-1])])
+    last = _events(rec.writes[-1])
+    assert len(last) == 3 and last[-1] == DONE and b'"finish_reason": null' not in last[0]

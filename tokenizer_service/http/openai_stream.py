@@ -47,18 +47,10 @@ class OpenAIStream:
         try:
             await self._opening()
             calls = self.shape.tool_streams(len(self.inputs))
-            async with aclosing(merged(self.core, self.inputs)) as events:
-                if calls is not None:  # the reply's text goes through the tool parser
-                    async for i, ev in events:
-                        await self._tool_event(calls[i], i, ev)
-                elif self.shape.req.logprobs:
-                    async for i, ev in events:
-                        if not isinstance(ev, Chunk):
-                            await self._finish(i, ev)
-                        elif ev.text or ev.logprobs:
-                            await self.resp.write(frame(self.shape.chunk(i, ev)))
-                else:
-                    await self._text_events(events)
+            if calls is None and not self.shape.req.logprobs and len(self.inputs) == 1:
+                await self._one_text_stream()
+            else:
+                await self._events(calls)
             if self.shape.req.include_usage:
                 ordered = [self.results[i] for i in sorted(self.results)]
                 self.tail += frame(self.shape.usage_chunk(ordered))
@@ -77,6 +69,32 @@ class OpenAIStream:
                     inp.text if inp.text is not None else self.core.tok.decode(inp.input_ids or [])
                 )
                 await self.resp.write(frame(shape.chunk(i, text=echo)))
+
+    async def _events(self, calls: list[StreamedCalls] | None) -> None:
+        async with aclosing(merged(self.core, self.inputs)) as events:
+            if calls is not None:  # the reply's text goes through the tool parser
+                async for i, ev in events:
+                    await self._tool_event(calls[i], i, ev)
+            elif self.shape.req.logprobs:
+                async for i, ev in events:
+                    if not isinstance(ev, Chunk):
+                        await self._finish(i, ev)
+                    elif ev.text or ev.logprobs:
+                        await self.resp.write(frame(self.shape.chunk(i, ev)))
+            else:
+                await self._text_events(events)
+
+    async def _one_text_stream(self) -> None:
+        """`_text_events` of one choice, straight from the core (no `merged` hop per event)."""
+        texts = self.shape.text_frames(1)
+        write = self.resp.write
+        async with aclosing(self.core.generate(self.inputs[0])) as events:
+            async for ev in events:
+                if isinstance(ev, Chunk):
+                    if ev.text or ev.logprobs:
+                        await write(texts.frame(0, ev.text))
+                else:
+                    await self._finish(0, ev)
 
     async def _text_events(self, events: AsyncIterator[tuple[int, Event]]) -> None:
         """The common stream: text events (no logprobs, no tools) and the finishes."""

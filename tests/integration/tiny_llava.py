@@ -1,7 +1,9 @@
-"""A tiny LLaVA checkpoint folder for stack tests: HF transformers' own
+"""Tiny LLaVA checkpoint folders for stack tests: HF transformers' own
 LlavaForConditionalGeneration with seeded random weights (CLIP tower 28 x 28 pixels in 14-pixel
 patches: 4 image tokens), the default model's tokenizer and chat template with an added
-"<image>" token, and a CLIPImageProcessor config. Built once per path."""
+"<image>" token, and a CLIPImageProcessor config; and the same as a LLaVA-NeXT
+(LlavaNextForConditionalGeneration, pinpoints of 1 x 2, 2 x 1 and 2 x 2 tiles, a
+LlavaNextImageProcessor config). Built once per path."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from pathlib import Path
 import numpy as np
 
 SIDE = 28
+PINPOINTS = [[28, 56], [56, 28], [56, 56]]
 
 
-def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0) -> Path:
+def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0, next_: bool = False) -> Path:
+    """`next_`: a LLaVA-NeXT (any-resolution images) instead of a LLaVA-1.5."""
     import torch
     from transformers import (
         AutoTokenizer,
@@ -23,6 +27,9 @@ def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0) -> Path:
         LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
     )
 
     if (dest / "model.safetensors").exists():
@@ -55,12 +62,22 @@ def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0) -> Path:
         image_size=SIDE,
         patch_size=14,
     )
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id)
     torch.manual_seed(seed)
+    size, crop = {"shortest_edge": SIDE}, {"height": SIDE, "width": SIDE}
+    if next_:
+        nxt = LlavaNextConfig(
+            vision_config=vision,
+            text_config=text,
+            image_token_index=image_id,
+            image_grid_pinpoints=PINPOINTS,
+        )
+        LlavaNextForConditionalGeneration(nxt).save_pretrained(dest)
+        proc = LlavaNextImageProcessor(size=size, crop_size=crop, image_grid_pinpoints=PINPOINTS)
+        proc.save_pretrained(dest)
+        return dest
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id)
     LlavaForConditionalGeneration(cfg).save_pretrained(dest)
-    CLIPImageProcessor(
-        size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}
-    ).save_pretrained(dest)
+    CLIPImageProcessor(size=size, crop_size=crop).save_pretrained(dest)
     return dest
 
 

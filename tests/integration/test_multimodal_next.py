@@ -1,0 +1,130 @@
+"""LLaVA-NeXT (any-resolution images) end to end on the CPU stack, with a tiny seeded
+LlavaNextForConditionalGeneration (tests/integration/tiny_llava.py, `next_=True`).
+
+- greedy output through the gRPC API equals HF transformers' `generate` on the same folder
+  (its own LlavaNextImageProcessor's pixels and sizes, its processor's placeholder count) for
+  two images of different aspect ratios, whose placeholder counts differ;
+- the same image after the same text is a cache hit covering its positions; another picture
+  (another size, other content) is not.
+
+The module runs once the scheduler's submit check lets an image take fewer positions than the
+most an image takes (`WorkerInfo.image_tokens`); until then it skips, saying so
+(docs/multimodal.md, "Left"). Checked passing with that one-line change to
+scheduler_service/submit_validation.py (`n_tokens != image_tokens` -> `>`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from radixmesh.api import Client
+
+from radixmesh_wire.image_geometry import AnyresGeometry
+from radixmesh_wire.images import ImageInput
+from scheduler_service.request import Request, SamplingSpec
+from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
+from tests.conftest import Stack, start_stack
+from tests.integration.tiny_llava import PINPOINTS, SIDE, build_tiny_llava, png
+
+
+def _scheduler_takes_per_size_counts() -> bool:
+    """Whether the scheduler accepts an image of fewer positions than the model's most."""
+    pid = 1234
+    image = ImageInput(1, 3, pid, b"\0" * 48, (3, 2, 2))
+    spec = SamplingSpec(max_new_tokens=4)
+    req = Request("r", "s", [5, pid, pid, pid, 6], spec, frozenset(), key=1, images=(image,))
+    try:
+        validate_submit(req, SubmitLimits(100, 100, 500, 20, image_tokens=4))
+    except SubmitError:
+        return False
+    return True
+
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not _scheduler_takes_per_size_counts(),
+        reason="the scheduler's submit check wants every image to take WorkerInfo.image_tokens "
+        "positions; LLaVA-NeXT's count depends on the image size (docs/multimodal.md, Left)",
+    ),
+]
+
+NEW = 6
+GEOM = AnyresGeometry(SIDE, 4, pinpoints=tuple((h, w) for h, w in PINPOINTS), side=2)
+
+
+@pytest.fixture(scope="module")
+def next_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-next") / "m", model_dir, next_=True)
+
+
+@pytest.fixture(scope="module")
+def next_stack(tmp_path_factory: pytest.TempPathFactory, next_dir: Path) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("next_stack"),
+        model_args=["--model", str(next_dir), "--kv-tokens", "2048"],
+        scheduler_args=["--radix", "tree", "--debug-invariants"],
+        tokenizer_args=["--model", str(next_dir)],
+    )
+
+
+def _hf_greedy(folder: Path, text: str, images: list[bytes]) -> list[int]:
+    from PIL import Image
+    from transformers import (
+        AutoTokenizer,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+    )
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    hf = LlavaNextForConditionalGeneration.from_pretrained(folder).eval()
+    image_id = hf.config.image_token_index
+    pics: list[Image.Image] = [Image.open(io.BytesIO(b)) for b in images]
+    out = LlavaNextImageProcessor.from_pretrained(folder)(pics, return_tensors="pt")
+    sizes = [tuple(int(x) for x in s) for s in out["image_sizes"]]
+    it = iter(sizes)
+    ids: list[int] = []
+    for t in tok.encode(text):
+        ids += [t] * (GEOM.tokens(next(it)) if t == image_id else 1)  # type: ignore[arg-type]
+    with torch.no_grad():
+        gen = hf.generate(
+            torch.tensor([ids]),
+            pixel_values=out["pixel_values"],
+            image_sizes=out["image_sizes"],
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+        )
+    return [int(t) for t in gen[0, len(ids) :]]
+
+
+def test_two_aspect_ratios_greedy_matches_hf(next_stack: Stack, next_dir: Path) -> None:
+    images = [png(1, w=60, h=20), png(2, w=20, h=60)]  # 1 x 2 and 2 x 1 tiles: 14, 16
+    assert GEOM.tokens((20, 60)) != GEOM.tokens((60, 20))
+    text = "First <image> then <image>: what changed?"
+    with Client(next_stack.endpoint) as c:
+        got = c.generate(
+            text, images=images, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0
+        )
+        marked = len(c.tokenize(text, add_special_tokens=True))  # one id per marker
+    assert got.prompt_tokens == marked - 2 + 14 + 16
+    assert got.output_ids == _hf_greedy(next_dir, text, images)
+
+
+def test_same_image_hits_the_cache_another_size_does_not(next_stack: Stack) -> None:
+    text = "Here is a photo: <image> Describe it in one word."
+    a, bigger = png(11, w=100, h=60), png(11, w=60, h=100)
+    n = GEOM.tokens((60, 100))
+    with Client(next_stack.endpoint) as c:
+        first, again, other = (
+            c.generate(text, images=[im], max_new_tokens=2, temperature=0.0)
+            for im in (a, a, bigger)
+        )
+        head = len(c.tokenize("Here is a photo: ", add_special_tokens=True))
+    assert first.cached_tokens <= head
+    assert again.cached_tokens >= head + n  # the image's KV is reused
+    assert other.cached_tokens == head

@@ -36,6 +36,13 @@ from tokenizer_service.validation import InvalidRequest
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
+# The preprocessed pixels of one request travel to the scheduler and on to the model service
+# in one message each (services/server.py: MAX_MESSAGE_BYTES, 32 MiB): a request whose pixels
+# could not fit is refused here, with room left for the rest of the message. (LLaVA-1.5 at 336
+# pixels: 1.35 MB an image; LLaVA-NeXT at 336 with 5 tiles: 6.8 MB.)
+MAX_REQUEST_PIXEL_BYTES = 24 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ImageBounds:
     max_bytes: int = 20 * 1024 * 1024
@@ -188,6 +195,13 @@ def place(
     """Each image marker of `ids` (one `spec.image_token_id`) becomes the next image's
     positions (`tokens_per_image`, or for any-resolution models as many as its size takes)
     holding its pseudo id. Markers and images must pair up."""
+    total = sum(im.pixels.nbytes for im in images)
+    if total > MAX_REQUEST_PIXEL_BYTES:
+        raise InvalidRequest(
+            f"the images preprocess to {total} bytes of pixels; at most "
+            f"{MAX_REQUEST_PIXEL_BYTES} fit one request: send fewer images",
+            "images",
+        )
     markers = ids.count(spec.image_token_id)
     if markers != len(images):
         raise InvalidRequest(

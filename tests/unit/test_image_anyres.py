@@ -12,7 +12,15 @@ import pytest
 
 from radixmesh_wire.image_geometry import AnyresGeometry, select_best_resolution
 from tokenizer_service.image_anyres import check_tiles
-from tokenizer_service.images import ImageBounds, ImageSpec, place, prepare
+from tokenizer_service.images import (
+    MAX_REQUEST_PIXEL_BYTES,
+    ImageBounds,
+    ImageSpec,
+    PreparedImage,
+    place,
+    prepare,
+)
+from tokenizer_service.validation import InvalidRequest
 
 PINS = ((28, 56), (56, 28), (56, 56), (84, 28), (28, 84))
 GEOM = AnyresGeometry(28, 4, pinpoints=PINS, side=2)
@@ -108,3 +116,14 @@ def test_too_many_tiles_refused() -> None:
         AnyresGeometry(28, 4, pinpoints=((30, 56),), side=2)
     with pytest.raises(ValueError, match="one feature per patch"):
         AnyresGeometry(28, 5, pinpoints=PINS, side=2)
+
+
+def test_a_request_whose_pixels_cannot_fit_one_message_is_refused() -> None:
+    """LLaVA-NeXT's tiles multiply an image's pixels: a request's total is bounded so that it
+    always fits the internal messages that carry it."""
+    tile = np.zeros((5, 3, 336, 336), np.float32)  # one LLaVA-NeXT-7B image: 6.8 MB
+    image = PreparedImage(tile, b"k" * 32, (480, 640))
+    n = MAX_REQUEST_PIXEL_BYTES // tile.nbytes
+    place([299] * n, [image] * n, SPEC, 300)
+    with pytest.raises(InvalidRequest, match="bytes of pixels"):
+        place([299] * (n + 1), [image] * (n + 1), SPEC, 300)

@@ -40,6 +40,13 @@ class SchedulerConfig(ServiceConfig):
         "there and a later hit loads it back instead of recomputing; 0 = off. The model "
         "service's --host-kv-tokens must be on too (the smaller of the two is used)",
     )
+    host_tier_write: str = field(
+        "write_back",
+        "host KV tier write policy: write_back (copy a node to the host when GPU eviction takes "
+        "it) or write_through (copy a finished request's KV at once, a bounded share per step, "
+        "so eviction only frees GPU slots); docs/radix.md has both measured",
+        choices=["write_back", "write_through"],
+    )
     protect_ms: float = field(
         100.0,
         "keep freshly inserted cache (a finished request's context) out of admission's reach "

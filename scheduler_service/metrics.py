@@ -130,3 +130,17 @@ def _host_tier(host: HostTier | None) -> Iterator[Reading]:
         "Host KV tokens dropped by the host tier's LRU.",
         h.host_evicted_tokens,
     )
+    yield Reading(
+        "host_written_through_tokens",
+        "counter",
+        "Of the tokens copied GPU to host, those copied by write-through.",
+        h.written_through_tokens,
+    )
+    yield Reading("host_copy_steps", "counter", "Steps that carried KV copies.", h.copy_steps)
+    yield Reading("host_copy_ops", "counter", "KV copy ops sent to the model.", h.copy_ops)
+    yield Reading(
+        "host_max_step_copy_tokens",
+        "gauge",
+        "Most KV tokens one step copied between the tiers.",
+        h.max_step_copy_tokens,
+    )

@@ -341,6 +341,7 @@ class Scheduler:
                     protect_s=self.cfg.protect_ms / 1e3,
                     observer=self.feed.publisher,
                     host_capacity=host_cap,
+                    host_write=self.cfg.host_tier_write,
                 ),
                 context_length=info.context_length,
             )

@@ -6,11 +6,20 @@ as it owns the GPU one (a second :class:`SlotAllocator`); the model service only
 copies this tier queues (``KVCopy``: save GPU -> host, load host -> GPU), in queue order, at
 the start of the next step it is sent (after the step's releases, before its forward pass).
 
-Policy: **write-back on eviction**. A GPU leaf chosen for eviction is copied to the host (if it
-has no host copy yet) and keeps its place in the tree as a host-only node; a node that already
-has a host copy (it was loaded back, or re-evicted) costs no copy at all, because a token
-path's KV never changes. Write-through of every finished request would copy everything the GPU
-tier never loses; write-back copies exactly what would otherwise be recomputed.
+Policy (``--host-tier-write``):
+- ``write_back`` (default): a GPU leaf chosen for eviction is copied to the host (if it has no
+  host copy yet) and keeps its place in the tree as a host-only node; a node that already has a
+  host copy (it was loaded back, or re-evicted) costs no copy at all, because a token path's KV
+  never changes. It copies exactly what would otherwise be recomputed, in the step whose
+  allocation evicts it.
+- ``write_through``: a request that leaves with its KV cached (``insert``: finished, or
+  retracted) queues the nodes of its path that have no host copy; each step copies at most
+  ``budget`` tokens of that queue to the host (oldest first; a longer node is split at the
+  budget, so a burst of finishes never makes one step copy more than ``budget`` tokens), so a
+  later GPU eviction usually finds the host copy there and only frees the GPU slots. A node
+  evicted before its turn is saved as under write-back. Its costs: copies of KV the GPU tier
+  never loses, and host room taken from host-only KV earlier (the host LRU makes the room).
+  docs/radix.md has both measured.
 
 The host tier has its own LRU eviction (always LRU: ``last_access``, the tree's logical clock).
 Its candidates are nodes with a host copy that are either on the GPU too (the host copy is
@@ -38,16 +47,26 @@ from typing import Any
 from radixmesh_wire.step_ops import KVCopy
 from scheduler_service.cache.allocator import SlotAllocator
 
+WRITE_POLICIES = ("write_back", "write_through")
+# Write-through: most tokens copied GPU -> host per step. On an H100 with the 8B model a token's
+# KV is 128 KiB, so 2,048 tokens are 256 MiB, about 5 ms of PCIe at 50 GB/s: small against a
+# prefill step, and a burst of finished requests spreads over steps instead of stalling one.
+WRITE_THROUGH_TOKENS = 2048
+
 
 @dataclass(slots=True)
 class HostStats:
     """Monotonic counters of the host tier (metrics and GetStats)."""
 
     host_hit_tokens: int = 0  # matched tokens served from host memory (loaded back)
-    saved_tokens: int = 0  # copied GPU -> host (write-back on eviction)
+    saved_tokens: int = 0  # copied GPU -> host (write-back on eviction, and write-through)
+    written_through_tokens: int = 0  # of saved_tokens, those copied by write-through
     loaded_tokens: int = 0  # copied host -> GPU
     host_evicted_tokens: int = 0  # host copies dropped by the host tier's own LRU
     lost_tokens: int = 0  # evicted from the GPU with no room on the host: recomputed if needed
+    copy_steps: int = 0  # steps that carried copies
+    copy_ops: int = 0  # KVCopy ops sent (after merging neighbours)
+    max_step_copy_tokens: int = 0  # most tokens (both directions) one step copied
 
 
 def eligible(node: Any) -> bool:
@@ -58,21 +77,40 @@ def eligible(node: Any) -> bool:
 class HostTier:
     """Host slots, their LRU and the copy queue (see the module docstring).
 
-    ``unlink(node)`` is the tree's removal of a host-only leaf (the tree owns its structure).
+    ``unlink(node)`` is the tree's removal of a host-only leaf, ``split(node, k)`` the tree's
+    cut of a node's edge after ``k`` tokens returning the new upper node (the tree owns its
+    structure; write-through splits a node longer than a step's budget).
     """
 
     def __init__(
-        self, capacity: int, unlink: Callable[[Any], None], *, debug: bool = False
+        self,
+        capacity: int,
+        unlink: Callable[[Any], None],
+        split: Callable[[Any, int], Any] | None = None,
+        *,
+        debug: bool = False,
+        write: str = "write_back",
+        budget: int = WRITE_THROUGH_TOKENS,
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"host tier capacity must be > 0, got {capacity}")
+        if write not in WRITE_POLICIES:
+            raise ValueError(f"unknown host tier write policy {write!r}; one of {WRITE_POLICIES}")
+        if write == "write_through" and (split is None or budget < 1):
+            raise ValueError("write-through needs the tree's split and a budget >= 1")
         self.allocator = SlotAllocator(capacity, debug=debug)
         self.stats = HostStats()
         self._unlink = unlink
+        self._split = split
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
         self._copies: list[KVCopy] = []
         self.held = 0  # host tokens held by tree nodes
+        self.write_through = write == "write_through"
+        self.budget = budget
+        # Write-through queue: nodes to copy to the host, oldest first (an ordered set; entries
+        # that died, left the GPU or got a host copy meanwhile are skipped when reached).
+        self._pending: dict[Any, None] = {}
 
     @property
     def capacity(self) -> int:
@@ -142,6 +180,10 @@ class HostTier:
         by a queued copy) in host memory; False when there is no room (the caller drops it)."""
         if node.host is not None:
             return True  # already there: a token path's KV never changes
+        return self._to_host(node)
+
+    def _to_host(self, node: Any) -> bool:
+        """Give GPU-resident ``node`` host slots (the host LRU makes room) and queue the copy."""
         n = len(node.value)
         alloc = self.allocator
         if n > alloc.capacity:
@@ -158,6 +200,48 @@ class HostTier:
         self.push(node)
         return True
 
+    # -- write-through ------------------------------------------------------------------------
+    def written(self, path: list[Any]) -> None:
+        """A request left with its KV in ``path`` (root first): queue the nodes without a host
+        copy for write-through (no-op under write-back)."""
+        if self.write_through:
+            pending = self._pending
+            for node in path:
+                if node.value and node.host is None:
+                    pending[node] = None
+
+    def split(self, lower: Any, upper: Any) -> None:
+        """The tree cut ``upper`` off ``lower``'s edge: it may be eligible, and it is queued
+        for write-through when ``lower`` is."""
+        self.push(upper)
+        if lower in self._pending:
+            self._pending[upper] = None
+
+    def _drain_pending(self) -> None:
+        """Queue at most ``budget`` tokens of write-through copies (after every copy the step
+        queued so far: they read or free slots first)."""
+        pending = self._pending
+        left = self.budget
+        while pending and left > 0:
+            node = next(iter(pending))
+            del pending[node]
+            if node.dead or not node.value or node.host is not None:
+                continue  # evicted (saved by write-back, or lost), or copied already
+            if len(node.value) > left:
+                assert self._split is not None
+                upper = self._split(node, left)  # the rest waits for the next step
+                pending[node] = None
+                node = upper
+            if not self._to_host(node):
+                break  # no host room this step
+            self.stats.written_through_tokens += len(node.value)
+            left -= len(node.value)
+
+    @property
+    def pending_write_through(self) -> int:
+        """Nodes queued for write-through (some may be stale)."""
+        return len(self._pending)
+
     def load(self, node: Any, gpu_slots: list[int]) -> None:
         """Queue the copy of host-only ``node`` into ``gpu_slots`` (it keeps its host copy)."""
         self._copies.append(KVCopy(False, list(node.host), list(gpu_slots)))
@@ -166,7 +250,10 @@ class HostTier:
     def take_copies(self) -> list[KVCopy]:
         """The queued copies, oldest first, for the step about to be sent. Neighbours of the
         same direction are merged (fewer, larger copies) unless a destination repeats: a host
-        slot freed and reused inside one queue must be written in order."""
+        slot freed and reused inside one queue must be written in order. Under write-through
+        this step's share of the queue comes last."""
+        if self._pending:
+            self._drain_pending()
         out: list[KVCopy] = []
         src: list[int] = []
         dst: list[int] = []
@@ -183,6 +270,13 @@ class HostTier:
         if src:
             out.append(KVCopy(to_host, src, dst))
         self._copies = []
+        if out:
+            st = self.stats
+            st.copy_steps += 1
+            st.copy_ops += len(out)
+            tokens = sum(len(c.src) for c in out)
+            if tokens > st.max_step_copy_tokens:
+                st.max_step_copy_tokens = tokens
         return out
 
     @property
@@ -194,4 +288,9 @@ class HostTier:
         self.allocator.reset()
         self._heap = []
         self._copies = []
+        self._pending = {}
         self.held = 0
+
+    def forget_pending(self) -> None:
+        """Drop the write-through queue (a flush saves nothing)."""
+        self._pending = {}

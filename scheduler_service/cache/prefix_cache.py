@@ -228,13 +228,15 @@ def make_prefix_cache(
     protect_s: float = 0.0,
     observer: CacheObserver | None = None,
     host_capacity: int = 0,
+    host_write: str = "write_back",
 ) -> PrefixCache:
     """Build the cache selected by ``--radix`` (``tree``, ``table`` or ``off``).
 
     ``eviction`` (``--eviction``) and ``protect_s`` (``--protect-ms``) configure the tree's
     eviction order and insert protection, ``observer`` (``--cache-events``) watches its
     contents; ``table`` and ``off`` ignore all three (they publish no cache events).
-    ``host_capacity`` (``--host-kv-tokens``) adds the tree's host-memory tier (issue 31).
+    ``host_capacity`` (``--host-kv-tokens``) adds the tree's host-memory tier (issue 31),
+    ``host_write`` (``--host-tier-write``) its write policy (``host_tier.WRITE_POLICIES``).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
@@ -250,6 +252,7 @@ def make_prefix_cache(
             protect_s=protect_s,
             observer=observer,
             host_capacity=host_capacity,
+            host_write=host_write,
         )
     if mode == "table":
         from scheduler_service.cache.table_cache import TableCache

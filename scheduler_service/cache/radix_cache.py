@@ -185,6 +185,7 @@ class RadixCache:
         clock: Callable[[], float] = monotonic,
         observer: CacheObserver | None = None,
         host_capacity: int = 0,
+        host_write: str = "write_back",
     ) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"unknown eviction {eviction!r}; expected one of {EVICTION_POLICIES}")
@@ -209,7 +210,11 @@ class RadixCache:
         self.observer = observer
         # The host-memory tier (--host-kv-tokens > 0): evicted KV is saved there, not dropped.
         self.host: HostTier | None = (
-            HostTier(host_capacity, self._unlink, debug=allocator.debug) if host_capacity else None
+            HostTier(
+                host_capacity, self._unlink, self._split, debug=allocator.debug, write=host_write
+            )
+            if host_capacity
+            else None
         )
         self._flushing = False  # flush(): eviction drops KV instead of saving it to the host
 
@@ -345,7 +350,7 @@ class RadixCache:
         if self.observer is not None:
             self.observer.split(child, upper, k)
         if self.host is not None:
-            self.host.push(upper)
+            self.host.split(child, upper)
         return upper
 
     # -- lock ---------------------------------------------------------------------------------
@@ -441,6 +446,8 @@ class RadixCache:
         if cached < 0:
             cached = n  # everything was already there
         self._protect(path)
+        if self.host is not None:
+            self.host.written(path)  # write-through: queue the path's copies to the host
         if node is not self._root and node.lock_ref == 0 and _gpu_leaf(node):
             self._push(node)
         self.stats.bookkeeping_seconds += perf_counter() - t0
@@ -684,6 +691,7 @@ class RadixCache:
             self._flushing = False
         host = self.host
         if host is not None:
+            host.forget_pending()
             for node in list(self._iter_nodes()):
                 if node.dead:
                     continue  # dropped with an ancestor just now

@@ -61,14 +61,22 @@ class Running:
 
 class HostTierMachine(RuleBasedStateMachine):
     SCALE = 1  # each drawn token stands for this many (longer paths: whole cache-event blocks)
+    WRITE = "write_back"
+    BUDGET = 0  # write-through tokens per step (0: the default)
 
     def __init__(self) -> None:
         super().__init__()
         self.pub = CachePublisher()
         k = self.SCALE
         self.cache = RadixCache(
-            SlotAllocator(GPU * k, debug=True), host_capacity=HOST * k, observer=self.pub
+            SlotAllocator(GPU * k, debug=True),
+            host_capacity=HOST * k,
+            observer=self.pub,
+            host_write=self.WRITE,
         )
+        if self.BUDGET:
+            assert self.cache.host is not None
+            self.cache.host.budget = self.BUDGET
         self.pools = Pools(GPU * k, HOST * k)
         self.running: list[Running] = []
         self.loaded = 0
@@ -178,6 +186,20 @@ class LongPathMachine(HostTierMachine):
 
 TestLongPathMachine = LongPathMachine.TestCase
 TestLongPathMachine.settings = settings(SETTINGS, max_examples=100)
+
+
+class WriteThroughMachine(HostTierMachine):
+    """The same rules under ``--host-tier-write write_through`` with a 3-token step budget:
+    finished paths are copied a few tokens per step (nodes split at the budget), evictions
+    before a node's turn fall back to write-back, and every GPU and host cell still holds its
+    path's KV."""
+
+    WRITE = "write_through"
+    BUDGET = 3
+
+
+TestWriteThroughMachine = WriteThroughMachine.TestCase
+TestWriteThroughMachine.settings = settings(SETTINGS, max_examples=120)
 
 
 def _cache() -> RadixCache:

@@ -9,9 +9,14 @@ Names:
   (id 128256), padded to 128264 (the original uses Vicuna's 32,064: only the embedding and
   output tables differ).
 - `tiny-llava`: the same layout in miniature (28-pixel images, 4 image tokens), for tests.
+- `llava-next-7b`: LLaVA-NeXT (llava-hf/llava-v1.6-vicuna-7b-hf's layout): the same tower,
+  projector and decoder, any-resolution images on its grid pinpoints (336 x 672, 672 x 336,
+  672 x 672, 1008 x 336, 336 x 1008: up to 5 tiles, up to 2,928 positions an image).
+- `tiny-llava-next`: `tiny-llava` with pinpoints of 1 x 2, 2 x 1 and 2 x 2 tiles of 28.
 
-The folder holds config.json (a LlavaConfig), the tokenizer with `<image>` added and a
-CLIPImageProcessor's preprocessor_config.json, so the front door reads it like a real LLaVA.
+The folder holds config.json (a LlavaConfig or LlavaNextConfig), the tokenizer with `<image>`
+added and the image processor's preprocessor_config.json (CLIPImageProcessor or
+LlavaNextImageProcessor), so the front door reads it like a real LLaVA.
 """
 
 from __future__ import annotations
@@ -47,49 +52,62 @@ _VISION_L336: dict[str, Any] = {
     "projection_dim": 768,
     "hidden_act": "quick_gelu",
 }
+_TINY: tuple[dict[str, Any], dict[str, Any]] = (
+    {
+        **_TEXT_7B,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    {
+        **_VISION_L336,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "projection_dim": 32,
+    },
+)
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "llava-1.5-7b": (_TEXT_7B, _VISION_L336),
-    "tiny-llava": (
-        {
-            **_TEXT_7B,
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-        },
-        {
-            **_VISION_L336,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 28,
-            "projection_dim": 32,
-        },
-    ),
+    "tiny-llava": _TINY,
+    "llava-next-7b": (_TEXT_7B, _VISION_L336),
+    "tiny-llava-next": _TINY,
+}
+# LLaVA-NeXT shapes: their grid pinpoints, (height, width) in pixels.
+PINPOINTS: dict[str, list[list[int]]] = {
+    "llava-next-7b": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+    "tiny-llava-next": [[28, 56], [56, 28], [56, 56]],
 }
 
 
 def llava_config(name: str) -> Any:
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaNextConfig
 
     text, vision = SHAPES[name]
-    cfg = LlavaConfig(
-        vision_config=CLIPVisionConfig(**vision),
-        text_config=LlamaConfig(**text),
-        image_token_index=VOCAB - 8,  # the id the tokenizer gives <image>
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-    )
+    common: dict[str, Any] = {
+        "vision_config": CLIPVisionConfig(**vision),
+        "text_config": LlamaConfig(**text),
+        "image_token_index": VOCAB - 8,  # the id the tokenizer gives <image>
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "projector_hidden_act": "gelu",
+    }
+    if name in PINPOINTS:
+        nxt = LlavaNextConfig(**common, image_grid_pinpoints=PINPOINTS[name])
+        nxt.architectures = ["LlavaNextForConditionalGeneration"]
+        return nxt
+    cfg = LlavaConfig(**common)
     cfg.architectures = ["LlavaForConditionalGeneration"]
     return cfg
 
 
 def random_llava_config(name: str, model_dir: Path, tokenizer_dir: Path) -> Any:
-    """(LlavaConfig, folder) for `--random-weights NAME` (a name of SHAPES)."""
-    from transformers import AutoTokenizer, CLIPImageProcessor
+    """(LlavaConfig or LlavaNextConfig, folder) for `--random-weights NAME` (of SHAPES)."""
+    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaNextImageProcessor
 
     cfg = llava_config(name)
     cfg._name_or_path = f"random-{name}"
@@ -102,9 +120,14 @@ def random_llava_config(name: str, model_dir: Path, tokenizer_dir: Path) -> Any:
             raise ValueError(f"{IMAGE_TOKEN} got id {got}, expected {cfg.image_token_index}")
         tok.save_pretrained(model_dir)
     side = cfg.vision_config.image_size
-    CLIPImageProcessor(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side}
-    ).save_pretrained(model_dir)
+    size, crop = {"shortest_edge": side}, {"height": side, "width": side}
+    if name in PINPOINTS:
+        proc = LlavaNextImageProcessor(
+            size=size, crop_size=crop, image_grid_pinpoints=PINPOINTS[name]
+        )
+        proc.save_pretrained(model_dir)
+    else:
+        CLIPImageProcessor(size=size, crop_size=crop).save_pretrained(model_dir)
     cfg_json = cfg.to_dict()
     cfg_json["_name_or_path"] = f"random-{name}"
     (model_dir / "config.json").write_text(

@@ -12,6 +12,10 @@ prompt tokens, from each request's cached_tokens).
     python -m radixmesh_bench.multimodal --random-weights tiny-llava --device cpu \\
         --images 4 --questions 4 --max-new-tokens 8
 
+LLaVA-NeXT shapes (`llava-next-7b`, `tiny-llava-next`) take the same workload; their images
+become tiles by size (`--image-size WxH`, 512x512 by default: LLaVA-NeXT-7B's 2 x 2 grid plus
+the base tile, 2,928 positions an image).
+
 Prints one JSON object (tree, off, speedup).
 """
 
@@ -38,17 +42,21 @@ QUESTIONS = (
 )
 
 
-def image_png(seed: int, side: int = 512) -> bytes:
+def image_png(seed: int, size: tuple[int, int] = (512, 512)) -> bytes:
+    """A random picture of `size` (width, height)."""
     from PIL import Image
 
-    arr = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    w, h = size
+    arr = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     return buf.getvalue()
 
 
-def workload(images: int, questions: int, max_new_tokens: int) -> list[dict[str, Any]]:
-    pngs = [image_png(i) for i in range(images)]
+def workload(
+    images: int, questions: int, max_new_tokens: int, size: tuple[int, int] = (512, 512)
+) -> list[dict[str, Any]]:
+    pngs = [image_png(i, size) for i in range(images)]
     out = []
     for q in range(questions):
         for i in range(images):
@@ -91,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--image-size", default="512x512", help="WIDTHxHEIGHT of every image")
     ns = p.parse_args(argv)
-    reqs = workload(ns.images, ns.questions, ns.max_new_tokens)
+    w, _, h = ns.image_size.partition("x")
+    reqs = workload(ns.images, ns.questions, ns.max_new_tokens, (int(w), int(h)))
     tree = run_one("tree", ns, reqs)
     off = run_one("off", ns, reqs)
     speedup = tree["requests_per_s"] / off["requests_per_s"] if off["requests_per_s"] else 0.0

@@ -205,3 +205,37 @@ def test_the_model_service_checks_each_image_against_its_size(checkpoint) -> Non
     for image, says in bad:
         with pytest.raises(StepError, match=says):
             validate_step(step(image), {}, lim)
+
+
+def test_random_llava_next_shapes(tmp_path: Path) -> None:
+    """`--random-weights llava-next-7b` / `tiny-llava-next`: folders the front door reads as
+    LLaVA-NeXT (LLaVA-v1.6-7B's geometry: 2,340 positions for a 640 x 480 image, 2,928 at
+    most) and a model the runner serves with an image the front door prepared."""
+    from model_service.attention.reference import ReferenceAttention
+    from model_service.kv_pool import KVPool
+    from model_service.random_configs import random_config
+    from model_service.random_llava import llava_config
+    from model_service.runner import ModelRunner
+    from model_service.weights import random_llava
+
+    cfg7 = llava_config("llava-next-7b")  # its config only: the 7B folder's tokenizer is slow
+    cfg7.save_pretrained(tmp_path)
+    spec7 = ImageSpec.from_folder(tmp_path)
+    assert spec7 is not None and spec7.anyres is not None
+    assert spec7.anyres.tokens((480, 640)) == 2340 and spec7.tokens_per_image == 2928
+    assert cfg7.model_type == "llava_next" and cfg7.text_config.hidden_size == 4096
+    cfg, folder = random_config("tiny-llava-next")
+    spec = ImageSpec.from_folder(folder)
+    assert spec is not None and spec.anyres is not None
+    model = random_llava(cfg, torch.float32, torch.device("cpu"))
+    assert model.anyres == spec.anyres
+    pool = KVPool(2, 64, 2, 64, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, pool, ReferenceAttention(pool, 4, 64), torch.device("cpu"))
+    vocab = cfg.text_config.vocab_size
+    ids, (image,) = place(
+        [1, cfg.image_token_index, 2], [prepare(png(60, 20, 0), spec, ImageBounds())], spec, vocab
+    )
+    greedy = Sampling(temperature=0.0)
+    admit = AdmitOp(0, greedy, 0, [], ids, list(range(len(ids))), True, images=(image,))
+    out = runner.step(StepOps(1, admits=[admit]))
+    assert len(ids) == 2 + 14 and len(out.rows) == 1 and 0 <= out.rows[0].token < vocab

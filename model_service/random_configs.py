@@ -15,7 +15,8 @@ Names:
   replicas share one GPU (`radixmesh bench router`).
 - `tiny-llama`: the same family in miniature (GQA, llama3 RoPE scaling, the Llama-3.1
   vocabulary) for quick tests on any device.
-- `llava-1.5-7b`, `tiny-llava`: LLaVA shapes (vision tower + Llama), built by random_llava.py.
+- `llava-1.5-7b`, `tiny-llava`, `llava-next-7b`, `tiny-llava-next`: LLaVA and LLaVA-NeXT shapes
+  (vision tower + Llama), built by random_llava.py.
 - `tiny-qwen2`: a Qwen2 in miniature (q/k/v biases, one KV head, tied embeddings, Qwen2's
   RoPE theta and 32,768-token context), for tests of the Qwen2 path, e.g. tensor parallelism
   with fewer KV heads than ranks.

@@ -6,6 +6,8 @@ Two stacks, started once for this module:
   accounting of both tiers is checked after every step; a violation ends the scheduler) and
   ``--nan-fill`` (freed GPU slots are poisoned with NaN: a save that read a slot after it was
   poisoned, or a poisoned load, would show up in the outputs);
+- ``tier_wt``: the same with ``--host-tier-write write_through`` (finished requests' KV copied
+  to the host at once; eviction then copies nothing), for the token-identity test only;
 - ``big``: 8192 KV tokens and no host tier: nothing is ever evicted (the reference).
 
 The workload: five conversations of about 100-token histories, turns interleaved, so every
@@ -19,6 +21,7 @@ new front-door session and in the front door's own view of the replica.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -43,6 +46,23 @@ def tier(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[
         tmp_path_factory.mktemp("host-tier"),
         ["--kv-tokens", str(GPU_KV), "--host-kv-tokens", str(HOST_KV), "--nan-fill"],
         ["--radix", "tree", "--debug-invariants", "--host-kv-tokens", str(HOST_KV)],
+    )
+
+
+@pytest.fixture(scope="module")
+def tier_wt(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    yield from start_stack(
+        tmp_path_factory.mktemp("host-tier-wt"),
+        ["--kv-tokens", str(GPU_KV), "--host-kv-tokens", str(HOST_KV), "--nan-fill"],
+        [
+            "--radix",
+            "tree",
+            "--debug-invariants",
+            "--host-kv-tokens",
+            str(HOST_KV),
+            "--host-tier-write",
+            "write_through",
+        ],
     )
 
 
@@ -81,9 +101,32 @@ def _run(c: Client) -> list[GenerateResult]:
     return out
 
 
-def test_host_tier_serves_evicted_history_with_identical_tokens(tier: Stack, big: Stack) -> None:
-    with Client(tier.endpoint, timeout=TIMEOUT) as t, Client(big.endpoint, timeout=TIMEOUT) as b:
-        want = _run(b)
+@pytest.fixture(scope="module")
+def want(big: Stack) -> list[GenerateResult]:
+    """The workload on the unlimited pool (the reference for both write policies)."""
+    with Client(big.endpoint, timeout=TIMEOUT) as b:
+        return _run(b)
+
+
+def _scheduler_metric(stack: Stack, name: str) -> float:
+    """One sample of the scheduler's /metrics (the write policy's counters are not in
+    GetStats)."""
+    assert stack.metrics_ports is not None
+    url = f"http://127.0.0.1:{stack.metrics_ports.scheduler}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"radixmesh_{name} ") or line.startswith(f"radixmesh_{name}_total "):
+            return float(line.split()[-1])
+    raise AssertionError(f"radixmesh_{name} not in the scheduler's /metrics")
+
+
+@pytest.mark.parametrize("stack", ["tier", "tier_wt"])
+def test_host_tier_serves_evicted_history_with_identical_tokens(
+    stack: str, want: list[GenerateResult], request: pytest.FixtureRequest
+) -> None:
+    tier: Stack = request.getfixturevalue(stack)
+    with Client(tier.endpoint, timeout=TIMEOUT) as t:
         got = _run(t)
         stats = t.stats()
     assert sum(len(r.output_ids) for r in got) == CONVERSATIONS * TURNS * NEW
@@ -108,6 +151,11 @@ def test_host_tier_serves_evicted_history_with_identical_tokens(tier: Stack, big
     computed = stats.prompt_tokens - stats.cached_prompt_tokens
     assert computed == sum(r.prompt_tokens - r.cached_tokens for r in want)
     assert stats.kv_locked == 0 and stats.kv_request_owned == 0
+    through = _scheduler_metric(tier, "host_written_through_tokens")
+    if stack == "tier_wt":  # the saves were write-through copies, not eviction's
+        assert through > 0 and through >= stats.host_saved_tokens * 0.5
+    else:
+        assert through == 0
 
 
 def test_cancel_after_a_host_hit_frees_both_tiers(tier: Stack) -> None:

@@ -28,8 +28,9 @@ def tile_tokens(tower: str, tile: int, patch: int, strategy: str) -> int:
         raise ValueError(
             f"vision_feature_select_strategy {strategy!r} is not one of {SELECT_STRATEGIES}"
         )
-    if tile <= 0 or patch <= 0 or tile % patch:
-        raise ValueError(f"vision image_size {tile} is not a multiple of patch_size {patch}")
+    if tile < patch or patch <= 0:
+        raise ValueError(f"vision image_size {tile} is smaller than patch_size {patch}")
+    # floor: the patch convolution's stride drops a partial patch (SigLIP-so400m: 384 / 14)
     n = (tile // patch) ** 2 + (1 if TOWER_HAS_CLS[tower] else 0)
     return n - (1 if strategy == "default" else 0)
 

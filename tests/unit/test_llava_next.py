@@ -239,3 +239,37 @@ def test_random_llava_next_shapes(tmp_path: Path) -> None:
     admit = AdmitOp(0, greedy, 0, [], ids, list(range(len(ids))), True, images=(image,))
     out = runner.step(StepOps(1, admits=[admit]))
     assert len(ids) == 2 + 14 and len(out.rows) == 1 and 0 <= out.rows[0].token < vocab
+
+
+@pytest.mark.parametrize("patch", [14, 7, 4])  # 2, 4 and 7 patches a tile side
+def test_layout_equals_hfs_pack_for_many_sizes(patch: int) -> None:
+    """`pack_anyres` and `AnyresGeometry.tokens` against HF's own `pack_image_features` for
+    sizes from square to 100:1 (tiles of every pinpoint, padding rows or columns dropped,
+    or none at all)."""
+    from types import SimpleNamespace
+
+    from transformers.models.llava_next.modeling_llava_next import LlavaNextModel
+
+    from model_service.models.llava_next import pack_anyres
+    from radixmesh_wire.image_geometry import AnyresGeometry
+
+    side = SIDE // patch
+    geom = AnyresGeometry(SIDE, side * side, pinpoints=tuple((h, w) for h, w in PINS), side=side)
+    vision = SimpleNamespace(image_size=SIDE, patch_size=patch)
+    fake = SimpleNamespace(config=SimpleNamespace(vision_config=vision, image_grid_pinpoints=PINS))
+    newline = torch.randn(3)
+    rng = np.random.default_rng(patch)
+    sizes = [(1, 100), (100, 1), (7, 300), (300, 7), (28, 28), (56, 56), (100, 60), (60, 100)]
+    sizes += [(int(h), int(w)) for h, w in rng.integers(1, 400, (40, 2))]
+    for h, w in sizes:
+        feats = torch.randn(geom.tiles((h, w)), side * side, 3)
+        want, lens = LlavaNextModel.pack_image_features(
+            fake,  # type: ignore[arg-type]  # only its config is read
+            [feats],
+            torch.tensor([[h, w]]),
+            "default",
+            newline,
+        )
+        got = pack_anyres(feats, (h, w), geom, newline)
+        assert got.shape[0] == geom.tokens((h, w)) == int(lens[0]), (h, w)
+        assert torch.equal(got, want[0]), (h, w)

@@ -137,3 +137,13 @@ def test_front_door_spec_of_a_siglip_llava(full) -> None:  # type: ignore[no-unt
     assert spec is not None
     assert (spec.tokens_per_image, spec.shortest_edge, spec.crop) == (4, 0, (SIDE, SIDE))
     assert spec.mean == (0.5, 0.5, 0.5) and spec.image_token_id == IMAGE_TOKEN
+
+
+def test_tile_tokens_of_real_towers() -> None:
+    """SigLIP-so400m-patch14-384's 384 pixels are 27 whole patches a side (the convolution's
+    stride drops the rest): 729 features; CLIP ViT-L/14-336 under "default": 576."""
+    from radixmesh_wire.image_geometry import tile_tokens
+
+    assert tile_tokens("siglip_vision_model", 384, 14, "full") == 729
+    assert tile_tokens("clip_vision_model", 336, 14, "default") == 576
+    assert tile_tokens("clip_vision_model", 336, 14, "full") == 577

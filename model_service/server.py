@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -116,6 +117,37 @@ class MaskMailbox:
                     box.set_exception(StepError("the step session closed"))
 
 
+COSTS_EVERY = 2000  # steps between two `step_host_costs` lines
+
+
+@dataclass
+class HostCosts:
+    """A session's host time per part of a step (issue 27): decoding the message and encoding
+    the result (event loop), the step check and the runner's launch (step thread; each field
+    has that one writer). `launch` is host work only while the launch never waits for the
+    GPU: near the GPU's step time it means the launch of N+1 waits for step N (an implicit
+    sync), which takes the two steps in flight back to one."""
+
+    steps: int = 0
+    decode_s: float = 0.0
+    check_s: float = 0.0
+    launch_s: float = 0.0
+    encode_s: float = 0.0
+
+    def log(self, reason: str) -> None:
+        n = self.steps
+        if n:
+            log.info(
+                "step_host_costs",
+                reason=reason,
+                steps=n,
+                **{
+                    f"{k.removesuffix('_s')}_ms_per_step": round(getattr(self, k) * 1e3 / n, 4)
+                    for k in ("decode_s", "check_s", "launch_s", "encode_s")
+                },
+            )
+
+
 class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
     def __init__(
         self,
@@ -148,6 +180,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.session_gen = 0
         self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
         self.tp: Leader | None = None  # tensor parallel: forwards every step to the other ranks
+        self.costs = HostCosts()  # the open session's (StepSession starts a fresh one)
 
     def info(self) -> model_pb2.WorkerInfo:
         e = self.engine
@@ -170,17 +203,24 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         tensor parallelism a valid step goes to the other ranks first (`step`: its message);
         a crash that is not a StepError would leave the ranks out of step, so it ends the
         group (the scheduler sees one model-service loss)."""
+        costs = self.costs
+        t0 = time.perf_counter()
         validate_step(ops, self.engine.runner.requests, self.limits)
-        if self.tp is None:
-            return self.engine.runner.launch(ops)
-        self.tp.step(step if step is not None else encode_step(ops))
+        t1 = time.perf_counter()
+        costs.check_s += t1 - t0
         try:
-            return self.engine.runner.launch(ops)
-        except StepError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            fatal(f"rank 0 running step {ops.step_id}", exc)
-            raise
+            if self.tp is None:
+                return self.engine.runner.launch(ops)
+            self.tp.step(step if step is not None else encode_step(ops))
+            try:
+                return self.engine.runner.launch(ops)
+            except StepError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                fatal(f"rank 0 running step {ops.step_id}", exc)
+                raise
+        finally:
+            costs.launch_s += time.perf_counter() - t1
 
     def reset(self) -> None:
         """Per-request state cleared (on the step thread): on every rank."""
@@ -264,6 +304,7 @@ class StepSession:
         self.runner = servicer.engine.runner
         self.mailbox = MaskMailbox(servicer.mask_wait_s)
         self.queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
+        self.costs = servicer.costs = HostCosts()
         self.ended = asyncio.Event()  # the call is over, whatever the reader saw
         context.add_done_callback(lambda _ctx: self.ended.set())
 
@@ -303,6 +344,7 @@ class StepSession:
             ended_wait.cancel()
             reader.cancel()
             self.mailbox.close()
+            self.costs.log("session closed")
             # The close runs in its own task, shielded: gRPC cancels this handler when the
             # scheduler vanishes (kill -9), and a second cancellation landing inside the close
             # once left `session_id` set for good, so every later scheduler was refused.
@@ -327,8 +369,11 @@ class StepSession:
         sv = self.sv
         loop = asyncio.get_running_loop()
         sv.progress.begin()
+        costs = self.costs
         try:
+            t_dec = time.perf_counter()
             ops = decode_step(step)
+            costs.decode_s += time.perf_counter() - t_dec
             for a in ops.admits:  # one line per request admission, naming it
                 log.debug("admit", rid=a.rid, handle=a.handle, input_tokens=len(a.input_ids))
             t0 = time.perf_counter()
@@ -355,7 +400,13 @@ class StepSession:
             )
         finally:
             sv.progress.end()
-        return model_pb2.StepReply(result=encode_output(out))
+        t_enc = time.perf_counter()
+        reply = model_pb2.StepReply(result=encode_output(out))
+        costs.encode_s += time.perf_counter() - t_enc
+        costs.steps += 1
+        if costs.steps % COSTS_EVERY == 0:
+            costs.log("periodic")
+        return reply
 
     async def _close(
         self, reader: asyncio.Task[None], running: list[asyncio.Task[model_pb2.StepReply]]

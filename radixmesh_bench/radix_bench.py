@@ -1,7 +1,8 @@
 """`radixmesh bench radix`: RadixAttention on four workloads built from real text
 (radix_workloads.py).
 
-Workload ``multi_turn_long`` (radix_host_tier.py) compares the host KV tier off and on.
+Workloads ``multi_turn_long`` and ``host_burst`` (radix_host_tier.py) compare the host KV
+tier off, write-back and write-through.
 
 Per workload: a KV pool of ~40 % of the workload's unique tokens (``--kv-tokens``), and runs with
 ``--radix tree`` / ``off`` / ``table`` and ``--policy lpm`` / ``fcfs`` / ``random``. Every
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from radixmesh.api import Client, GenerateResult
 
-from radixmesh_bench.radix_host_tier import NAME, run_host_tier
+from radixmesh_bench.radix_host_tier import BURST, NAME, run_host_burst, run_host_tier
 from radixmesh_bench.radix_workloads import (
     Workload,
     build_workloads,
@@ -46,13 +47,20 @@ class BenchStack:
     """One model process (KV sized per workload) and a fresh scheduler process per run."""
 
     def __init__(
-        self, kv_tokens: int, log_dir: Path, model: str = "default", host_kv_tokens: int = 0
+        self,
+        kv_tokens: int,
+        log_dir: Path,
+        model: str = "default",
+        host_kv_tokens: int = 0,
+        metrics: bool = False,
     ) -> None:
         self.ports = StackPorts.free()
         model_args = ["--kv-tokens", str(kv_tokens)]
         if host_kv_tokens:  # the model service's host KV pool (issue 31)
             model_args += ["--host-kv-tokens", str(host_kv_tokens)]
-        self.launcher = launcher_for(stack_specs(self.ports, model, model_args=model_args), log_dir)
+        self.metrics = StackPorts.free() if metrics else None  # each service's /metrics port
+        specs = stack_specs(self.ports, model, model_args=model_args, metrics=self.metrics)
+        self.launcher = launcher_for(specs, log_dir)
         self._running = contextlib.ExitStack()  # holds the stack while it runs
         self.base_args = list(self.launcher.specs["scheduler"].args)
         self.endpoint = f"127.0.0.1:{self.ports.tokenizer}"
@@ -67,6 +75,10 @@ class BenchStack:
             self.started = True
             return
         restart_scheduler(self.launcher, [*self.base_args, *args], timeout=120, stop_wait_s=5)
+
+    def metrics_port(self, name: str) -> int:
+        assert self.metrics is not None, "a BenchStack(metrics=True) serves /metrics"
+        return int(getattr(self.metrics, name))
 
     def stop(self) -> None:
         self._running.close()
@@ -253,14 +265,15 @@ def run(ns: argparse.Namespace) -> dict:
         finally:
             stack.stop()
         report["workloads"][w.name] = entry
-    if not ns.only or NAME in ns.only:
-        report["workloads"][NAME] = run_host_tier(
-            encode,
-            quick=ns.quick,
-            max_new=ns.max_new,
-            concurrency=ns.host_tier_concurrency,
-            model=ns.model,
-        )
+    for name, host_run in ((NAME, run_host_tier), (BURST, run_host_burst)):
+        if not ns.only or name in ns.only:
+            report["workloads"][name] = host_run(
+                encode,
+                quick=ns.quick,
+                max_new=ns.max_new,
+                concurrency=ns.host_tier_concurrency,
+                model=ns.model,
+            )
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     return report
 
@@ -281,7 +294,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--host-tier-concurrency",
         type=int,
         default=4,
-        help=f"{NAME} (host KV tier off vs on): conversations in flight at once",
+        help=f"{NAME} and {BURST} (host KV tier off, write-back, write-through): "
+        "conversations in flight at once",
     )
     p.add_argument("--only", nargs="*", default=[], help="workload names to run")
     p.add_argument(

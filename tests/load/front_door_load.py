@@ -361,6 +361,10 @@ def _summary(t: Tally, wall: float, cpu: float | None) -> dict:
         "events": t.events,
         "tokens_per_s": round(t.tokens / wall, 1),
         **({"tokens_per_core_s": round(t.tokens / cpu, 1)} if cpu else {}),
+        "events_per_token": round(t.events / t.tokens, 3) if t.tokens else 0.0,
+        # the front door's CPU per event: what a change of the per-event path moves, apart
+        # from how many events the load made (tokens_per_core_s follows events_per_token)
+        **({"cpu_us_per_event": round(cpu * 1e6 / t.events, 1)} if cpu and t.events else {}),
         # the mean is the one to compare across runs: when events carry several tokens the
         # per-event quantiles change shape (fewer near-zero gaps of events read in a burst)
         "itl_mean_ms": round(t.gap_ms / t.gap_tokens, 2) if t.gap_tokens else 0.0,

@@ -128,7 +128,7 @@ class LlavaForCausalLM(LlamaForCausalLM):
         self.tokens_per_image: int = self.geometry.max_tokens()  # LLaVA-NeXT: the most
 
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 3, H, W] (preprocessed) -> features [N, tokens_per_image, hidden]."""
+        """pixels [tiles, 3, H, W] (preprocessed) -> features [tiles, tile_tokens, hidden]."""
         dtype = self.lm_head.weight.dtype
         out = self.vision_tower(pixels.to(dtype), output_hidden_states=True)
         hs = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)

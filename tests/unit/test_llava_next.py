@@ -273,3 +273,32 @@ def test_layout_equals_hfs_pack_for_many_sizes(patch: int) -> None:
         got = pack_anyres(feats, (h, w), geom, newline)
         assert got.shape[0] == geom.tokens((h, w)) == int(lens[0]), (h, w)
         assert torch.equal(got, want[0]), (h, w)
+
+
+def test_a_siglip_llava_next_matches_hf(tmp_path: Path) -> None:
+    """The tower follows the config in LLaVA-NeXT too: SigLIP (no CLS, "full": 4 features a
+    tile, one per patch), a wide and a tall image, token-identical to HF."""
+    from transformers import LlavaNextForConditionalGeneration, SiglipVisionConfig
+
+    cfg = _config()
+    cfg.vision_config = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=SIDE,
+        patch_size=14,
+    )
+    cfg.vision_feature_select_strategy = "full"
+    cfg.vision_feature_layer = -1
+    torch.manual_seed(3)
+    hf = LlavaNextForConditionalGeneration(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    _processor().save_pretrained(tmp_path)
+    spec = ImageSpec.from_folder(tmp_path)
+    assert spec is not None and spec.anyres is not None and spec.anyres.tile_tokens == 4
+    datas = [png(60, 20, 4), png(20, 60, 5)]
+    hf_ids, ids, inputs = _prompt(datas, spec)
+    runner = _runner(tmp_path)
+    assert type(runner.model.vision_tower).__name__ == "SiglipVisionModel"  # type: ignore[union-attr]
+    assert _ours(runner, [(ids, inputs)]) == [_hf_greedy(hf, hf_ids, datas)]

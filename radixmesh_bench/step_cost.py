@@ -7,6 +7,8 @@ Two parts, both deterministic enough to catch a regression in a number (issue 27
   per step to the model service and to the front door.
 - `codec` (step_codec_cost): the step codec at 1, 64 and 256 decode rows, decode-only and mixed
   with admissions: bytes per step message and result, and the encode/decode time of each side.
+- `session` (step_cost_session): the model service's real step session (`Steps`) over a
+  stand-in runner, two steps in flight: its own CPU per step at 1, 64 and 256 decode rows.
 
 `--process` adds the scheduler as a process over gRPC against a fake model service and front
 door (`tests/load/scheduler_load.py`, which must be importable: run from a checkout).
@@ -60,6 +62,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         )
     if "codec" in ns.parts:
         report["codec"] = run_codec(ns.rows, ns.codec_iters, ns.repeats)
+    if "session" in ns.parts:
+        from radixmesh_bench.step_cost_session import run_session
+
+        report["session"] = run_session(ns.rows, ns.session_steps, ns.repeats)
     if ns.process:
         report["process"] = _process_part(ns.running, ns.process_seconds)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -70,13 +76,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser(
         "step-cost", help="scheduler CPU per step and the step codec's bytes and time (CPU)"
     )
-    p.add_argument("--parts", nargs="+", default=["scheduler", "codec"])
+    p.add_argument("--parts", nargs="+", default=["scheduler", "codec", "session"])
     p.add_argument("--running", type=int, nargs="+", default=[64, 256])
     p.add_argument("--waiting", type=int, default=1000, help="also measured: a queued backlog")
     p.add_argument("--steps", type=int, default=400, help="measured steps per run")
     p.add_argument("--warmup-steps", type=int, default=40, help="admission, before measuring")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256], help="codec: rows")
     p.add_argument("--codec-iters", type=int, default=300)
+    p.add_argument("--session-steps", type=int, default=400, help="session: measured steps")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--process", action="store_true", help="also the scheduler process over gRPC")
     p.add_argument("--process-seconds", type=float, default=6.0)

@@ -75,3 +75,12 @@ def test_step_cost_command_is_wired() -> None:
 
     ns = build_parser().parse_args(["step-cost", "--parts", "codec", "--rows", "1"])
     assert isinstance(ns, argparse.Namespace) and ns.parts == ["codec"] and ns.rows == [1]
+
+
+def test_session_part_runs_the_real_step_session() -> None:
+    """The `session` part drives ModelWorkerServicer.Steps to the end (an error reply of the
+    step check would raise) and prices it per step."""
+    from radixmesh_bench.step_cost_session import run_session
+
+    out = run_session([4], steps=5, repeats=1)
+    assert out["rows_4"]["session_cpu_ms_per_step"] > 0

@@ -282,13 +282,12 @@ class FrontDoor:
         owns = wire_rid not in self.owners  # a duplicate id must not take over the first
         if owns:
             self.owners[wire_rid] = inp.tenant
-        queue = ticket.queue
+        inbox = ticket.queue
+        inbox.pacer = self.pacer  # the loop runs late: tokens gather until its tick
         try:
             while True:
-                item = await queue.get()
-                if self.pacer.busy and isinstance(item, Update) and item.extras is None:
-                    await self.pacer.next_tick()  # the loop runs late: let more tokens come
-                chunk, done, tokens, failure = _drain(item, queue, stream)
+                # everything that came since the last event, as one event (routing/inbox.py)
+                chunk, done, tokens, failure = _apply(await inbox.take(), stream)
                 timer.tokens(tokens)
                 if failure is not None:
                     error, finished = failure  # an error update: the scheduler ended it
@@ -352,24 +351,26 @@ def _log_end(
     )
 
 
-def _drain(
-    item: Update | Exception, queue: asyncio.Queue[Update | Exception], stream: TextStream
+def _apply(
+    items: list[Update | Exception], stream: TextStream
 ) -> tuple[Chunk | None, bool, int, tuple[GenerateError, bool] | None]:
-    """Apply `item` and every update queued behind it as one event: (its chunk, done, tokens,
-    the failure that ends the request or None: see `_failure`). A consumer that fell behind
-    catches up in one chunk of several tokens; one that keeps up sends each update as it
-    comes."""
+    """Apply what the inbox gave (usually one update: plain tokens merge there) as ONE
+    event: (its chunk, done, tokens, the failure that ends the request or None: see
+    `_failure`). A consumer that fell behind catches up in one chunk of several tokens; one
+    that keeps up sends each update as it comes. Items after the end are not applied."""
     tokens = 0
-    while True:
+    last = len(items) - 1
+    chunk: Chunk | None = None
+    for k, item in enumerate(items):
         failure = _failure(item)
         if failure is not None:
             return stream.held_chunk(), False, tokens, failure
         assert not isinstance(item, Exception)
         tokens += len(item.token_ids)
-        chunk, done = stream.on_delta(item, hold=not queue.empty())
-        if done or queue.empty():
-            return chunk, done, tokens, None
-        item = queue.get_nowait()
+        chunk, done = stream.on_delta(item, hold=k < last)
+        if done:
+            return chunk, True, tokens, None
+    return chunk, False, tokens, None
 
 
 def _failure(item: Update | Exception) -> tuple[GenerateError, bool] | None:

@@ -44,6 +44,11 @@ class Pacer:
         self._waiters.append(fut)
         return fut
 
+    def wake_at_tick(self, fut: asyncio.Future[None]) -> None:
+        """Set `fut`'s result at the next tick (unless it is done by then): how an `Inbox`
+        defers a stream's wake-up without a future of its own."""
+        self._waiters.append(fut)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:

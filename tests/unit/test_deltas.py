@@ -3,8 +3,6 @@ Update per request (front door), including jump-forward drops and rare extras.""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from radixmesh_wire.packing import pack_i32
@@ -12,6 +10,7 @@ from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from scheduler_service.links.frontend import batch_to_proto
 from scheduler_service.sessions.outbox import Outbox
 from tokenizer_service.routing.deltas import unpack_message
+from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.routing.scheduler_link import _MAX_KEY, SchedulerLink
 
 
@@ -117,4 +116,4 @@ def test_front_door_keys_count_up_wrap_and_skip_live_ones() -> None:
     sent = [link.out.get_nowait() for _ in range(link.out.qsize())]
     assert [m.WhichOneof("kind") for m in sent] == ["submit"] * 6 + ["abort"]
     live = link.live.get(1)
-    assert live is not None and isinstance(live.queue, asyncio.Queue)
+    assert live is not None and isinstance(live.queue, Inbox)

@@ -18,6 +18,7 @@ from tokenizer_service.core import FrontDoor, GenerateInput
 from tokenizer_service.events import Chunk, Complete
 from tokenizer_service.pacing import Pacer
 from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.tokenization import Tokenization
 
 
@@ -33,7 +34,7 @@ class FakeReplicas:
     ready = True
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Update | Exception] = asyncio.Queue()
+        self.queue = Inbox()
         self.aborted = 0
 
     def submit(self, msg: scheduler_pb2.SubmitRequest) -> Any:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.routing.live_requests import LiveRequest, LiveTable
 from tokenizer_service.routing.scheduler_link import SchedulerLink, SchedulerLost
 
@@ -24,7 +23,7 @@ def _live(key: int, rid: str = "r") -> LiveRequest:
     msg.sampling.seed = 42
     msg.sampling.max_new_tokens = 10
     msg.logprobs.prompt_logprobs_from = 1
-    return LiveRequest(msg, asyncio.Queue())
+    return LiveRequest(msg, Inbox())
 
 
 def test_continuation_applies_rollbacks_and_keeps_everything_else() -> None:

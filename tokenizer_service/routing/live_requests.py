@@ -14,17 +14,17 @@ continuation, on the same replica or another one, never duplicates or skips a to
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
 from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.inbox import Inbox
 
 
 @dataclass
 class LiveRequest:
     submit: scheduler_pb2.SubmitRequest
-    queue: asyncio.Queue[Update | Exception]
+    queue: Inbox
     output: list[int] = field(default_factory=list)
     ended: bool = False  # its final update (finish or error) is in the queue
     got_prompt_logprobs: bool = False

@@ -39,7 +39,7 @@ from services.discovery import (
 )
 from services.server import Health
 from tokenizer_service.config import TokenizerConfig
-from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.routing.live_requests import LiveRequest
 from tokenizer_service.routing.router import (
     Balance,
@@ -59,7 +59,7 @@ class Ticket:
     rid: str
     link: SchedulerLink
     key: int
-    queue: asyncio.Queue[Update | Exception]
+    queue: Inbox  # the request's updates (routing/inbox.py)
     hashes: list[int]  # the prompt's block hashes (cache_aware routing only)
     route_key: int  # its rendezvous key
     cost: int  # tokens it adds to a replica's load: prompt + generation budget

@@ -1,12 +1,12 @@
 """The front door's one multiplexed stream to the scheduler.
 
 Each submitted request gets a session key (SubmitRequest.key: the scheduler's packed messages
-name requests by it) and an asyncio.Queue that receives its `Update`s in order. Every live
-request is recorded with its output so far (tokenizer_service.routing.live_requests). If the stream
-breaks, the link reconnects with backoff (a fresh session id each time) and resubmits every
-unfinished request as a continuation: the client sees a pause, not an error. Meanwhile
-readiness is NOT_SERVING and requests are held with a bound: after `hold_s` without a scheduler
-every held request fails with UNAVAILABLE and new ones are refused until it is back.
+name requests by it) and an `Inbox` (routing/inbox.py) that receives its `Update`s in order.
+Every live request is recorded with its output so far (tokenizer_service.routing.live_requests).
+If the stream breaks, the link reconnects with backoff (a fresh session id each time) and
+resubmits every unfinished request as a continuation: the client sees a pause, not an error.
+Meanwhile readiness is NOT_SERVING and requests are held with a bound: after `hold_s` without a
+scheduler every held request fails with UNAVAILABLE and new ones are refused until it is back.
 
 One link is one replica of a `ReplicaSet` (tokenizer_service.routing.replica_set), which is told of
 every connect and disconnect (`on_state`) and may move the link's live requests to another
@@ -29,6 +29,7 @@ from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.reconnect import reconnect_forever
 from services.server import READINESS, channel
 from tokenizer_service.routing.deltas import Update, unpack_message
+from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.routing.live_requests import LiveRequest, LiveTable
 from tokenizer_service.routing.replica_view import Load, ReplicaView
 
@@ -83,16 +84,16 @@ class SchedulerLink:
         """Down for longer than the hold bound: new requests are refused, not held."""
         return self.down_since is not None and time.monotonic() - self.down_since > self.hold_s
 
-    def submit(self, msg: scheduler_pb2.SubmitRequest) -> asyncio.Queue[Update | Exception]:
+    def submit(self, msg: scheduler_pb2.SubmitRequest) -> Inbox:
         """Assigns `msg.key`, sends the request (or holds it until the scheduler is back),
-        and returns the queue of its updates."""
+        and returns the inbox of its updates."""
         if self.refusing:
             raise SchedulerLost(
                 f"the scheduler has been unreachable for more than {self.hold_s:g} s; retry later"
             )
         if msg.rid in self.keys:
             raise DuplicateRequest(f"request {msg.rid!r} is running: use another request_id")
-        q: asyncio.Queue[Update | Exception] = asyncio.Queue()
+        q = Inbox()
         self.adopt(LiveRequest(msg, q))
         return q
 

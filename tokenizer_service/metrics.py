@@ -1,16 +1,25 @@
 """Front-door metrics: in-flight streams, request outcomes, and the latencies a client sees
 (time to first token, inter-token latency, end-to-end). One `RequestTimer` per Generate call;
-it observes once per delta the scheduler sends (not once per token) and once at the end."""
+it records once per event the stream sends (not once per token) and once at the end.
+
+The inter-token latency counts one sample per token, as SGLang's does (an event of n tokens
+after a gap g: n samples of g / n), and costs one bucket lookup per event whatever n is
+(`TokenGaps`: a histogram kept in plain Python numbers and read at scrape time; a
+prometheus_client `observe` per event cost ~3 us, ~5 % of the front door's CPU per event)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from services.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics
+from services.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics, name
 
 if TYPE_CHECKING:
     from tokenizer_service.routing.replica_set import ReplicaSet
@@ -45,11 +54,12 @@ class FrontDoorMetrics(ServiceMetrics):
             "Time from the call's arrival to its first output token.",
             LATENCY_BUCKETS,
         )
-        self.itl = self.histogram(
-            "inter_token_latency_seconds",
-            "Time between output tokens (one sample per delta: its gap over its tokens).",
+        self.itl = TokenGaps(
+            name("inter_token_latency_seconds"),
+            "Time between output tokens (one sample per token: an event's gap over its tokens).",
             STEP_BUCKETS,
         )
+        self.registry.register(self.itl)
         self.e2e = self.histogram(
             "e2e_request_latency_seconds",
             "Time from the call's arrival to its last response.",
@@ -128,6 +138,44 @@ def _reported(load: Load | None, lab: tuple[tuple[str, str], ...]) -> Iterator[R
         yield Reading(f"replica_{short}", "gauge", help_, float(value), lab)
 
 
+class TokenGaps(Collector):
+    """A histogram of the gaps between tokens, one sample per token: `observe(gap, n)` counts
+    n samples of gap / n with one bucket lookup (C bisect) and two additions. Owned by the
+    event loop's thread; a scrape (another thread) copies the counts and may miss the event
+    being recorded, never reads a torn number. Exposed as a Prometheus histogram (`_bucket`
+    with `le`, `_count`, `_sum`) under the same name and buckets as before."""
+
+    def __init__(self, full_name: str, help_: str, bounds: Sequence[float]) -> None:
+        self.name = full_name
+        self.help = help_
+        self.bounds = list(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, gap: float, n: int) -> None:
+        """n tokens arrived `gap` seconds after the previous ones (n >= 1)."""
+        self.counts[bisect_left(self.bounds, gap / n)] += n
+        self.sum += gap
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def collect(self) -> Iterator[Metric]:
+        counts, total = list(self.counts), self.sum
+        fam = HistogramMetricFamily(self.name, self.help)
+        buckets: list[tuple[str, float]] = []
+        acc = 0
+        for bound, c in zip([*self.bounds, float("inf")], counts, strict=True):
+            acc += c
+            buckets.append((floatToGoString(bound), float(acc)))
+        fam.add_metric([], buckets, sum_value=total)
+        yield fam
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.help)
+
+
 class RequestTimer:
     """One Generate call. Invariant: exactly one of `succeeded` / `failed` counts it, and the
     in-flight gauge goes up in the constructor and down once, when the call ends: at its
@@ -147,6 +195,8 @@ class RequestTimer:
         m.inflight.inc()
 
     def tokens(self, n: int) -> None:
+        """An event of n tokens leaves now: the first is the time to first token, the later
+        ones n inter-token samples (the gap since the previous event over n)."""
         if n <= 0:
             return
         now = time.perf_counter()
@@ -154,7 +204,7 @@ class RequestTimer:
             self.first = now
             self.m.ttft.observe(now - self.t0)
         else:
-            self.m.itl.observe((now - self.last) / n)
+            self.m.itl.observe(now - self.last, n)
         self.last = now
 
     def succeeded(self, finish_reason: str, prompt_tokens: int, output_tokens: int) -> None:

@@ -65,7 +65,8 @@ def test_request_timer_counts_each_call_once() -> None:
     assert samples[(fail, (("reason", "cancelled"),))] == 1
     assert samples[(fail, (("reason", "invalid_argument"),))] == 1
     assert samples[("radixmesh_time_to_first_token_seconds_count", ())] == 1
-    assert samples[("radixmesh_inter_token_latency_seconds_count", ())] == 1
+    # one sample per token after the first event: its second event brought 2
+    assert samples[("radixmesh_inter_token_latency_seconds_count", ())] == 2
     assert samples[("radixmesh_frontdoor_generation_tokens_total", ())] == 3
 
 
@@ -85,3 +86,22 @@ def test_json_logs_carry_service_and_request_id() -> None:
     assert line["event"] == "submitted" and line["rid"] == "r-42"
     assert line["service"] == "tokenizer" and line["level"] == "info"
     assert line["prompt_tokens"] == 3 and "timestamp" in line
+
+
+def test_inter_token_latency_counts_each_token_of_an_event() -> None:
+    """An event of n tokens after a gap g is n samples of g / n (SGLang's counting), recorded
+    with one bucket lookup; the exposition is a Prometheus histogram with the usual series."""
+    m = FrontDoorMetrics()
+    m.itl.observe(0.003, 3)  # 3 tokens, 1 ms apart
+    m.itl.observe(0.02, 1)  # 1 token after 20 ms
+    m.itl.observe(0.0011, 1)  # just above the 1 ms bound
+    fams = _families(m.registry)
+    f = fams["radixmesh_inter_token_latency_seconds"]
+    assert f.type == "histogram"
+    got = {s.labels.get("le", s.name): s.value for s in f.samples}
+    assert got["radixmesh_inter_token_latency_seconds_count"] == 5
+    assert got["radixmesh_inter_token_latency_seconds_sum"] == pytest.approx(0.0241)
+    assert got["0.001"] == 3  # le is inclusive: the three 1 ms gaps
+    assert got["0.0025"] == 4 and got["+Inf"] == 5
+    buckets = [v for k, v in got.items() if not k.startswith("radixmesh")]
+    assert buckets == sorted(buckets)  # cumulative

@@ -115,10 +115,20 @@ def _overlap(im: ImageInput, sp: RowSpan) -> bool:
 
 
 def image_pixels(im: ImageInput, device: torch.device) -> torch.Tensor:
-    """The image's tiles, float32 [tiles, 3, H, W] (one tile for fixed-size models)."""
+    """The image's tiles, float32 [tiles, 3, H, W] (one tile for fixed-size models). 8-bit
+    pixels are moved as bytes and normalised on the device, in float32 and in the order of
+    `radixmesh_wire.images.normalise` (the same values)."""
     c, h, w = im.shape
-    arr = np.frombuffer(im.pixels, dtype=np.float32).reshape(c // 3, 3, h, w)
-    return torch.from_numpy(arr.copy()).to(device)
+    if not im.normalize:
+        arr = np.frombuffer(im.pixels, dtype=np.float32).reshape(c // 3, 3, h, w)
+        return torch.from_numpy(arr.copy()).to(device)
+    u8 = np.frombuffer(im.pixels, dtype=np.uint8).reshape(c // 3, 3, h, w)
+    x = torch.from_numpy(u8.copy()).to(device).to(torch.float32)
+    rescale, mean, std = (
+        torch.tensor(v, dtype=torch.float32, device=device)
+        for v in (im.normalize[0], im.normalize[1:4], im.normalize[4:7])
+    )
+    return (x * rescale - mean[:, None, None]) / std[:, None, None]
 
 
 def uncovered_pseudo_ids(ids: torch.Tensor, rows: torch.Tensor | None, vocab_size: int) -> int:

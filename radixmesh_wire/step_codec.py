@@ -236,6 +236,7 @@ def image_to_proto(im: ImageInput) -> images_pb2.ImageInput:
         pixels=im.pixels,
         shape=list(im.shape),
         image_size=list(im.image_size) if any(im.image_size) else [],
+        normalize=list(im.normalize),
     )
 
 
@@ -245,4 +246,5 @@ def image_from_proto(msg: images_pb2.ImageInput) -> ImageInput:
     shape = tuple(msg.shape) if len(msg.shape) == 3 else (0, 0, 0)
     n = len(msg.image_size)
     size = (0, 0) if n == 0 else tuple(msg.image_size) if n == 2 else (-1, -1)
-    return ImageInput(msg.offset, msg.n_tokens, msg.pseudo_id, msg.pixels, shape, size)  # type: ignore[arg-type]
+    norm = tuple(msg.normalize)
+    return ImageInput(msg.offset, msg.n_tokens, msg.pseudo_id, msg.pixels, shape, size, norm)  # type: ignore[arg-type]

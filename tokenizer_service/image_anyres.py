@@ -6,8 +6,8 @@ An image of (height, width) goes to the best of the model's grid pinpoints
 fits, padded with zeros (black, before normalising) centred to the pinpoint, and cut into
 tiles of the tower's side in row-major order. Before the tiles comes the base tile: the whole
 image resized to one tile (aspect not kept). Every tile then takes the model's usual steps
-(resize the shortest edge, centre crop, rescale, normalise: `images._finish`), which leave a
-tile of the right size unchanged but the pixel values.
+(resize the shortest edge, centre crop: `images._resize_crop`), which leave a tile of the
+right size unchanged; rescaling and normalising follow in the model service, on 8-bit pixels.
 
 Bounded: the tiles per image are a property of the model (its pinpoints; the spec refuses
 a model with more than `MAX_TILES`), and the pixels decoded are bounded before this runs.
@@ -51,8 +51,8 @@ def anyres_tiles(
     base: tuple[int, int],
     finish: Callable[[object], np.ndarray],
 ) -> np.ndarray:
-    """float32 [tiles, 3, S, S]: the base tile (the image resized to `base` (height,
-    width)) then the grid's tiles; `finish` turns one PIL tile into its [3, S, S] values."""
+    """uint8 [tiles, 3, S, S]: the base tile (the image resized to `base` (height,
+    width)) then the grid's tiles; `finish` turns one PIL tile into its [3, S, S] pixels."""
     from PIL import Image
 
     assert isinstance(img, Image.Image)

@@ -2,15 +2,17 @@
 
 `ImageSpec` is what the served model wants (read from its folder: config.json of a LLaVA
 model and its preprocessor_config.json, as transformers' image processors read them);
-`prepare` turns the bytes of one image into the model's pixel values (convert to RGB, resize
-the shortest edge and centre crop as CLIPImageProcessor does, or resize to a fixed size as
-SiglipImageProcessor does; rescale, normalise: checked against transformers' own processors
-in tests/unit/test_image_prep.py; LLaVA-NeXT's any-resolution tiles: image_anyres.py) and
-`place` expands each image marker of a
-prompt into the image's placeholder positions holding its hash-derived pseudo id
-(radixmesh_wire/images.py): as many as the model takes for an image of that size
-(radixmesh_wire/image_geometry.py; for LLaVA-NeXT a function of the size, as HF's processor
-computes it). Every failure is an `InvalidRequest` naming the image.
+`prepare` turns the bytes of one image into the model's pixels (convert to RGB, resize the
+shortest edge and centre crop as CLIPImageProcessor does, or resize to a fixed size as
+SiglipImageProcessor does; LLaVA-NeXT's any-resolution tiles: image_anyres.py). They stay
+8-bit, as the processors have them before their last steps, and travel with the rescale and
+normalisation constants (`ImageSpec.normalize`): the model service applies them in float32
+(radixmesh_wire.images.normalise), so every hop carries a quarter of the bytes. The values
+equal transformers' own processors' (tests/unit/test_image_prep.py, test_image_anyres.py).
+`place` expands each image marker of a prompt into the image's placeholder positions holding
+its hash-derived pseudo id (radixmesh_wire/images.py): as many as the model takes for an
+image of that size (radixmesh_wire/image_geometry.py; for LLaVA-NeXT a function of the size,
+as HF's processor computes it). Every failure is an `InvalidRequest` naming the image.
 
 Bounds (--max-image-bytes, --max-image-pixels, --max-images: config.py): bytes per image,
 decoded pixels per image (checked from the header, before decoding: a 20k x 20k PNG of a few
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from radixmesh_wire.image_geometry import AnyresGeometry, tile_tokens
-from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
+from radixmesh_wire.images import ImageInput, content_hash, normalise, pseudo_id
 from tokenizer_service.image_anyres import anyres_tiles, check_tiles
 from tokenizer_service.validation import InvalidRequest
 
@@ -38,8 +40,8 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 # The preprocessed pixels of one request travel to the scheduler and on to the model service
 # in one message each (services/server.py: MAX_MESSAGE_BYTES, 32 MiB): a request whose pixels
-# could not fit is refused here, with room left for the rest of the message. (LLaVA-1.5 at 336
-# pixels: 1.35 MB an image; LLaVA-NeXT at 336 with 5 tiles: 6.8 MB.)
+# could not fit is refused here, with room left for the rest of the message. (8-bit: LLaVA-1.5
+# at 336 pixels: 0.34 MB an image; LLaVA-NeXT at 336 with 5 tiles: 1.7 MB.)
 MAX_REQUEST_PIXEL_BYTES = 24 * 1024 * 1024
 
 
@@ -64,6 +66,12 @@ class ImageSpec:
     rescale: float = 1 / 255
     anyres: AnyresGeometry | None = None  # LLaVA-NeXT: tiles and positions depend on the size
     base: tuple[int, int] = (0, 0)  # any-resolution: the base tile's (height, width) resize
+
+    @property
+    def normalize(self) -> tuple[float, ...]:
+        """(rescale, mean[3], std[3]): what turns the 8-bit pixels into the tower's input, as
+        the float32 values the arithmetic uses (so the wire's floats carry them exactly)."""
+        return tuple(float(np.float32(x)) for x in (self.rescale, *self.mean, *self.std))
 
     @staticmethod
     def from_folder(folder: Path, token_text: str = "<image>") -> ImageSpec | None:
@@ -117,9 +125,13 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class PreparedImage:
-    pixels: np.ndarray  # float32 [3, H, W]; any-resolution: [tiles, 3, H, W]
+    pixels: np.ndarray  # uint8 [3, H, W]; any-resolution: [tiles, 3, H, W]
     digest: bytes  # content hash of the pixels (and of the size, for any-resolution)
     size: tuple[int, int] = (0, 0)  # the decoded image's (height, width)
+
+    def values(self, spec: ImageSpec) -> np.ndarray:
+        """The float32 values the vision tower gets (the model service computes the same)."""
+        return normalise(self.pixels, spec.normalize)
 
 
 def prepare(data: bytes, spec: ImageSpec, bounds: ImageBounds, index: int = 0) -> PreparedImage:
@@ -158,16 +170,16 @@ def prepare(data: bytes, spec: ImageSpec, bounds: ImageBounds, index: int = 0) -
         raise InvalidRequest(f"{what} cannot be decoded: {exc}", "images") from exc
     size = (h, w)
     if spec.anyres is None:
-        pixels = _finish(rgb, spec)
+        pixels = _resize_crop(rgb, spec)
         return PreparedImage(pixels, content_hash(pixels.tobytes()), size)
-    pixels = anyres_tiles(rgb, spec.anyres, spec.base, lambda t: _finish(t, spec))
+    pixels = anyres_tiles(rgb, spec.anyres, spec.base, lambda t: _resize_crop(t, spec))
     # The size lays out the features too (unpadding): two sizes never share a key.
     key = pixels.tobytes() + np.asarray(size, np.uint32).tobytes()
     return PreparedImage(pixels, content_hash(key), size)
 
 
-def _finish(img: object, spec: ImageSpec) -> np.ndarray:
-    """One image (or tile) to its float32 [3, H, W] values: resize, crop, rescale, normalise."""
+def _resize_crop(img: object, spec: ImageSpec) -> np.ndarray:
+    """One image (or tile) to its 8-bit [3, H, W] pixels: resize, crop."""
     from PIL import Image
 
     assert isinstance(img, Image.Image)
@@ -179,14 +191,12 @@ def _finish(img: object, spec: ImageSpec) -> np.ndarray:
     else:
         size = (spec.crop[1], spec.crop[0])  # PIL sizes are (width, height)
     img = img.resize(size, Image.Resampling.BICUBIC)
-    arr = np.asarray(img, dtype=np.float32)  # [H, W, 3]
+    arr = np.asarray(img, dtype=np.uint8)  # [H, W, 3]
     ch, cw = spec.crop
     hh, ww = arr.shape[:2]
     top, left = max((hh - ch) // 2, 0), max((ww - cw) // 2, 0)
     arr = arr[top : top + ch, left : left + cw]
-    scaled = arr * np.float32(spec.rescale)
-    norm = (scaled - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)
-    return np.ascontiguousarray(norm.transpose(2, 0, 1), dtype=np.float32)
+    return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
 def place(
@@ -222,6 +232,7 @@ def place(
         h, w = im.pixels.shape[-2:]
         c = 3 * im.pixels.shape[0] if im.pixels.ndim == 4 else im.pixels.shape[0]
         size = im.size if spec.anyres is not None else (0, 0)
-        inputs.append(ImageInput(len(out), n, pid, im.pixels.tobytes(), (c, h, w), size))
+        raw = im.pixels.tobytes()
+        inputs.append(ImageInput(len(out), n, pid, raw, (c, h, w), size, spec.normalize))
         out.extend([pid] * n)
     return out, inputs

@@ -8,17 +8,19 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ImageInput(_message.Message):
-    __slots__ = ("offset", "n_tokens", "pseudo_id", "pixels", "shape", "image_size")
+    __slots__ = ("offset", "n_tokens", "pseudo_id", "pixels", "shape", "image_size", "normalize")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PSEUDO_ID_FIELD_NUMBER: _ClassVar[int]
     PIXELS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     offset: int
     n_tokens: int
     pseudo_id: int
     pixels: bytes
     shape: _containers.RepeatedScalarFieldContainer[int]
     image_size: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, offset: _Optional[int] = ..., n_tokens: _Optional[int] = ..., pseudo_id: _Optional[int] = ..., pixels: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., image_size: _Optional[_Iterable[int]] = ...) -> None: ...
+    normalize: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, offset: _Optional[int] = ..., n_tokens: _Optional[int] = ..., pseudo_id: _Optional[int] = ..., pixels: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., image_size: _Optional[_Iterable[int]] = ..., normalize: _Optional[_Iterable[float]] = ...) -> None: ...

@@ -68,7 +68,7 @@ def test_tiles_match_llava_next_image_processor(w: int, h: int) -> None:
     got = prepare(data, SPEC, ImageBounds())
     assert got.size == want_size == (h, w)
     assert got.pixels.shape == want.shape == (GEOM.tiles((h, w)), 3, 28, 28)
-    np.testing.assert_allclose(got.pixels, want, atol=1e-5)
+    np.testing.assert_allclose(got.values(SPEC), want, atol=1e-5)
 
 
 @pytest.mark.parametrize(("h", "w"), [(30, 40), (61, 30), (25, 90), (28, 28), (100, 37)])
@@ -121,7 +121,7 @@ def test_too_many_tiles_refused() -> None:
 def test_a_request_whose_pixels_cannot_fit_one_message_is_refused() -> None:
     """LLaVA-NeXT's tiles multiply an image's pixels: a request's total is bounded so that it
     always fits the internal messages that carry it."""
-    tile = np.zeros((5, 3, 336, 336), np.float32)  # one LLaVA-NeXT-7B image: 6.8 MB
+    tile = np.zeros((5, 3, 336, 336), np.uint8)  # one LLaVA-NeXT-7B image: 1.7 MB
     image = PreparedImage(tile, b"k" * 32, (480, 640))
     n = MAX_REQUEST_PIXEL_BYTES // tile.nbytes
     place([299] * n, [image] * n, SPEC, 300)

@@ -44,7 +44,7 @@ def test_pixels_match_clip_image_processor(w: int, h: int) -> None:
     data = png(w, h, seed=w)
     ref = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
     want = ref(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
-    got = prepare(data, SPEC, ImageBounds()).pixels
+    got = prepare(data, SPEC, ImageBounds()).values(SPEC)
     assert got.shape == want.shape == (3, 28, 28)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -93,6 +93,25 @@ def test_pixels_match_siglip_image_processor(w: int, h: int) -> None:
     data = png(w, h, seed=h)
     ref = SiglipImageProcessorPil(size={"height": 28, "width": 28})
     want = ref(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
-    got = prepare(data, spec, ImageBounds()).pixels
+    got = prepare(data, spec, ImageBounds()).values(spec)
     assert got.shape == want.shape == (3, 28, 28)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_pixels_travel_as_bytes_and_the_model_service_normalises_them_alike() -> None:
+    """8-bit pixels on the wire (a quarter of float32's bytes) with the constants; the model
+    service's on-device arithmetic gives exactly the front door's reference values."""
+    import torch
+
+    from model_service.image_rows import image_pixels
+    from radixmesh_wire.images import pixel_values
+    from radixmesh_wire.step_codec import image_from_proto, image_to_proto
+
+    prepared = prepare(png(50, 30, seed=3), SPEC, ImageBounds())
+    assert prepared.pixels.dtype == np.uint8
+    (im,) = place([299], [prepared], SPEC, 300)[1]
+    assert len(im.pixels) == 3 * 28 * 28 and im.normalize == SPEC.normalize and not im.check()
+    im = image_from_proto(image_to_proto(im))  # float32 constants on the wire
+    want = prepared.values(SPEC)
+    assert np.array_equal(pixel_values(im)[0], want)
+    assert torch.equal(image_pixels(im, torch.device("cpu"))[0], torch.from_numpy(want))

@@ -200,7 +200,7 @@ def test_the_model_service_checks_each_image_against_its_size(checkpoint) -> Non
         (dataclasses.replace(im, image_size=(0, 0)), "without its size"),
         (dataclasses.replace(im, n_tokens=24), "images of this size have 14"),
     ]
-    tiles = np.frombuffer(im.pixels, np.float32)[: 9 * SIDE * SIDE].tobytes()
+    tiles = im.pixels[: 9 * SIDE * SIDE]  # 8-bit: 3 tiles' bytes
     bad.append((dataclasses.replace(im, pixels=tiles, shape=(9, SIDE, SIDE)), "pixels of shape"))
     for image, says in bad:
         with pytest.raises(StepError, match=says):

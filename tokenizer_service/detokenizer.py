@@ -5,6 +5,8 @@ tokenizers that strip a leading space decode a lone token differently than in co
 decode a short window that starts a few tokens back (`prefix_offset`) and emit only what that
 window adds beyond its already-emitted part, holding text back while it ends in U+FFFD.
 Invariant: the concatenation of every `push` result and `flush()` equals decode(all ids).
+The detokenizer keeps no text itself: the caller owns the text (a copy of the whole text per
+push was a cost per event that grew with the output, issue 27).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ class IncrementalDetokenizer:
         self.ids: list[int] = list(prompt_tail[-_CONTEXT:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
-        self.text = ""
 
     def push(self, new_ids: Sequence[int]) -> str:
         if not new_ids:
@@ -34,7 +35,6 @@ class IncrementalDetokenizer:
         delta = after[len(before) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-        self.text += delta
         return delta
 
     def flush(self) -> str:
@@ -43,5 +43,4 @@ class IncrementalDetokenizer:
         after = self.decode(self.ids[self.prefix_offset :])
         delta = after[len(before) :] if len(after) > len(before) else ""
         self.read_offset = len(self.ids)
-        self.text += delta
         return delta

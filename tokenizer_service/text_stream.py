@@ -120,8 +120,7 @@ class TextStream:
         del self.unsent_ids[len(self.unsent_ids) - drop :]
         self.unsent_rollback += n - drop  # the client must drop these from what it has
         self.detok = IncrementalDetokenizer(self.detok.decode, self.prompt[-8:])
-        self.detok.push(self.ids)
-        self.text = self.detok.text
+        self.text = self.detok.push(self.ids)  # one push: its text is the whole text
         self.pending = []  # in `ids`, so decoded above
 
     def held_chunk(self) -> Chunk | None:

@@ -54,3 +54,24 @@ def test_stop_matcher_finds_earliest_and_holds_back() -> None:
     assert m.safe_length("hello") == 5
     # a match straddling two chunks is found when searching from the second chunk's start
     assert m.find("abcEN" + "D", start=5) == (3, "END")
+
+
+def test_the_detokenizer_keeps_no_text_and_a_rollback_rederives_it(tok: Tokenization) -> None:
+    """Its caller owns the text: a push copies no whole text (issue 27), and a jump-forward
+    rollback re-derives the stream's text from the kept ids in one push."""
+    from radixmesh_wire.pb import api_pb2
+    from tokenizer_service.routing.deltas import Update
+    from tokenizer_service.text_stream import TextStream
+
+    detok = IncrementalDetokenizer(tok.decode)
+    detok.push(tok.encode("caf\u00e9 au lait", add_special_tokens=False))
+    assert not hasattr(detok, "text")
+    ids = tok.encode("Jump \u65e5\u672c forward, and on.", add_special_tokens=False)
+    stream = TextStream(tok, [1, 2], api_pb2.SamplingParams(), True, 1)
+    for k in range(0, len(ids), 2):
+        u = Update()
+        u.token_ids = ids[k : k + 2]
+        if k == 4:  # the tail retokenized: 3 delivered ids dropped, sent again
+            u.rollback, u.token_ids = 3, ids[1:6]
+        stream.on_delta(u)
+    assert stream.ids == ids and stream.text == tok.decode(ids)

@@ -3,13 +3,13 @@ LlavaNextForConditionalGeneration (tests/integration/tiny_llava.py, `next_=True`
 
 - greedy output through the gRPC API equals HF transformers' `generate` on the same folder
   (its own LlavaNextImageProcessor's pixels and sizes, its processor's placeholder count) for
-  two images of different aspect ratios, whose placeholder counts differ;
-- the same image after the same text is a cache hit covering its positions; another picture
-  (another size, other content) is not.
+  two square images of different sizes (2 x 2 tiles, 24 positions each), and for two images of
+  different aspect ratios, whose placeholder counts differ (14 and 16);
+- the same image after the same text is a cache hit covering its positions; another is not.
 
-The module runs once the scheduler's submit check lets an image take fewer positions than the
-most an image takes (`WorkerInfo.image_tokens`); until then it skips, saying so
-(docs/multimodal.md, "Left"). Checked passing with that one-line change to
+The aspect-ratio test runs once the scheduler's submit check lets an image take fewer
+positions than the most an image takes (`WorkerInfo.image_tokens`); until then it skips,
+saying so (docs/multimodal.md, "Left"). Checked passing with that one-line change to
 scheduler_service/submit_validation.py (`n_tokens != image_tokens` -> `>`).
 """
 
@@ -44,14 +44,12 @@ def _scheduler_takes_per_size_counts() -> bool:
     return True
 
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not _scheduler_takes_per_size_counts(),
-        reason="the scheduler's submit check wants every image to take WorkerInfo.image_tokens "
-        "positions; LLaVA-NeXT's count depends on the image size (docs/multimodal.md, Left)",
-    ),
-]
+pytestmark = pytest.mark.integration
+needs_per_size_counts = pytest.mark.skipif(
+    not _scheduler_takes_per_size_counts(),
+    reason="the scheduler's submit check wants every image to take WorkerInfo.image_tokens "
+    "positions; LLaVA-NeXT's count depends on the image size (docs/multimodal.md, Left)",
+)
 
 NEW = 6
 GEOM = AnyresGeometry(SIDE, 4, pinpoints=tuple((h, w) for h, w in PINPOINTS), side=2)
@@ -102,6 +100,18 @@ def _hf_greedy(folder: Path, text: str, images: list[bytes]) -> list[int]:
     return [int(t) for t in gen[0, len(ids) :]]
 
 
+def test_square_images_greedy_matches_hf(next_stack: Stack, next_dir: Path) -> None:
+    images = [png(3, w=60, h=60), png(4, w=90, h=90)]  # 2 x 2 tiles each, nothing to unpad
+    assert GEOM.tokens((60, 60)) == GEOM.tokens((90, 90)) == GEOM.max_tokens() == 24
+    text = "First <image> then <image>: what changed?"
+    with Client(next_stack.endpoint) as c:
+        got = c.generate(
+            text, images=images, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0
+        )
+    assert got.output_ids == _hf_greedy(next_dir, text, images)
+
+
+@needs_per_size_counts
 def test_two_aspect_ratios_greedy_matches_hf(next_stack: Stack, next_dir: Path) -> None:
     images = [png(1, w=60, h=20), png(2, w=20, h=60)]  # 1 x 2 and 2 x 1 tiles: 14, 16
     assert GEOM.tokens((20, 60)) != GEOM.tokens((60, 20))
@@ -115,14 +125,13 @@ def test_two_aspect_ratios_greedy_matches_hf(next_stack: Stack, next_dir: Path) 
     assert got.output_ids == _hf_greedy(next_dir, text, images)
 
 
-def test_same_image_hits_the_cache_another_size_does_not(next_stack: Stack) -> None:
+def test_same_image_hits_the_cache_another_does_not(next_stack: Stack) -> None:
     text = "Here is a photo: <image> Describe it in one word."
-    a, bigger = png(11, w=100, h=60), png(11, w=60, h=100)
-    n = GEOM.tokens((60, 100))
+    a, b = png(11, w=70, h=70), png(12, w=70, h=70)
+    n = GEOM.tokens((70, 70))
     with Client(next_stack.endpoint) as c:
         first, again, other = (
-            c.generate(text, images=[im], max_new_tokens=2, temperature=0.0)
-            for im in (a, a, bigger)
+            c.generate(text, images=[im], max_new_tokens=2, temperature=0.0) for im in (a, a, b)
         )
         head = len(c.tokenize("Here is a photo: ", add_special_tokens=True))
     assert first.cached_tokens <= head

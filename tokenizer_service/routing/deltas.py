@@ -9,6 +9,8 @@ events of the same message.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from radixmesh_wire.packing import unpack_i32
 from radixmesh_wire.pb import scheduler_pb2
 
@@ -32,11 +34,24 @@ class Update:
 
 def unpack_message(msg: scheduler_pb2.SchedulerMessage) -> dict[int, Update]:
     """Request key -> its update, for every request the message mentions."""
-    updates: dict[int, Update] = {}
+    keys, events = unpack_events(msg)
+    return fold(keys, events, msg.extras)
+
+
+def unpack_events(msg: scheduler_pb2.SchedulerMessage) -> tuple[list[int], list[int]]:
+    """The message's parallel (request key, event) arrays."""
     keys = unpack_i32(msg.keys)
     events = unpack_i32(msg.events)
     if len(keys) != len(events):
         raise ValueError(f"scheduler message: {len(keys)} keys but {len(events)} events")
+    return keys, events
+
+
+def fold(
+    keys: list[int], events: list[int], extras: Iterable[scheduler_pb2.DeltaExtras]
+) -> dict[int, Update]:
+    """The events and extras of one message folded per request, in their order."""
+    updates: dict[int, Update] = {}
     for key, ev in zip(keys, events, strict=True):
         u = updates.get(key)
         if u is None:
@@ -45,7 +60,7 @@ def unpack_message(msg: scheduler_pb2.SchedulerMessage) -> dict[int, Update]:
             u.token_ids.append(ev)
         else:
             u.drop(-ev)
-    for ex in msg.extras:
+    for ex in extras:
         u = updates.get(ex.key)
         if u is None:
             u = updates[ex.key] = Update()

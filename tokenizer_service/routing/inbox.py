@@ -49,6 +49,23 @@ class Inbox:
                 last.token_ids.extend(item.token_ids)  # type: ignore[union-attr]
                 return  # the stream is already woken (or paced) for `last`
         items.append(item)
+        self._wake(plain)
+
+    def put_token(self, token: int) -> None:
+        """`put_nowait` of a plain update of one token, without building it when the last
+        update waiting is plain (the link's common case: scheduler_link, live_requests)."""
+        items = self.items
+        if items:
+            last = items[-1]
+            if type(last) is Update and last.extras is None:
+                last.token_ids.append(token)
+                return
+        u = Update()
+        u.token_ids.append(token)
+        items.append(u)
+        self._wake(True)
+
+    def _wake(self, plain: bool) -> None:
         w = self._waiter
         if w is None or w.done():
             return

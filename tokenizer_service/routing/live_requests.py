@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh_wire.pb import api_pb2, scheduler_pb2
-from tokenizer_service.routing.deltas import Update
+from tokenizer_service.routing.deltas import Update, fold, unpack_events
 from tokenizer_service.routing.inbox import Inbox
 
 
@@ -83,6 +83,28 @@ class LiveTable:
         if live is not None and not live.ended:
             live.apply(u)
             live.queue.put_nowait(u)
+
+    def deliver_message(self, msg: scheduler_pb2.SchedulerMessage) -> None:
+        """Every request's part of one scheduler message, in order. The common message (a
+        token or a few per request, no jump-forward drop) goes token by token straight into
+        the inboxes, without an `Update` per request (a stream that has not taken its last
+        one gets the token appended to it); a request's extras follow its tokens as their own
+        update. A message with a drop is folded per request first (`deltas.fold`)."""
+        keys, events = unpack_events(msg)
+        if events and min(events) < 0:  # a jump-forward drop: rare
+            for key, u in fold(keys, events, msg.extras).items():
+                self.deliver(key, u)
+            return
+        by_key = self.by_key
+        for key, token in zip(keys, events, strict=True):
+            live = by_key.get(key)
+            if live is not None and not live.ended:
+                live.output.append(token)
+                live.queue.put_token(token)
+        for ex in msg.extras:
+            u = Update()
+            u.extras = ex
+            self.deliver(ex.key, u)
 
     def continuations(self) -> list[scheduler_pb2.SubmitRequest]:
         return [lv.continuation() for lv in self.by_key.values() if not lv.ended]

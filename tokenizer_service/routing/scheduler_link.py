@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh_wire.pb import api_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.reconnect import reconnect_forever
 from services.server import READINESS, channel
-from tokenizer_service.routing.deltas import Update, unpack_message
+from tokenizer_service.routing.deltas import Update
 from tokenizer_service.routing.inbox import Inbox
 from tokenizer_service.routing.live_requests import LiveRequest, LiveTable
 from tokenizer_service.routing.replica_view import Load, ReplicaView
@@ -254,8 +254,7 @@ class SchedulerLink:
             try:
                 while (msg := await call.read()) is not grpc.aio.EOF:
                     self._observe(msg)
-                    for key, update in unpack_message(msg).items():
-                        self.live.deliver(key, update)
+                    self.live.deliver_message(msg)
             finally:
                 probe.cancel()
 

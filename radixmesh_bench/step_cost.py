@@ -10,6 +10,10 @@ Two parts, both deterministic enough to catch a regression in a number (issue 27
 - `session` (step_cost_session): the model service's real step session (`Steps`) over a
   stand-in runner, two steps in flight: its own CPU per step at 1, 64 and 256 decode rows.
 
+`--split FILE` reads a GPU `stack` result (results/gpu/*stack*.json) instead and splits each
+through-the-stack row's wall time into the worker's GPU time, the GPU's idle time between
+steps and the rest, which the worker's steps do not cover (docs/step-cost.md).
+
 `--process` adds the scheduler as a process over gRPC against a fake model service and front
 door (`tests/load/scheduler_load.py`, which must be importable: run from a checkout).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import tempfile
@@ -42,14 +47,45 @@ def _process_part(running: list[int], seconds: float) -> dict[str, Any]:
     return out
 
 
+def stack_split(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per through-the-stack row of a `stack` result: its wall seconds as GPU busy + GPU idle
+    between steps (`scheduler_steps` x the worker's per-step CUDA-event figures) + the rest,
+    with the in-process row of the same workload for reference."""
+    rows = doc.get("rows", [])
+    inproc = {r["workload"]: r for r in rows if str(r.get("path", "")).startswith("in-process")}
+    out = []
+    for r in rows:
+        if r.get("path") != "grpc-stack" or r.get("gpu_busy_ms_per_step") is None:
+            continue
+        steps = r["scheduler_steps"]
+        busy = steps * r["gpu_busy_ms_per_step"] / 1e3
+        idle = steps * r["gpu_idle_ms_per_step"] / 1e3
+        ref = inproc.get(r["workload"], {})
+        out.append(
+            {
+                "workload": r["workload"],
+                "overlap": r.get("overlap", ""),
+                "tok_s": round(r["tok_s"]),
+                "in_process_tok_s": round(ref["tok_s"]) if "tok_s" in ref else None,
+                "wall_s": round(r["wall_s"], 3),
+                "gpu_busy_s": round(busy, 3),
+                "gpu_idle_between_steps_s": round(idle, 3),
+                "rest_s": round(r["wall_s"] - busy - idle, 3),
+            }
+        )
+    return out
+
+
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     from radixmesh_bench.step_codec_cost import run_codec
     from radixmesh_bench.step_cost_sched import run_scheduler
     from services.logging import configure_logging
 
-    configure_logging(
-        "bench", "warning"
-    )  # the scheduler's per-request debug lines are not the cost
+    if ns.split:
+        doc = json.loads(Path(ns.split).read_text())
+        return {"bench": "step_cost_split", "source": ns.split, "rows": stack_split(doc)}
+    # the scheduler's per-request debug lines are not the cost
+    configure_logging("bench", "warning")
     t0 = time.perf_counter()
     report: dict[str, Any] = {
         "bench": "step_cost",
@@ -87,6 +123,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--process", action="store_true", help="also the scheduler process over gRPC")
     p.add_argument("--process-seconds", type=float, default=6.0)
+    p.add_argument("--split", default="", help="split a GPU stack result's wall time instead")
     p.add_argument("--out", default="", help="also write the JSON here")
 
     def main(ns: argparse.Namespace) -> int:

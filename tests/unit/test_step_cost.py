@@ -84,3 +84,27 @@ def test_session_part_runs_the_real_step_session() -> None:
 
     out = run_session([4], steps=5, repeats=1)
     assert out["rows_4"]["session_cpu_ms_per_step"] > 0
+
+
+def test_split_of_a_stack_result() -> None:
+    """`--split`: a stack row's wall = GPU busy + GPU idle between steps + the rest."""
+    from radixmesh_bench.step_cost import stack_split
+
+    doc = {
+        "rows": [
+            {"path": "in-process ModelRunner", "workload": "w", "tok_s": 100.0},
+            {
+                "path": "grpc-stack",
+                "workload": "w",
+                "overlap": "on",
+                "tok_s": 80.0,
+                "wall_s": 5.0,
+                "scheduler_steps": 200,
+                "gpu_busy_ms_per_step": 15.0,
+                "gpu_idle_ms_per_step": 2.5,
+            },
+        ]
+    }
+    (row,) = stack_split(doc)
+    assert (row["gpu_busy_s"], row["gpu_idle_between_steps_s"], row["rest_s"]) == (3.0, 0.5, 1.5)
+    assert row["in_process_tok_s"] == 100

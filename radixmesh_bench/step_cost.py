@@ -90,7 +90,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "bench": "step_cost",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "note": "CPU seconds of this process's thread; best of --repeats runs (noise only adds)",
+        "note": "scheduler: thread CPU; codec: wall, best median; session: process CPU; "
+        "best of --repeats (noise on a shared box only adds)",
     }
     if "scheduler" in ns.parts:
         report["scheduler"] = run_scheduler(

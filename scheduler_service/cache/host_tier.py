@@ -13,10 +13,11 @@ Policy (``--host-tier-write``):
   never changes. It copies exactly what would otherwise be recomputed, in the step whose
   allocation evicts it.
 - ``write_through``: a request that leaves with its KV cached (``insert``: finished, or
-  retracted) queues the nodes of its path that have no host copy; each step copies at most
-  ``budget`` tokens of that queue to the host (oldest first; a longer node is split at the
-  budget, so a burst of finishes never makes one step copy more than ``budget`` tokens), so a
-  later GPU eviction usually finds the host copy there and only frees the GPU slots. A node
+  retracted) queues the nodes of its path that have no host copy, and their copies are queued
+  at once up to the step's budget: at most ``budget`` tokens per step (oldest first; a longer
+  node is split at the budget, so a burst of finishes never makes one step copy more than
+  ``budget`` tokens), the rest in later steps. A later GPU eviction then finds the host copy
+  there and only frees the GPU slots. A node
   evicted before its turn is saved as under write-back. Its costs: copies of KV the GPU tier
   never loses, and host room taken from host-only KV earlier (the host LRU makes the room).
   docs/radix.md has both measured.
@@ -107,10 +108,21 @@ class HostTier:
         self._copies: list[KVCopy] = []
         self.held = 0  # host tokens held by tree nodes
         self.write_through = write == "write_through"
-        self.budget = budget
+        self._budget = self._left = budget  # _left: what the step being assembled may still take
         # Write-through queue: nodes to copy to the host, oldest first (an ordered set; entries
         # that died, left the GPU or got a host copy meanwhile are skipped when reached).
         self._pending: dict[Any, None] = {}
+
+    @property
+    def budget(self) -> int:
+        """Write-through: most tokens copied GPU -> host per step."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"write-through budget must be >= 1, got {n}")
+        self._budget = self._left = n
 
     @property
     def capacity(self) -> int:
@@ -203,12 +215,15 @@ class HostTier:
     # -- write-through ------------------------------------------------------------------------
     def written(self, path: list[Any]) -> None:
         """A request left with its KV in ``path`` (root first): queue the nodes without a host
-        copy for write-through (no-op under write-back)."""
+        copy for write-through (no-op under write-back), and their copies now as far as this
+        step's budget goes: queued before the next allocation can evict them, so that eviction
+        only frees their GPU slots (queue order keeps the copy ahead of the slots' reuse)."""
         if self.write_through:
             pending = self._pending
             for node in path:
                 if node.value and node.host is None:
                     pending[node] = None
+            self._drain_pending()
 
     def split(self, lower: Any, upper: Any) -> None:
         """The tree cut ``upper`` off ``lower``'s edge: it may be eligible, and it is queued
@@ -218,10 +233,10 @@ class HostTier:
             self._pending[upper] = None
 
     def _drain_pending(self) -> None:
-        """Queue at most ``budget`` tokens of write-through copies (after every copy the step
-        queued so far: they read or free slots first)."""
+        """Queue write-through copies up to this step's budget (after every copy queued so far:
+        they read or free slots first)."""
         pending = self._pending
-        left = self.budget
+        left = self._left
         while pending and left > 0:
             node = next(iter(pending))
             del pending[node]
@@ -236,6 +251,7 @@ class HostTier:
                 break  # no host room this step
             self.stats.written_through_tokens += len(node.value)
             left -= len(node.value)
+        self._left = left
 
     @property
     def pending_write_through(self) -> int:
@@ -251,9 +267,10 @@ class HostTier:
         """The queued copies, oldest first, for the step about to be sent. Neighbours of the
         same direction are merged (fewer, larger copies) unless a destination repeats: a host
         slot freed and reused inside one queue must be written in order. Under write-through
-        this step's share of the queue comes last."""
+        this step's share of the queue comes last, and the next step's budget starts."""
         if self._pending:
             self._drain_pending()
+        self._left = self.budget
         out: list[KVCopy] = []
         src: list[int] = []
         dst: list[int] = []

@@ -91,7 +91,9 @@ def test_flush_and_reset_forget_the_write_through_queue() -> None:
         c = _cache("write_through", budget=1)
         _insert(c, [1, 2, 3])
         host = c.host
-        assert host is not None and host.pending_write_through == 1
+        assert host is not None
+        assert len(host.take_copies()) == 1  # one token this step, the rest waits
+        assert host.pending_write_through == 1
         getattr(c, drop)()
         assert host.pending_write_through == 0 and host.take_copies() == []
         assert host.held == 0
@@ -102,3 +104,20 @@ def test_unknown_write_policy_and_the_flag() -> None:
     with pytest.raises(ValueError, match="write policy"):
         HostTier(4, lambda n: None, write="write_sometimes")
     assert SchedulerConfig().host_tier_write == "write_back"
+
+
+def test_write_through_is_queued_before_the_next_allocation_evicts() -> None:
+    """A finished path that the very next allocation evicts (a full pool) was already copied
+    by write-through: the step carries that copy first and no save of its own."""
+    c = _cache("write_through", gpu=4, host=16)
+    slots = _insert(c, [1, 2, 3, 4])
+    again = c.alloc(4)  # the next step's admission evicts the whole path
+    assert again is not None and sorted(again) == sorted(slots)
+    host = c.host
+    assert host is not None
+    copies = host.take_copies()
+    assert [(x.to_host, x.src) for x in copies] == [(True, slots)]  # read before reuse
+    assert host.stats.written_through_tokens == host.stats.saved_tokens == 4
+    assert c.match_prefix([1, 2, 3, 4, 5]).host_len == 4
+    c.free_slots(again)
+    c.check_integrity(0, [])

@@ -35,7 +35,7 @@ from tokenizer_service.images import ImageBounds, ImageSpec, place, prepare
 from tokenizer_service.metrics import FrontDoorMetrics, RequestTimer
 from tokenizer_service.pacing import Pacer
 from tokenizer_service.routing.deltas import Update
-from tokenizer_service.routing.replica_set import ReplicaSet
+from tokenizer_service.routing.replica_set import ReplicaSet, Ticket
 from tokenizer_service.routing.scheduler_link import DuplicateRequest, SchedulerLost
 from tokenizer_service.text_stream import TextStream
 from tokenizer_service.tokenization import Tokenization
@@ -88,6 +88,17 @@ class GenerateInput:
     # into their positions, once (a prepared input keeps both: its ids hold pseudo ids).
     images: list[bytes] = field(default_factory=list)
     image_inputs: list[ImageInput] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """One submitted request while its events stream (core.FrontDoor.generate)."""
+
+    ticket: Ticket
+    stream: TextStream
+    wire_rid: str
+    owns: bool  # it holds its id in `owners` (a refused duplicate does not)
+    finished: bool = False  # ended at its scheduler: nothing to abort
 
 
 class FrontDoor:
@@ -230,10 +241,28 @@ class FrontDoor:
         done: Complete | None = None
         outcome = "cancelled"  # the consumer went away before the end
         try:
-            async for ev in self._generate(inp, rid, prepared, timer):
-                if isinstance(ev, Complete):
-                    done, outcome = ev, "ok"
-                yield ev
+            # One generator per request, the event loop inline: every layer of async
+            # generators is a resume per event (issue 27).
+            run = await self._submit(inp, rid, prepared)
+            inbox, stream = run.ticket.queue, run.stream
+            try:
+                while True:
+                    # everything that came since the last event, as one (routing/inbox.py)
+                    chunk, ended, tokens, failure = _apply(await inbox.take(), stream)
+                    timer.tokens(tokens)
+                    if failure is not None:
+                        error, run.finished = failure  # an error update: the scheduler ended it
+                        if chunk is not None:  # tokens before the failure still go out
+                            yield chunk
+                        raise error
+                    if chunk is not None:
+                        yield chunk
+                    if ended:
+                        done, outcome = self._complete(run, inp, timer), "ok"
+                        yield done
+                        return
+            finally:
+                self._release(run)
         except GenerateError as exc:
             timer.failed(exc.status.name.lower())
             outcome = exc.status.name.lower()
@@ -242,13 +271,13 @@ class FrontDoor:
             timer.close()
             _log_end(rid, inp.tenant, outcome, done, timer)
 
-    async def _generate(
+    async def _submit(
         self,
         inp: GenerateInput,
         rid: str,
         prepared: tuple[list[int], api_pb2.SamplingParams] | None,
-        timer: RequestTimer,
-    ) -> AsyncGenerator[Event, None]:
+    ) -> _Run:
+        """Validate, submit to a replica and set up the request's text stream."""
         wire_rid = _wire_rid(rid, inp.tenant)  # request ids are per tenant
         ids, sampling = prepared or await self.prepare(inp)
         resumed = inp.resume_output_ids
@@ -278,40 +307,26 @@ class FrontDoor:
         log.debug("submitted", rid=rid, prompt_tokens=len(ids), resumed=len(resumed))
         stream = TextStream(self.tok, ids, sampling, inp.stream, inp.stream_interval)
         stream.resume(resumed)
-        finished = False
         owns = wire_rid not in self.owners  # a duplicate id must not take over the first
         if owns:
             self.owners[wire_rid] = inp.tenant
-        inbox = ticket.queue
-        inbox.pacer = self.pacer  # the loop runs late: tokens gather until its tick
-        try:
-            while True:
-                # everything that came since the last event, as one event (routing/inbox.py)
-                chunk, done, tokens, failure = _apply(await inbox.take(), stream)
-                timer.tokens(tokens)
-                if failure is not None:
-                    error, finished = failure  # an error update: the scheduler ended it
-                    if chunk is not None:  # tokens before the failure still go out
-                        yield chunk
-                    raise error
-                if chunk is not None:
-                    yield chunk
-                if done:
-                    finished = True
-                    if stream.stopped_by_string:
-                        self.replicas.abort(ticket)
-                    complete = stream.complete(inp.logprobs)
-                    timer.succeeded(
-                        complete.finish_reason, len(complete.prompt_ids), len(complete.output_ids)
-                    )
-                    yield complete
-                    return
-        finally:
-            if not finished:  # the consumer went away, or the stream broke
-                self.replicas.abort(ticket)
-            self.replicas.done(ticket)
-            if owns:
-                del self.owners[wire_rid]
+        ticket.queue.pacer = self.pacer  # the loop runs late: tokens gather until its tick
+        return _Run(ticket, stream, wire_rid, owns)
+
+    def _complete(self, run: _Run, inp: GenerateInput, timer: RequestTimer) -> Complete:
+        run.finished = True
+        if run.stream.stopped_by_string:
+            self.replicas.abort(run.ticket)
+        complete = run.stream.complete(inp.logprobs)
+        timer.succeeded(complete.finish_reason, len(complete.prompt_ids), len(complete.output_ids))
+        return complete
+
+    def _release(self, run: _Run) -> None:
+        if not run.finished:  # the consumer went away, or the stream broke
+            self.replicas.abort(run.ticket)
+        self.replicas.done(run.ticket)
+        if run.owns:
+            del self.owners[run.wire_rid]
 
     def abort(self, rid: str, tenant: str) -> bool:
         """Client-initiated abort: only the tenant that submitted a request may abort it;

@@ -300,13 +300,6 @@ def _name(req: _Request, rid: Any, header_rid: str) -> None:
         inp.rid = r
 
 
-# One streamed event of SGLang's /generate without logprobs, as json.dumps writes it
-_PARTIAL = (
-    b'data: {"text": "%b", "output_ids": [%b], "meta_info": {"id": %b, '
-    b'"finish_reason": null, "completion_tokens": %d, "e2e_latency": %b}}\n\n'
-)
-
-
 class _Meta:
     """SGLang's response objects: cumulative text while streaming, then the final result."""
 
@@ -352,12 +345,20 @@ class _Meta:
             return frame(self.partial(i))
         # json.dumps of partial(i), written out: the id is encoded once per request and a
         # float's JSON is its repr
-        return _PARTIAL % (
-            self.text_json[i],
-            self.ids_json[i],
-            self.rids_json[i],
-            len(self.ids[i]),
-            repr(time.perf_counter() - self.t0).encode(),
+        return b"".join(
+            (
+                b'data: {"text": "',
+                self.text_json[i],
+                b'", "output_ids": [',
+                self.ids_json[i],
+                b'], "meta_info": {"id": ',
+                self.rids_json[i],
+                b', "finish_reason": null, "completion_tokens": ',
+                str(len(self.ids[i])).encode(),
+                b', "e2e_latency": ',
+                repr(time.perf_counter() - self.t0).encode(),
+                b"}}\n\n",
+            )
         )
 
     def _lp(self, tid: int, lp: float | None) -> list[Any]:

@@ -182,7 +182,7 @@ def scheduler_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _tier_args(tier: str, host: int) -> list[str]:
+def tier_args(tier: str, host: int) -> list[str]:
     if tier == "off":
         return ["--radix", "tree", "--host-kv-tokens", "0"]
     return ["--radix", "tree", "--host-kv-tokens", str(host), "--host-tier-write", tier]
@@ -201,14 +201,14 @@ def measure_tiers(
     try:
         for tier in TIERS:
             progress(f"  {name}: host tier {tier}")
-            stack.use_scheduler(_tier_args(tier, host))
+            stack.use_scheduler(tier_args(tier, host))
             port = stack.metrics_port("scheduler")
             with Client(stack.endpoint) as c:
                 _gen(c, [1, 2, 3, 4], 1)  # warm-up (excluded by the deltas)
                 s0, m0 = c.stats(), scheduler_metrics(port)
                 r = drive(stack.endpoint)
                 s1, m1 = c.stats(), scheduler_metrics(port)
-            runs.append(_row(tier, host, r, s0, s1, m0, m1))
+            runs.append(tier_row(tier, host, r, s0, s1, m0, m1))
             progress(
                 f"    hit {r['hit_rate']:.3f} (host {r['host_hit_tokens']} tokens), prefill "
                 f"{r['prefill_tokens_computed']} tokens, TTFT p50 {r['ttft_p50_ms']} ms, "
@@ -220,7 +220,7 @@ def measure_tiers(
     return runs
 
 
-def _row(
+def tier_row(
     tier: str, host: int, r: dict[str, Any], s0: Any, s1: Any, m0: dict, m1: dict
 ) -> dict[str, Any]:
     """One run's figures; ``r`` gains them (the caller logs it)."""

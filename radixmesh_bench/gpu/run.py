@@ -18,6 +18,9 @@ Run as `python radixmesh_bench/gpu/run.py --part NAME --out DIR`:
     run.py --part startup --out DIR   # start-up errors: weights too big, KV too
                                       # small, unsupported architecture, flashinfer
                                       # missing (startup_part.py)
+    run.py --part host_tier --out DIR # host KV tier: link peak, tier copy GB/s,
+                                      # multi-turn and gsp tier off / write-back /
+                                      # write-through (host_tier_part.py)
     run.py --part all     --out DIR
 
 Each part writes DIR/<part>.json (radixmesh_bench/gpu/common.py describes the format); copy them
@@ -58,6 +61,7 @@ PARTS = {
     "constrained": {},
     "model_load": {},
     "startup": {},
+    "host_tier": {},
 }
 WORKER_TIMEOUT_S = 330
 
@@ -280,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             from radixmesh_bench.gpu.startup_part import part_startup
 
             ok &= part_startup(args.out)
+        elif p == "host_tier":
+            from radixmesh_bench.gpu.host_tier_part import part_host_tier
+
+            ok &= part_host_tier(args.out)
         else:
             ok &= part_perf(p, args.out, systems)
         log(f"=== part {p} done in {time.perf_counter() - t:.0f}s")

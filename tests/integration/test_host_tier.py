@@ -229,3 +229,38 @@ async def _opening_snapshot(stack: Stack) -> scheduler_pb2.CacheEvents:
         finally:
             done.set()
             call.cancel()
+
+
+@pytest.mark.slow
+def test_gpu_part_host_tier_runs_on_cpu_tiny(tmp_path: Path) -> None:
+    """The GPU part `host_tier` (radixmesh_bench/gpu/host_tier_part.py) end to end in its tiny
+    configuration (tiny-llama on CPU, its own stack): every run completes, the tier serves
+    hits from the host only when on (and prefill computes less), write-through copies what
+    write-back would save at eviction, the copy rates and the host-hit weight are computed."""
+    import json
+
+    from radixmesh_bench.gpu.host_tier_part import part_host_tier
+
+    ok = part_host_tier(tmp_path, ["--model", "tiny-llama", "--device", "cpu", "--quick"])
+    doc = json.loads((tmp_path / "host_tier.json").read_text())
+    assert ok, doc["errors"]
+    rows = {(r["workload"], r["tier"]): r for r in doc["rows"]}
+    assert set(rows) == {
+        (w, t) for w in ("multi_turn", "gsp") for t in ("off", "write_back", "write_through")
+    }
+    for (workload, tier), r in rows.items():
+        assert r["all_complete"], (workload, tier)
+        if tier == "off":
+            assert r["host_hit_tokens"] == 0 and r["saved_tokens"] == 0
+        else:  # prefixes over the GPU pool come back from the host
+            assert r["host_hit_tokens"] > 0 and r["loaded_tokens"] == r["host_hit_tokens"]
+            assert r["prefill_tokens_computed"] < rows[(workload, "off")]["prefill_tokens_computed"]
+        through = r["written_through_tokens"]  # a node evicted before its turn: write-back
+        if tier == "write_through":
+            assert 0 < through <= r["saved_tokens"], (workload, r)
+        else:
+            assert through == 0, (workload, tier)
+    c = doc["copies"]
+    assert c["link_h2d_GBps"] > 0 and c["tier_load_scattered_GBps"] > 0
+    assert 0 <= doc["host_hit_weight_measured"] <= 1
+    assert doc["prefill"]["prefill_s_per_token"] > 0

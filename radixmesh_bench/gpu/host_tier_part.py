@@ -1,0 +1,338 @@
+"""Part `host_tier` (issue 31): the host KV tier on one GPU, random Llama-3.1-8B weights.
+
+    python radixmesh_bench/gpu/run.py --part host_tier --out DIR              # on the GPU
+    python radixmesh_bench/gpu/host_tier_part.py --model tiny-llama --device cpu --quick --out DIR
+
+(a) **Link and tier copy rates** (a subprocess, before the stack starts, so the parent holds no
+    CUDA context): pinned host <-> device copies of one large contiguous buffer, both
+    directions (the link's measured peak); then the tier's own copy path
+    (`model_service.kv_pool.KVPool.copy`, the code the model service runs for every KVCopy) on
+    a pool of the model's KV shape, `COPY_TOKENS` tokens at scattered slots (as a radix tree
+    hands them out) and at contiguous ones, both directions: achieved GB/s and the fraction of
+    the peak.
+(b) **Multi-turn** (`Spec.conversations` conversations, a `doc_len`-token document then
+    `turns - 1` questions, every conversation's turn k at once, then turn k + 1): the GPU pool
+    (`--kv-tokens`) is the workload's unique KV / `pool_divisor` (3.5x), the host pool
+    `host_factor` x the larger workload; tier off, write-back, write-through, a fresh scheduler
+    each on the same model process.
+(c) **Generated shared prefix, prefixes over the pool**: `gsp_groups` system prompts of
+    `gsp_system_len` ids (together about twice the GPU pool), in `gsp_waves` waves of one
+    question per group (all of a wave at once), so between two questions of a group the others
+    evict its prefix; tier off, write-back, write-through.
+
+Per run: output tok/s, TTFT p50/p99, hit rate by tier (GPU, host), prefill tokens computed,
+tokens copied each way and copies per step (GetStats and the scheduler's /metrics). With the
+tier-off run's cold prompts (`prefill_probe_len` ids vs 16) the part measures the prefill cost
+per token; with (a)'s scattered load rate the load cost per token; their ratio gives the
+HOST_HIT_WEIGHT the figures support (`1 - load/prefill`: a host hit saves what a GPU hit saves
+minus the copy), reported as `host_hit_weight_measured`. Goals (issue 31): TTFT p50 3x lower and
+output tok/s 1.5x higher with the tier, copies at 70 % of the link's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from radixmesh_bench.gpu.common import json_worker, log, new_doc  # noqa: E402
+from radixmesh_bench.gpu.host_tier_workloads import (  # noqa: E402
+    QUICK,
+    Spec,
+    drive_gsp,
+    drive_multi_turn,
+    gsp_unique,
+    multi_turn_unique,
+    prefill_cost,
+)
+from radixmesh_bench.report import write_json  # noqa: E402
+
+COPY_TOKENS = 8192  # tokens per timed tier copy (1 GiB of 8B KV)
+PEAK_MIB = 1024  # the link probe's buffer
+
+
+# -- (a) copy rates, in a worker process ---------------------------------------------------------
+def _timed(fn: Any, cuda: bool, reps: int) -> float:
+    """Median seconds of `fn()` (synchronised on CUDA) after one warm-up call."""
+    import torch
+
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _link(n: int, device: str, reps: int) -> tuple[float, float]:
+    """Seconds per `n`-byte copy host -> device and back (pinned host memory on CUDA)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    h2d = _timed(lambda: dev.copy_(host, non_blocking=True), cuda, reps)
+    d2h = _timed(lambda: host.copy_(dev, non_blocking=True), cuda, reps)
+    return h2d, d2h
+
+
+def measure_copies(model: str, device: str, quick: bool) -> dict[str, Any]:
+    """The link's peak (pinned, contiguous, both directions) and the tier's KVPool.copy rates."""
+    import torch
+
+    from model_service.kv_pool import KVPool, kv_bytes_per_token
+    from model_service.random_configs import config_dict
+
+    cuda = device.startswith("cuda")
+    reps = 3 if quick else 10
+    n = (8 if quick else PEAK_MIB) << 20
+    h2d, d2h = _link(n, device, reps)
+    cfg = config_dict(model)
+    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dtype = torch.bfloat16 if cuda else torch.float32
+    per_token = kv_bytes_per_token(layers, heads, head_dim, dtype)
+    tokens = 256 if quick else COPY_TOKENS
+    pool = KVPool(layers, 2 * tokens, heads, head_dim, dtype, device)
+    pool.add_host_tier(2 * tokens)
+    rng = random.Random(0)
+    scattered = rng.sample(range(2 * tokens), tokens)
+    contiguous = list(range(tokens))
+    out: dict[str, Any] = {
+        "link_h2d_GBps": n / h2d / 1e9,
+        "link_d2h_GBps": n / d2h / 1e9,
+        "link_buffer_MiB": n >> 20,
+        "kv_bytes_per_token": per_token,
+        "copy_tokens": tokens,
+    }
+    for name, slots in (("scattered", scattered), ("contiguous", contiguous)):
+        dst = rng.sample(range(2 * tokens), tokens)
+        save = _timed(lambda s=slots, d=dst: pool.copy(True, s, d), cuda, reps)
+        load = _timed(lambda s=slots, d=dst: pool.copy(False, d, s), cuda, reps)
+        out[f"tier_save_{name}_GBps"] = tokens * per_token / save / 1e9
+        out[f"tier_load_{name}_GBps"] = tokens * per_token / load / 1e9
+        out[f"tier_load_{name}_us_per_token"] = 1e6 * load / tokens
+    out["tier_load_fraction_of_peak"] = out["tier_load_scattered_GBps"] / out["link_h2d_GBps"]
+    out["tier_save_fraction_of_peak"] = out["tier_save_scattered_GBps"] / out["link_d2h_GBps"]
+    return out
+
+
+# -- the part ------------------------------------------------------------------------------------
+def _sizes(spec: Spec) -> dict[str, int]:
+    mt = multi_turn_unique(spec)
+    kv = int(mt / spec.pool_divisor)
+    host = int(spec.host_factor * max(mt, gsp_unique(spec)))
+    return {
+        "multi_turn_unique": mt,
+        "gsp_unique": gsp_unique(spec),
+        "kv_tokens": kv,
+        "host_kv_tokens": host,
+    }
+
+
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    """(a) on CUDA in a worker process (the parent then holds no CUDA context while the model
+    service runs); on CPU in this one (the tiny check: no second torch start-up)."""
+    if not args.device.startswith("cuda"):
+        return measure_copies(args.model, args.device, args.quick)
+    with tempfile.TemporaryDirectory() as td:
+        path = Path(td) / "copies.json"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--measure-worker",
+            "--model",
+            args.model,
+            "--device",
+            args.device,
+            "--json",
+            str(path),
+        ]
+        if args.quick:
+            cmd.append("--quick")
+        return json_worker(cmd, path, 180, "copy measurement")
+
+
+def _run_tiers(
+    doc: dict[str, Any], stack: Any, workload: str, spec: Spec, host: int, port: int
+) -> dict[str, dict[str, Any]]:
+    """The workload once per tier setting (a fresh scheduler each), rows into `doc`."""
+    from radixmesh.api import AsyncClient
+
+    from radixmesh_bench.radix_host_tier import scheduler_metrics, tier_args, tier_row
+
+    drive = drive_multi_turn if workload == "multi_turn" else drive_gsp
+    rows: dict[str, dict[str, Any]] = {}
+    for tier in spec.tiers:
+        # No shutdown grace: the old scheduler's session with the front door stays open, and
+        # waiting it out (ServingStack.restart's 30 s) would be most of a run.
+        quick_stop = ["--shutdown-grace-s", "0"]
+        stack.restart([*tier_args(tier, host), "--metrics-port", str(port), *quick_stop])
+        stack.warmup(doc["config"]["quick"])
+
+        async def go() -> tuple[Any, Any, dict[str, Any]]:
+            async with AsyncClient(stack.endpoint) as c:
+                s0 = await c.stats()
+                r = await drive(stack.endpoint, spec)
+                return s0, await c.stats(), r
+
+        m0 = scheduler_metrics(port)
+        s0, s1, r = asyncio.run(go())
+        row = tier_row(tier, host, r, s0, s1, m0, scheduler_metrics(port))
+        row = {"table": "host_tier", "system": "radixmesh", "workload": workload, **row}
+        row["variant"] = f"{workload}, host tier {tier}"
+        row["summary"] = (  # merge.py's "Other" table shows it
+            f"{row['output_tok_s']} out tok/s, TTFT p50/p99 {row['ttft_p50_ms']}/"
+            f"{row['ttft_p99_ms']} ms, hit {row['hit_rate']} (host {row['host_hit_rate']})"
+        )
+        doc["rows"].append(row)
+        rows[tier] = row
+        log(
+            f"{workload} {tier}: {row['output_tok_s']} out tok/s, TTFT p50/p99 "
+            f"{row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms, hit {row['hit_rate']} (host "
+            f"{row['host_hit_rate']}), saved {row['saved_tokens']} loaded {row['loaded_tokens']}, "
+            f"most per step {row['max_step_copy_tokens']}"
+        )
+    return rows
+
+
+def _gains(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    off = rows.get("off")
+    out: dict[str, Any] = {}
+    for tier, r in rows.items():
+        if off is None or tier == "off" or not r["ttft_p50_ms"] or not off["output_tok_s"]:
+            continue
+        ttft = off["ttft_p50_ms"] / r["ttft_p50_ms"]
+        tput = r["output_tok_s"] / off["output_tok_s"]
+        out[tier] = {
+            "ttft_p50_lower_x": round(ttft, 2),
+            "output_tok_s_higher_x": round(tput, 2),
+            "goal_ttft_3x": ttft >= 3,
+            "goal_tput_1_5x": tput >= 1.5,
+        }
+    return out
+
+
+def _host_hit_weight(doc: dict[str, Any]) -> None:
+    """HOST_HIT_WEIGHT from the measured load and prefill costs per token (module docstring)."""
+    copies, prefill = doc.get("copies"), doc.get("prefill")
+    if not copies or "error" in copies or not prefill:
+        return
+    load = copies["tier_load_scattered_us_per_token"] / 1e6
+    ratio = load / prefill["prefill_s_per_token"]
+    doc["load_over_prefill_per_token"] = round(ratio, 4)
+    doc["host_hit_weight_measured"] = round(max(0.0, 1.0 - ratio), 3)
+
+
+def part_host_tier(out: Path, argv: list[str] | None = None) -> bool:
+    """Entry point for radixmesh_bench/gpu/run.py (and this module's CLI)."""
+    args = parser().parse_args(["--out", str(out), *(argv or [])])
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> bool:
+    from radixmesh_bench.gpu.serving_stack import ServingStack
+    from services.launcher import free_port
+
+    spec = QUICK if args.quick else Spec()
+    if args.tiers:
+        spec = replace(spec, tiers=tuple(args.tiers.split(",")))
+    sizes = _sizes(spec)
+    doc = new_doc("host_tier")
+    doc["config"] = {
+        "model": args.model,
+        "device": args.device,
+        "quick": args.quick,
+        **asdict(spec),
+        **sizes,
+    }
+    path = args.out / "host_tier.json"
+    t = time.perf_counter()
+    doc["copies"] = _measure(args)
+    if "error" in doc["copies"]:
+        doc["errors"].append(doc["copies"]["error"])
+    else:
+        c = doc["copies"]
+        log(
+            f"link h2d {c['link_h2d_GBps']:.1f} GB/s, d2h {c['link_d2h_GBps']:.1f}; tier load "
+            f"{c['tier_load_scattered_GBps']:.1f} GB/s ({c['tier_load_fraction_of_peak']:.2f} of "
+            f"peak), save {c['tier_save_scattered_GBps']:.1f} GB/s"
+        )
+    write_json(doc, path)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="radixmesh-host-tier-") as td:
+        stack = ServingStack(args.model, args.device, Path(td) / "logs", spec.max_running)
+        stack.launcher.specs["model"].args += [
+            "--kv-tokens",
+            str(sizes["kv_tokens"]),
+            "--host-kv-tokens",
+            str(sizes["host_kv_tokens"]),
+        ]
+        try:
+            stack.start(["--radix", "tree", "--shutdown-grace-s", "0"])
+            doc["prefill"] = asyncio.run(prefill_cost(stack.endpoint, spec))
+            _host_hit_weight(doc)
+            for workload in ("multi_turn", "gsp"):
+                rows = _run_tiers(doc, stack, workload, spec, sizes["host_kv_tokens"], port)
+                doc[f"{workload}_gains"] = _gains(rows)
+                write_json(doc, path)
+        except Exception as exc:  # record, keep what was measured
+            import traceback
+
+            traceback.print_exc()
+            doc["errors"].append(f"stack: {exc!r}")
+            doc["notes"] += stack.log_tails()
+        finally:
+            stack.stop()
+    doc["wall_s"] = round(time.perf_counter() - t, 1)
+    write_json(doc, path)
+    log(
+        f"host_tier: weight {doc.get('host_hit_weight_measured')}, gains "
+        f"{doc.get('multi_turn_gains')} / {doc.get('gsp_gains')} in {doc['wall_s']} s"
+    )
+    return not doc["errors"] and all(r.get("all_complete") for r in doc["rows"])
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny workloads (local CPU check)")
+    ap.add_argument("--tiers", default="", help="comma list of off,write_back,write_through")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/gpu")))
+    ap.add_argument("--measure-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.measure_worker:
+        import json
+
+        args.json.write_text(json.dumps(measure_copies(args.model, args.device, args.quick)))
+        return 0
+    return 0 if _run(args) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

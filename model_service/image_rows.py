@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from radixmesh_wire.image_geometry import ImageGeometry
+from radixmesh_wire.image_geometry import ImageGeometry, image_problem
 from radixmesh_wire.images import ImageInput
 
 
@@ -58,7 +58,7 @@ def check_images(
         if bad:
             return bad
         if geometry is not None:
-            bad = _check_geometry(im, geometry)
+            bad = image_problem(im.n_tokens, im.image_size, im.shape, geometry)
             if bad:
                 return bad
         elif im.n_tokens != per_image:
@@ -66,18 +66,6 @@ def check_images(
         if im.offset < end:
             return "images overlap or are out of order"
         end = im.offset + im.n_tokens
-    return ""
-
-
-def _check_geometry(im: ImageInput, geometry: ImageGeometry) -> str:
-    if geometry.max_tokens() != geometry.tile_tokens and min(im.image_size) <= 0:
-        return "an image without its size: this model lays out images by their size"
-    want = geometry.tokens(im.image_size)
-    if im.n_tokens != want:
-        return f"an image of {im.n_tokens} tokens; this model's images of this size have {want}"
-    shape = geometry.pixel_shape(im.image_size)
-    if im.shape != shape:
-        return f"pixels of shape {im.shape}; this model takes {shape} for this image"
     return ""
 
 

@@ -33,7 +33,13 @@ from model_service.tp.group import fatal
 from model_service.tp.steps import Leader
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
-from radixmesh_wire.step_codec import decode_masks, decode_step, encode_output, encode_step
+from radixmesh_wire.step_codec import (
+    decode_masks,
+    decode_step,
+    encode_output,
+    encode_step,
+    layout_to_proto,
+)
 from radixmesh_wire.step_ops import StepOps
 from services.security import require_peer
 from services.watchdog import Progress
@@ -189,6 +195,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             kv_capacity=e.runner.pool.capacity,
             host_kv_capacity=e.runner.pool.host_capacity,
             image_tokens=self.limits.image_tokens,
+            image_layout=layout_to_proto(self.limits.image_geometry),
             vocab_size=e.vocab_size,
             context_length=e.context_length,
             eos_token_ids=e.eos_token_ids,

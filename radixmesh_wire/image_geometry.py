@@ -137,3 +137,21 @@ class AnyresGeometry(ImageGeometry):
             (h // self.tile * self.side) * (w // self.tile * self.side + 1)
             for h, w in self.pinpoints
         )
+
+
+def image_problem(
+    n_tokens: int, image_size: tuple[int, int], shape: tuple[int, ...], geometry: ImageGeometry
+) -> str:
+    """'' if an image of `image_size` (height, width) sent as `n_tokens` placeholders and
+    pixels of `shape` fits `geometry`, else what is wrong. The scheduler (at submit) and the
+    model service (every admission) both ask this, so an image the scheduler accepted never
+    fails a step that other requests share."""
+    if geometry.max_tokens() != geometry.tile_tokens and min(image_size) <= 0:
+        return "an image without its size: this model lays out images by their size"
+    want = geometry.tokens(image_size)
+    if n_tokens != want:
+        return f"an image of {n_tokens} tokens; this model's images of this size have {want}"
+    expect = geometry.pixel_shape(image_size)
+    if tuple(shape) != expect:
+        return f"pixels of shape {tuple(shape)}; this model takes {expect} for this image"
+    return ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from radixmesh_wire.image_geometry import AnyresGeometry, ImageGeometry
 from radixmesh_wire.images import ImageInput
 from radixmesh_wire.mask_rows import EncodedRow, MaskEncoding
 from radixmesh_wire.packing import pack_f32, pack_i32, unpack_f32, unpack_i32
@@ -225,7 +226,33 @@ def decode_worker_info(info: model_pb2.WorkerInfo) -> WorkerInfo:
         device=info.device,
         host_kv_capacity=int(info.host_kv_capacity),
         image_tokens=int(info.image_tokens),
+        image_geometry=layout_from_proto(info.image_layout),
     )
+
+
+def layout_to_proto(geometry: ImageGeometry | None) -> images_pb2.ImageLayout:
+    """A model's image layout for its WorkerInfo (an empty message: none)."""
+    if geometry is None:
+        return images_pb2.ImageLayout()
+    msg = images_pb2.ImageLayout(tile=geometry.tile, tile_tokens=geometry.tile_tokens)
+    if isinstance(geometry, AnyresGeometry):
+        msg.side = geometry.side
+        msg.pinpoints.extend(v for hw in geometry.pinpoints for v in hw)
+    return msg
+
+
+def layout_from_proto(msg: images_pb2.ImageLayout) -> ImageGeometry | None:
+    """The layout a WorkerInfo carries, or None (tile 0: an older or text-only model
+    service). ValueError names what is inconsistent (the layout classes check themselves)."""
+    if not msg.tile:
+        return None
+    if not msg.pinpoints:
+        return ImageGeometry(int(msg.tile), int(msg.tile_tokens))
+    p = list(msg.pinpoints)
+    if len(p) % 2:
+        raise ValueError(f"image layout: {len(p)} pinpoint values, not (height, width) pairs")
+    pairs = tuple((int(p[i]), int(p[i + 1])) for i in range(0, len(p), 2))
+    return AnyresGeometry(int(msg.tile), int(msg.tile_tokens), pinpoints=pairs, side=int(msg.side))
 
 
 def image_to_proto(im: ImageInput) -> images_pb2.ImageInput:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh_wire.image_geometry import ImageGeometry
 from radixmesh_wire.images import ImageInput
 from radixmesh_wire.mask_rows import EncodedRow
 
@@ -29,6 +30,8 @@ class WorkerInfo:
     device: str = ""  # "cuda..." or else CPU: the default prefill chunk sizes (chunk_budget)
     host_kv_capacity: int = 0  # host-memory KV slots (issue 31): 0 = no host tier
     image_tokens: int = 0  # tokens per image (multimodal models); 0: text-only, no images
+    # Its image layout: an image's count and pixel shape by its size (None: check the count)
+    image_geometry: ImageGeometry | None = None
 
 
 @dataclass(frozen=True)

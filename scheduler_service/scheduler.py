@@ -139,6 +139,7 @@ class Scheduler:
             kv_capacity=st.cache.allocator.capacity,
             max_top_logprobs=self.cfg.max_top_logprobs,
             image_tokens=info.image_tokens,
+            image_geometry=info.image_geometry,
         )
 
     def abort(self, rid: str, session: str | None = None) -> bool:

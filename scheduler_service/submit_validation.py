@@ -20,6 +20,7 @@ import math
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
+from radixmesh_wire.image_geometry import ImageGeometry, image_problem
 from scheduler_service.request import Request
 from scheduler_service.status import Status
 
@@ -43,6 +44,9 @@ class SubmitLimits:
     kv_capacity: int
     max_top_logprobs: int
     image_tokens: int = 0  # tokens per image; 0: a text-only model (requests with images fail)
+    # The model's image layout (None: every image takes image_tokens): any-resolution models
+    # (LLaVA-NeXT) give an image of each size its own count and pixel shape.
+    image_geometry: ImageGeometry | None = None
 
 
 def _invalid(message: str) -> SubmitError:
@@ -121,7 +125,9 @@ def _check_images(req: Request, lim: SubmitLimits) -> None:
     end = 0
     for im in req.images:
         bad = im.check()
-        if not bad and im.n_tokens != lim.image_tokens:
+        if not bad and lim.image_geometry is not None:
+            bad = image_problem(im.n_tokens, im.image_size, im.shape, lim.image_geometry)
+        elif not bad and im.n_tokens != lim.image_tokens:
             bad = f"{im.n_tokens} placeholder tokens; this model's images take {lim.image_tokens}"
         if not bad and (im.offset < end or im.offset + im.n_tokens > len(req.prompt)):
             bad = "images overlap, are out of order or run past the prompt"

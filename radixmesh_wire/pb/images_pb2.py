@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/images.proto\x12\x0cradixmesh.v1\"\x87\x01\n\nImageInput\x12\x0e\n\x06offset\x18\x01 \x01(\r\x12\x10\n\x08n_tokens\x18\x02 \x01(\r\x12\x11\n\tpseudo_id\x18\x03 \x01(\x05\x12\x0e\n\x06pixels\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\r\x12\x12\n\nimage_size\x18\x06 \x03(\r\x12\x11\n\tnormalize\x18\x07 \x03(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/images.proto\x12\x0cradixmesh.v1\"\x87\x01\n\nImageInput\x12\x0e\n\x06offset\x18\x01 \x01(\r\x12\x10\n\x08n_tokens\x18\x02 \x01(\r\x12\x11\n\tpseudo_id\x18\x03 \x01(\x05\x12\x0e\n\x06pixels\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\r\x12\x12\n\nimage_size\x18\x06 \x03(\r\x12\x11\n\tnormalize\x18\x07 \x03(\x02\"Q\n\x0bImageLayout\x12\x0c\n\x04tile\x18\x01 \x01(\r\x12\x13\n\x0btile_tokens\x18\x02 \x01(\r\x12\x0c\n\x04side\x18\x03 \x01(\r\x12\x11\n\tpinpoints\x18\x04 \x03(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,4 +34,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_IMAGEINPUT']._serialized_start=44
   _globals['_IMAGEINPUT']._serialized_end=179
+  _globals['_IMAGELAYOUT']._serialized_start=181
+  _globals['_IMAGELAYOUT']._serialized_end=262
 # @@protoc_insertion_point(module_scope)

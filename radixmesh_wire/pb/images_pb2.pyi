@@ -24,3 +24,15 @@ class ImageInput(_message.Message):
     image_size: _containers.RepeatedScalarFieldContainer[int]
     normalize: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, offset: _Optional[int] = ..., n_tokens: _Optional[int] = ..., pseudo_id: _Optional[int] = ..., pixels: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., image_size: _Optional[_Iterable[int]] = ..., normalize: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ImageLayout(_message.Message):
+    __slots__ = ("tile", "tile_tokens", "side", "pinpoints")
+    TILE_FIELD_NUMBER: _ClassVar[int]
+    TILE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIDE_FIELD_NUMBER: _ClassVar[int]
+    PINPOINTS_FIELD_NUMBER: _ClassVar[int]
+    tile: int
+    tile_tokens: int
+    side: int
+    pinpoints: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tile: _Optional[int] = ..., tile_tokens: _Optional[int] = ..., side: _Optional[int] = ..., pinpoints: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -14,7 +14,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_name", "kv_capacity", "vocab_size", "context_length", "eos_token_ids", "device", "dtype", "attention_backend", "nan_fill", "host_kv_capacity", "image_tokens")
+    __slots__ = ("model_name", "kv_capacity", "vocab_size", "context_length", "eos_token_ids", "device", "dtype", "attention_backend", "nan_fill", "host_kv_capacity", "image_tokens", "image_layout")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class WorkerInfo(_message.Message):
     NAN_FILL_FIELD_NUMBER: _ClassVar[int]
     HOST_KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     kv_capacity: int
     vocab_size: int
@@ -37,7 +38,8 @@ class WorkerInfo(_message.Message):
     nan_fill: bool
     host_kv_capacity: int
     image_tokens: int
-    def __init__(self, model_name: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., nan_fill: _Optional[bool] = ..., host_kv_capacity: _Optional[int] = ..., image_tokens: _Optional[int] = ...) -> None: ...
+    image_layout: _images_pb2.ImageLayout
+    def __init__(self, model_name: _Optional[str] = ..., kv_capacity: _Optional[int] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., nan_fill: _Optional[bool] = ..., host_kv_capacity: _Optional[int] = ..., image_tokens: _Optional[int] = ..., image_layout: _Optional[_Union[_images_pb2.ImageLayout, _Mapping]] = ...) -> None: ...
 
 class OpenSession(_message.Message):
     __slots__ = ("session_id",)

@@ -7,10 +7,8 @@ LlavaNextForConditionalGeneration (tests/integration/tiny_llava.py, `next_=True`
   different aspect ratios, whose placeholder counts differ (14 and 16);
 - the same image after the same text is a cache hit covering its positions; another is not.
 
-The aspect-ratio test runs once the scheduler's submit check lets an image take fewer
-positions than the most an image takes (`WorkerInfo.image_tokens`); until then it skips,
-saying so (docs/multimodal.md, "Left"). Checked passing with that one-line change to
-scheduler_service/submit_validation.py (`n_tokens != image_tokens` -> `>`).
+The scheduler checks each image's count against its size with the layout the model service
+reports (`WorkerInfo.image_layout`), as the model service does.
 """
 
 from __future__ import annotations
@@ -24,32 +22,10 @@ import torch
 from radixmesh.api import Client
 
 from radixmesh_wire.image_geometry import AnyresGeometry
-from radixmesh_wire.images import ImageInput
-from scheduler_service.request import Request, SamplingSpec
-from scheduler_service.submit_validation import SubmitError, SubmitLimits, validate_submit
 from tests.conftest import Stack, start_stack
 from tests.integration.tiny_llava import PINPOINTS, SIDE, build_tiny_llava, png
 
-
-def _scheduler_takes_per_size_counts() -> bool:
-    """Whether the scheduler accepts an image of fewer positions than the model's most."""
-    pid = 1234
-    image = ImageInput(1, 3, pid, b"\0" * 48, (3, 2, 2))
-    spec = SamplingSpec(max_new_tokens=4)
-    req = Request("r", "s", [5, pid, pid, pid, 6], spec, frozenset(), key=1, images=(image,))
-    try:
-        validate_submit(req, SubmitLimits(100, 100, 500, 20, image_tokens=4))
-    except SubmitError:
-        return False
-    return True
-
-
 pytestmark = pytest.mark.integration
-needs_per_size_counts = pytest.mark.skipif(
-    not _scheduler_takes_per_size_counts(),
-    reason="the scheduler's submit check wants every image to take WorkerInfo.image_tokens "
-    "positions; LLaVA-NeXT's count depends on the image size (docs/multimodal.md, Left)",
-)
 
 NEW = 6
 GEOM = AnyresGeometry(SIDE, 4, pinpoints=tuple((h, w) for h, w in PINPOINTS), side=2)
@@ -111,7 +87,6 @@ def test_square_images_greedy_matches_hf(next_stack: Stack, next_dir: Path) -> N
     assert got.output_ids == _hf_greedy(next_dir, text, images)
 
 
-@needs_per_size_counts
 def test_two_aspect_ratios_greedy_matches_hf(next_stack: Stack, next_dir: Path) -> None:
     images = [png(1, w=60, h=20), png(2, w=20, h=60)]  # 1 x 2 and 2 x 1 tiles: 14, 16
     assert GEOM.tokens((20, 60)) != GEOM.tokens((60, 20))

@@ -23,6 +23,14 @@ if TYPE_CHECKING:  # numpy only where pixels are turned into values, not in the 
 
 ID_LIMIT = 2**31 - 1  # ids travel as int32
 
+# Pixel bytes: one request's preprocessed pixels at most (the front door refuses more), and
+# the most a step's admissions carry together beyond its first admission (the scheduler
+# admits the rest next step). Both leave room under the 32 MiB message bound
+# (services/server.py) for everything else a message holds, so neither a request nor a step
+# with many images can fail to reach the model service.
+MAX_REQUEST_PIXEL_BYTES = 24 * 1024 * 1024
+MAX_STEP_PIXEL_BYTES = MAX_REQUEST_PIXEL_BYTES
+
 
 def content_hash(data: bytes) -> bytes:
     """The image's key: SHA-256 of its preprocessed pixels (so two encodings of the same
@@ -100,3 +108,14 @@ def normalise(x: np.ndarray, normalize: tuple[float, ...]) -> np.ndarray:
     scaled = x.astype(np.float32) * np.float32(rescale)
     mean32 = np.asarray(mean, np.float32)[:, None, None]
     return (scaled - mean32) / np.asarray(std, np.float32)[:, None, None]
+
+
+def images_after(images: tuple[ImageInput, ...], cached: int) -> tuple[ImageInput, ...]:
+    """The images an admission must carry when its first `cached` positions are already in
+    the KV cache: those that end past it (the model service never encodes the others)."""
+    return tuple(im for im in images if im.offset + im.n_tokens > cached)
+
+
+def pixel_bytes(images: tuple[ImageInput, ...], cached: int = 0) -> int:
+    """Bytes of pixels an admission with `cached` positions already in the cache carries."""
+    return sum(len(im.pixels) for im in images if im.offset + im.n_tokens > cached)

@@ -31,7 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from radixmesh_wire.image_geometry import AnyresGeometry, tile_tokens
-from radixmesh_wire.images import ImageInput, content_hash, normalise, pseudo_id
+from radixmesh_wire.images import (
+    MAX_REQUEST_PIXEL_BYTES,
+    ImageInput,
+    content_hash,
+    normalise,
+    pseudo_id,
+)
 from tokenizer_service.image_anyres import anyres_tiles, check_tiles
 from tokenizer_service.validation import InvalidRequest
 
@@ -39,10 +45,9 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
 # The preprocessed pixels of one request travel to the scheduler and on to the model service
-# in one message each (services/server.py: MAX_MESSAGE_BYTES, 32 MiB): a request whose pixels
-# could not fit is refused here, with room left for the rest of the message. (8-bit: LLaVA-1.5
-# at 336 pixels: 0.34 MB an image; LLaVA-NeXT at 336 with 5 tiles: 1.7 MB.)
-MAX_REQUEST_PIXEL_BYTES = 24 * 1024 * 1024
+# in one message each: a request over radixmesh_wire.images.MAX_REQUEST_PIXEL_BYTES is refused
+# here. (8-bit: LLaVA-1.5 at 336 pixels: 0.34 MB an image; LLaVA-NeXT at 336 with 5 tiles:
+# 1.7 MB.)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from radixmesh_wire.images import MAX_STEP_PIXEL_BYTES, images_after, pixel_bytes
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
 from scheduler_service.cache.prefix_cache import MatchResult
 from scheduler_service.config import SchedulerConfig
@@ -235,6 +236,8 @@ class BatchBuilder:
             reserved_tokens=decode_reservation(running, ratio),
             new_token_ratio=ratio,
             chunked_remaining=remaining,
+            payload=_image_payload,
+            payload_budget=MAX_STEP_PIXEL_BYTES,
         )
         if chunked and pp.continuation_slots is not None:
             for r, slots in zip(chunked, [pp.continuation_slots, *pp.more_slots], strict=True):
@@ -282,9 +285,14 @@ class BatchBuilder:
                 slots=ext.slots,
                 sample=ext.sample,
                 rid=r.rid,
-                images=r.images,
+                images=images_after(r.images, len(prefix)),
             )
         )
+
+
+def _image_payload(r: Request, cached: int) -> int:
+    """Pixel bytes `r`'s admission carries with `cached` positions in the cache."""
+    return pixel_bytes(r.images, cached) if r.images else 0
 
 
 def jump_queued(st: SchedState, r: Request, jump: tuple[int, list[int]]) -> None:

@@ -45,7 +45,7 @@ Ownership after :func:`admit_prefills` returns, per admitted request:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
@@ -89,8 +89,8 @@ class PrefillPlan(Generic[W]):
     short, and the caller should retract). ``more_slots``: the next chunk of each other request
     mid-prefill, in ``chunked_remaining``'s order (``[]``: none this step). ``stop_reason`` says
     why admission stopped: ``"drained"`` (no more candidates), ``"max_running"``,
-    ``"chunk_budget"``, ``"memory"``, ``"chunked"`` (the last admitted request is chunked) or
-    ``"continuation_blocked"``.
+    ``"chunk_budget"``, ``"memory"``, ``"payload"`` (the step carries all the image bytes it
+    may), ``"chunked"`` (the last admitted request is chunked) or ``"continuation_blocked"``.
     """
 
     admitted: list[AdmittedPrefill[W]]
@@ -163,6 +163,8 @@ def admit_prefills(
     new_token_ratio: float = 0.7,
     chunked_remaining: int | Sequence[int] = 0,
     clip_max_new_tokens: int = DEFAULT_CLIP_MAX_NEW_TOKENS,
+    payload: Callable[[W, int], int] | None = None,
+    payload_budget: int = 0,
 ) -> PrefillPlan[W]:
     """Select, lock and allocate this step's prefills (see the module docstring).
 
@@ -171,22 +173,19 @@ def admit_prefills(
     ``chunked_remaining``: prompt tokens each request mid-prefill still has to prefill, the head
     (oldest) first (an int: one such request; 0 or empty: none). They are served ahead of new
     admissions and are not part of ``reserved_tokens``. Each admitted item's ``match`` is
-    refreshed (earlier matches may be stale after evictions).
+    refreshed (earlier matches may be stale after evictions). ``payload(item, cached)``: bytes
+    an admission with ``cached`` positions in the cache carries (images' pixels); after the
+    first admission, the step's total stays within ``payload_budget`` (the rest wait a step).
     """
     rem = [chunked_remaining] if isinstance(chunked_remaining, int) else list(chunked_remaining)
-    conts = [0] * len(rem)  # tokens for each request mid-prefill this step
-    chunk_left = chunk_budget
+    conts = _continuations(rem, chunk_budget, cache)
+    if conts is None:
+        return PrefillPlan([], None, "continuation_blocked")
+    chunk_left = chunk_budget - sum(conts)
     committed = float(sum(rem))  # all of it will need slots in coming steps
-    if rem and rem[0] > 0:
-        conts[0] = min(rem[0], chunk_left - chunk_left // 2)
-        if conts[0] > cache.free_size + cache.evictable_size:
-            return PrefillPlan([], None, "continuation_blocked")
-        chunk_left -= conts[0]
-    for i in sorted(range(1, len(rem)), key=lambda i: rem[i]):
-        conts[i] = min(rem[i], chunk_left)
-        chunk_left -= conts[i]
     picked: list[tuple[W, MatchResult, int]] = []
     reason = "drained"
+    carried = 0
     for w in candidates:
         if num_running + len(picked) >= max_running:
             reason = "max_running"
@@ -210,6 +209,13 @@ def admit_prefills(
             cache.unlock(m.node)
             reason = "memory"
             break
+        if payload is not None:  # counted before a host load: a load may only shrink it
+            size = payload(w, m.length)
+            if size and picked and carried + size > payload_budget:
+                cache.unlock(m.node)
+                reason = "payload"
+                break
+            carried += size
         if m.host_len:  # host-tier hit: load it back rather than recompute it
             loaded = cache.load_host(m)
             if loaded is not None:  # its GPU slots are taken and locked already
@@ -228,6 +234,23 @@ def admit_prefills(
         if sum(conts) + more <= cache.free_size + cache.evictable_size:
             conts[0] += more
     return _allocate(cache, conts, picked, reason)
+
+
+def _continuations(rem: list[int], chunk_budget: int, cache: PrefixCache) -> list[int] | None:
+    """Tokens for each request mid-prefill this step (``rem``: what each still has, the head
+    first): the head is sure of half the budget (rounded up), the others go fewest-left first
+    in what remains. None: the head's chunk cannot get slots (memory is short)."""
+    conts = [0] * len(rem)
+    chunk_left = chunk_budget
+    if rem and rem[0] > 0:
+        conts[0] = min(rem[0], chunk_left - chunk_left // 2)
+        if conts[0] > cache.free_size + cache.evictable_size:
+            return None
+        chunk_left -= conts[0]
+    for i in sorted(range(1, len(rem)), key=lambda i: rem[i]):
+        conts[i] = min(rem[i], chunk_left)
+        chunk_left -= conts[i]
+    return conts
 
 
 def _allocate(

@@ -287,6 +287,7 @@ def _run(args: argparse.Namespace) -> bool:
         ]
         try:
             stack.start(["--radix", "tree", "--shutdown-grace-s", "0"])
+            stack.warmup(args.quick)  # kernels and connections before the prefill probe
             doc["prefill"] = asyncio.run(prefill_cost(stack.endpoint, spec))
             _host_hit_weight(doc)
             for workload in ("multi_turn", "gsp"):

@@ -35,6 +35,9 @@ EXIT_CUT = 3  # generate: constrained output cut by --max-new-tokens (incomplete
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 API_KEY_ENV = "RADIXMESH_API_KEY"  # the client's key (radixmesh.api.Client reads it too)
 GRAMMAR_FLAGS = ("json_schema", "regex", "ebnf")
+# The front door's --router choices (tokenizer_service/config.py; a unit test keeps them equal:
+# this layer imports no service).
+ROUTERS = ("cache_aware", "round_robin", "least_load")
 
 
 def say(msg: str) -> None:
@@ -297,6 +300,13 @@ def _add_serve(sub: Any) -> None:
         type=positive_int,
         default=1,
         help="front-door processes, all on --port and --http-port (SO_REUSEPORT)",
+    )
+    topo.add_argument(
+        "--router",
+        default="cache_aware",
+        choices=ROUTERS,
+        help="how front doors pick a replica: cache_aware (longest cached prefix unless "
+        "overloaded), round_robin, least_load",
     )
     topo.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
 

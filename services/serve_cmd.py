@@ -59,7 +59,7 @@ def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list
     return {
         "model": [*model, *host, *placement.model_args(), *gpu["model"], *logs],
         "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *host, *gpu["scheduler"], *logs],
-        "tokenizer": [*tok, *logs],
+        "tokenizer": [*tok, "--router", ns.router, *logs],
         "grammar": logs,
     }
 

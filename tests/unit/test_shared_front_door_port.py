@@ -69,3 +69,15 @@ def test_one_port_for_two_different_owners_is_still_a_conflict() -> None:
     assert first_problem(uses) is None
     clash = [uses[0], PortUse(port, "the scheduler service's gRPC port")]
     assert "would be both" in (first_problem(clash) or "")
+
+
+def test_serve_router_reaches_every_front_door_with_the_front_doors_choices() -> None:
+    from services.cli import ROUTERS, build_parser
+    from services.serve_cmd import build_specs
+    from tokenizer_service.config import TokenizerConfig
+
+    assert list(ROUTERS) == TokenizerConfig.__dataclass_fields__["router"].metadata["choices"]
+    ns = build_parser().parse_args(["serve", "--router", "round_robin", "--front-doors", "2"])
+    specs = build_specs(ns, Topology(front_doors=2, shared_port=True), "default")
+    doors = [s for s in specs if s.public]
+    assert len(doors) == 2 and all("--router round_robin" in " ".join(s.args) for s in doors)

@@ -1,5 +1,6 @@
 """The host KV tier through the real scheduler loop (issue 31), against a recording fake model
-service: eviction sends a save in the step that reuses the slots, a returning prefix is loaded
+service: eviction sends a save in the step that reuses the slots (under write-through the
+finished request's save comes first, and eviction copies nothing), a returning prefix is loaded
 back in the step that admits it (into exactly its prefix slots), and a model-service restart
 forgets the host tier with the GPU tier."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+
+import pytest
 
 from radixmesh_wire.step_ops import StepOps, StepOutcome, WorkerInfo
 from scheduler_service.config import SchedulerConfig
@@ -64,13 +67,16 @@ def _req(rid: str, key: int, prompt: list[int]) -> Request:
     return Request(rid=rid, session="s", prompt=prompt, spec=spec, eos_ids=frozenset(), key=key)
 
 
-def test_save_on_eviction_load_on_hit_and_restart_forgets_the_host_tier() -> None:
+@pytest.mark.parametrize("write", ["write_back", "write_through"])
+def test_save_on_eviction_load_on_hit_and_restart_forgets_the_host_tier(write: str) -> None:
     a = list(range(10, 20))
     b = list(range(30, 40))
     again = a + [7, 7, 7, 50]  # A's prompt and answer, and one more token
 
     async def scenario() -> tuple[Scheduler, RecordingLink, dict[str, int]]:
-        cfg = SchedulerConfig(host_kv_tokens=HOST, debug_invariants=True, protect_ms=0)
+        cfg = SchedulerConfig(
+            host_kv_tokens=HOST, debug_invariants=True, protect_ms=0, host_tier_write=write
+        )
         sched = Scheduler(cfg)
         link = RecordingLink()
         sched.link = link  # type: ignore[assignment]
@@ -110,3 +116,9 @@ def test_save_on_eviction_load_on_hit_and_restart_forgets_the_host_tier() -> Non
     host = getattr(st.cache, "host", None)
     assert host is not None and host.held == 0 and host.queued == 0
     assert host.allocator.free_count == HOST and st.cache.free_size == GPU
+    # Write-through copied every finished path when it finished, so eviction copied nothing.
+    through = host.stats.written_through_tokens
+    if write == "write_through":
+        assert through == host.stats.saved_tokens > 0
+    else:
+        assert through == 0

@@ -123,7 +123,8 @@ def measure_copies(model: str, device: str, quick: bool) -> dict[str, Any]:
         "copy_tokens": tokens,
     }
     for name, slots in (("scattered", scattered), ("contiguous", contiguous)):
-        dst = rng.sample(range(2 * tokens), tokens)
+        # The host side alike: scattered host slots, or the first `tokens` of the host pool.
+        dst = rng.sample(range(2 * tokens), tokens) if name == "scattered" else contiguous
         save = _timed(lambda s=slots, d=dst: pool.copy(True, s, d), cuda, reps)
         load = _timed(lambda s=slots, d=dst: pool.copy(False, d, s), cuda, reps)
         out[f"tier_save_{name}_GBps"] = tokens * per_token / save / 1e9

@@ -241,13 +241,13 @@ def test_gpu_part_host_tier_runs_on_cpu_tiny(tmp_path: Path) -> None:
 
     from radixmesh_bench.gpu.host_tier_part import part_host_tier
 
-    ok = part_host_tier(tmp_path, ["--model", "tiny-llama", "--device", "cpu", "--quick"])
+    # Two of the three tier settings (write-back runs the same loop with another flag): CI time.
+    tiny = ["--model", "tiny-llama", "--device", "cpu", "--quick", "--tiers", "off,write_through"]
+    ok = part_host_tier(tmp_path, tiny)
     doc = json.loads((tmp_path / "host_tier.json").read_text())
     assert ok, doc["errors"]
     rows = {(r["workload"], r["tier"]): r for r in doc["rows"]}
-    assert set(rows) == {
-        (w, t) for w in ("multi_turn", "gsp") for t in ("off", "write_back", "write_through")
-    }
+    assert set(rows) == {(w, t) for w in ("multi_turn", "gsp") for t in ("off", "write_through")}
     for (workload, tier), r in rows.items():
         assert r["all_complete"], (workload, tier)
         if tier == "off":

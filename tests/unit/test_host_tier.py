@@ -299,3 +299,15 @@ def test_lpm_ranks_a_host_hit_between_gpu_hits_and_misses_and_admission_loads_it
         c.free_slots(a.new_slots)
         c.unlock(a.match.node)
     c.check_integrity(0, [])
+
+
+class LongPathWriteThroughMachine(WriteThroughMachine):
+    """Write-through on 16-token cache-event blocks: the budget (20) splits nodes mid-block,
+    and the publisher's mirror must still list every block in its tier."""
+
+    SCALE = 8
+    BUDGET = 20
+
+
+TestLongPathWriteThroughMachine = LongPathWriteThroughMachine.TestCase
+TestLongPathWriteThroughMachine.settings = settings(SETTINGS, max_examples=60)

@@ -38,6 +38,7 @@ GRAMMAR_FLAGS = ("json_schema", "regex", "ebnf")
 # The front door's --router choices (tokenizer_service/config.py; a unit test keeps them equal:
 # this layer imports no service).
 ROUTERS = ("cache_aware", "round_robin", "least_load")
+HOST_TIER_WRITES = ("write_back", "write_through")  # the scheduler's (scheduler_service/config.py)
 
 
 def say(msg: str) -> None:
@@ -328,6 +329,13 @@ def _add_serve(sub: Any) -> None:
         default=0,
         help="host-memory KV tier under the radix cache, per replica, in tokens (docs/radix.md, "
         "Host tier; 0: off)",
+    )
+    sched.add_argument(
+        "--host-tier-write",
+        default="write_back",
+        choices=HOST_TIER_WRITES,
+        help="when KV goes to the host tier: write_back (on GPU eviction) or write_through "
+        "(as each request's KV enters the cache)",
     )
 
     add_gpu_flags(s)

@@ -55,10 +55,15 @@ def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list
     model = ["--kv-tokens", str(per_replica)] if ns.kv_tokens else []
     # The host tier needs both ends: the model service's pool, the scheduler's index space.
     host = ["--host-kv-tokens", str(ns.host_kv_tokens)] if ns.host_kv_tokens else []
+    write = ["--host-tier-write", ns.host_tier_write] if ns.host_kv_tokens else []
     gpu = gpu_service_args(ns)
     return {
         "model": [*model, *host, *placement.model_args(), *gpu["model"], *logs],
-        "scheduler": ["--radix", ns.radix, "--policy", ns.policy, *host, *gpu["scheduler"], *logs],
+        "scheduler": [
+            *["--radix", ns.radix, "--policy", ns.policy, *host, *write],
+            *gpu["scheduler"],
+            *logs,
+        ],
         "tokenizer": [*tok, "--router", ns.router, *logs],
         "grammar": logs,
     }

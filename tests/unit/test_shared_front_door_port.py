@@ -81,3 +81,16 @@ def test_serve_router_reaches_every_front_door_with_the_front_doors_choices() ->
     specs = build_specs(ns, Topology(front_doors=2, shared_port=True), "default")
     doors = [s for s in specs if s.public]
     assert len(doors) == 2 and all("--router round_robin" in " ".join(s.args) for s in doors)
+
+
+def test_serve_host_tier_write_reaches_the_schedulers() -> None:
+    from scheduler_service.config import SchedulerConfig
+    from services.cli import HOST_TIER_WRITES, build_parser
+    from services.serve_cmd import build_specs
+
+    field = SchedulerConfig.__dataclass_fields__["host_tier_write"]
+    assert list(HOST_TIER_WRITES) == field.metadata["choices"]
+    args = ["serve", "--host-kv-tokens", "1000", "--host-tier-write", "write_through"]
+    specs = build_specs(build_parser().parse_args(args), Topology(), "default")
+    (sched,) = [s for s in specs if s.name == "scheduler"]
+    assert "--host-tier-write write_through" in " ".join(sched.args)

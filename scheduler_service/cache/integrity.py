@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler_service.cache.radix_cache import RadixCache, _Node
+    from scheduler_service.cache.radix_cache import RadixCache
+    from scheduler_service.cache.radix_node import RadixNode
 
 
 def check_radix_integrity(
@@ -30,7 +31,7 @@ def check_radix_integrity(
         fail("root must stay empty and unlocked")
     evictable = locked = nodes = 0
     tree_slots: list[int] = []
-    unlocked_leaves: list[_Node] = []
+    unlocked_leaves: list[RadixNode] = []
     stack = [root]
     while stack:
         node = stack.pop()
@@ -129,7 +130,9 @@ def check_radix_integrity(
         fail(f"unlocked leaves missing from the eviction heap: {missing[:3]}")
 
 
-def _check_tiers(child: _Node, parent: _Node, root: _Node, fail: Callable[[str], None]) -> None:
+def _check_tiers(
+    child: RadixNode, parent: RadixNode, root: RadixNode, fail: Callable[[str], None]
+) -> None:
     """A node's tiers are consistent with its slots: GPU slots for every token or none, host
     slots for every token or none, at least one of the two; the GPU-resident nodes form a
     subtree containing the root (a GPU node's parent is on the GPU); nothing host-only is
@@ -161,7 +164,7 @@ def check_host_integrity(cache: RadixCache, *, deep: bool = True) -> None:
     assert host is not None
     held = 0
     slots: list[int] = []
-    want_heap: list[_Node] = []
+    want_heap: list[RadixNode] = []
     for node in cache._iter_nodes():
         if node.host is not None:
             held += len(node.host)

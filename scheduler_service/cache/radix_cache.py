@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
@@ -58,113 +58,15 @@ from scheduler_service.cache.prefix_cache import (
     CacheStats,
     MatchResult,
 )
-
-
-class _Node:
-    __slots__ = (
-        "key",
-        "value",
-        "parent",
-        "children",
-        "lock_ref",
-        "direct",
-        "last_access",
-        "dead",
-        "uses",
-        "protect_until",
-        "host",
-        "pinned",
-    )
-
-    def __init__(self, key: list[int], value: list[int], parent: _Node | None, now: int) -> None:
-        self.key = key  # token ids on the edge from the parent
-        self.value = value  # KV slot of each token on the edge
-        self.parent = parent
-        self.children: dict[int, _Node] = {}  # keyed by the child's first token
-        self.lock_ref = 0  # locks on this node or any descendant
-        self.direct = 0  # locks taken on exactly this node
-        self.last_access = now  # logical clock tick of the latest match/insert through it
-        self.dead = False  # evicted, or dropped by reset(): the handle is stale
-        self.uses = 0  # locks ever taken through this node (the LFU frequency)
-        self.protect_until = 0.0  # held out of the admission budget until this clock() time
-        # Host tier (issue 31): host slot of each token, or None. A node is on the GPU when
-        # `value` is non-empty, host-only when `value` is [] (then `host` is set).
-        self.host: list[int] | None = None
-        self.pinned = False  # being loaded back: the host tier must not drop it
-
-    def __repr__(self) -> str:
-        head = self.key[:4]
-        more = "..." if len(self.key) > 4 else ""
-        return f"_Node(len={len(self.key)}, key={head}{more}, lock={self.lock_ref})"
-
-
-_CANONICAL: dict[int, int] = {}
-
-
-def intern_tokens(tokens: Iterable[int]) -> list[int]:
-    """``tokens`` as a list of canonical int objects (one object per distinct id).
-
-    Matching compares token lists; CPython compares list items by identity before value, so
-    lists holding the *same* int objects compare several times faster than lists of equal but
-    distinct ints (which is what unpacking a protobuf gives every request): about 2.5x on LPM
-    ordering of long prompts; correctness never depends on it. Memory is bounded by the
-    vocabulary. The scheduler does not call it today: interning on arrival costs ~10 us per
-    request outside the cache, about what it would save inside (tests/load/radix_replay.py).
-    """
-    canon = _CANONICAL
-    return [canon.setdefault(t, t) for t in tokens]
-
-
-def _gpu_leaf(node: _Node) -> bool:
-    """No child on the GPU (host-only children do not keep a node on the GPU). A loop, not
-    all(): this runs on every unlock and eviction, and a generator costs more."""
-    for c in node.children.values():  # noqa: SIM110
-        if c.value:
-            return False
-    return True
-
-
-def _lru_key(node: _Node) -> int:
-    return node.last_access
-
-
-def _lfu_key(node: _Node) -> tuple[int, int]:
-    return (node.uses, node.last_access)
-
-
-def _as_list(seq: Sequence[int]) -> list[int]:
-    # Edges are lists; list == tuple is always False, so normalise once per call.
-    return seq if type(seq) is list else list(seq)
-
-
-def _edge_match(key: list[int], toks: list[int], pos: int, n: int) -> int:
-    """How many tokens of the edge ``key`` match ``toks[pos:n]`` (the whole edge in one C-level
-    list compare when it fits, else token by token)."""
-    end = pos + len(key)
-    if end <= n and key == toks[pos:end]:
-        return len(key)
-    return _common_len(key, toks, pos, min(end, n))
-
-
-def _common_len(key: list[int], toks: list[int], start: int, stop: int) -> int:
-    """Length of the common prefix of ``key`` and ``toks[start:stop]``.
-
-    Long edges (thousands of tokens) are common, so this compares slices (C speed) and bisects
-    to the first difference instead of stepping token by token in Python.
-    """
-    n = min(len(key), stop - start)
-    if n <= 0:
-        return 0
-    if key[:n] == toks[start : start + n]:
-        return n
-    lo, hi = 0, n  # key[:lo] matches; key[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if key[lo:mid] == toks[start + lo : start + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+from scheduler_service.cache.radix_node import (
+    RadixNode,
+    as_list,
+    common_len,
+    edge_match,
+    gpu_leaf,
+    lfu_key,
+    lru_key,
+)
 
 
 class RadixCache:
@@ -196,14 +98,14 @@ class RadixCache:
         self.eviction = eviction
         self.protect_s = protect_s
         self._now = clock
-        self._key: Callable[[_Node], Any] = _lfu_key if eviction == "lfu" else _lru_key
+        self._key: Callable[[RadixNode], Any] = lfu_key if eviction == "lfu" else lru_key
         self._clock = 0
         self._seq = itertools.count()  # heap tie-breaker: entries never compare nodes
-        self._root = _Node([], [], None, 0)
+        self._root = RadixNode([], [], None, 0)
         # (eviction key at push time, seq, node); stale entries are skipped when popped.
-        self._heap: list[tuple[object, int, _Node]] = []
+        self._heap: list[tuple[object, int, RadixNode]] = []
         # Nodes stamped by recent inserts (an ordered set; expired ones pruned lazily).
-        self._protected: dict[_Node, None] = {}
+        self._protected: dict[RadixNode, None] = {}
         self._evictable = 0
         self._locked = 0
         self._nodes = 0  # non-root nodes in the tree
@@ -262,7 +164,7 @@ class RadixCache:
     # -- match --------------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int], max_len: int | None = None) -> MatchResult:
         t0 = perf_counter()
-        toks = _as_list(tokens)
+        toks = as_list(tokens)
         n = len(toks)
         if max_len is not None and max_len < n:
             n = max(max_len, 0)
@@ -272,7 +174,7 @@ class RadixCache:
         slots: list[int] = []
         pos = 0
         host_len = 0
-        host_node: _Node | None = None
+        host_node: RadixNode | None = None
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
@@ -290,13 +192,13 @@ class RadixCache:
                 pos = end
                 continue
             # The match ends inside this edge: split so the handle covers exactly the match.
-            k = _common_len(key, toks, pos, min(end, n))
+            k = common_len(key, toks, pos, min(end, n))
             node = self._split(child, k)
             node.last_access = now
             slots += node.value
             pos += k
             break
-        if node is not self._root and node.lock_ref == 0 and _gpu_leaf(node):
+        if node is not self._root and node.lock_ref == 0 and gpu_leaf(node):
             self._push(node)  # its LRU time changed
         st = self.stats
         st.match_calls += 1
@@ -305,17 +207,17 @@ class RadixCache:
         return MatchResult(slots, node, host_len, host_node)
 
     def _match_host(
-        self, node: _Node, toks: list[int], pos: int, n: int, now: int
-    ) -> tuple[int, _Node | None]:
+        self, node: RadixNode, toks: list[int], pos: int, n: int, now: int
+    ) -> tuple[int, RadixNode | None]:
         """Continue a match below the GPU frontier ``node`` through host-only nodes; returns
         (host tokens matched, deepest host-only node covering exactly them)."""
         start = pos
-        deepest: _Node | None = None
+        deepest: RadixNode | None = None
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
                 break
-            k = _edge_match(child.key, toks, pos, n)
+            k = edge_match(child.key, toks, pos, n)
             if k < len(child.key):
                 child = self._split(child, k)
             child.last_access = now
@@ -325,12 +227,12 @@ class RadixCache:
                 break
         return pos - start, deepest
 
-    def _split(self, child: _Node, k: int) -> _Node:
+    def _split(self, child: RadixNode, k: int) -> RadixNode:
         """Cut ``child``'s edge after ``k`` tokens; the new upper node is returned."""
         assert 0 < k < len(child.key)
         parent = child.parent
         assert parent is not None
-        upper = _Node(child.key[:k], child.value[:k], parent, child.last_access)
+        upper = RadixNode(child.key[:k], child.value[:k], parent, child.last_access)
         # Every lock through child also passes through upper; none is taken on upper itself.
         upper.lock_ref = child.lock_ref
         upper.uses = child.uses
@@ -354,8 +256,8 @@ class RadixCache:
         return upper
 
     # -- lock ---------------------------------------------------------------------------------
-    def _node(self, node: object) -> _Node:
-        if not isinstance(node, _Node):
+    def _node(self, node: object) -> RadixNode:
+        if not isinstance(node, RadixNode):
             raise TypeError(f"not a radix cache node: {node!r}")
         return node
 
@@ -370,7 +272,7 @@ class RadixCache:
             self._lock_up(n, root)
         self.stats.bookkeeping_seconds += perf_counter() - t0
 
-    def _lock_up(self, n: _Node, stop: _Node) -> _Node:
+    def _lock_up(self, n: RadixNode, stop: RadixNode) -> RadixNode:
         """One more lock_ref and use on `n` and its ancestors below `stop` (or the root), moving
         newly locked tokens from evictable to locked; returns where it stopped."""
         root = self._root
@@ -389,7 +291,7 @@ class RadixCache:
         self._unlock(self._node(node))
         self.stats.bookkeeping_seconds += perf_counter() - t0
 
-    def _unlock(self, n: _Node) -> None:
+    def _unlock(self, n: RadixNode) -> None:
         root = self._root
         # A dead locked node can only come from reset(): its accounting is gone, so ignore.
         if n is not root and not n.dead:
@@ -402,15 +304,15 @@ class RadixCache:
                     size = len(n.key)
                     self._evictable += size
                     self._locked -= size
-                    if _gpu_leaf(n):
+                    if gpu_leaf(n):
                         self._push(n)
                 n = n.parent  # type: ignore[assignment]
 
     # -- insert -------------------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
         t0 = perf_counter()
-        toks = _as_list(tokens)
-        sl = _as_list(slots)
+        toks = as_list(tokens)
+        sl = as_list(slots)
         n = len(toks)
         if len(sl) != n:
             raise ValueError(f"insert: {n} tokens but {len(sl)} slots")
@@ -419,7 +321,7 @@ class RadixCache:
         node = self._root
         pos = 0
         cached = -1
-        path: list[_Node] = []
+        path: list[RadixNode] = []
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
@@ -428,7 +330,7 @@ class RadixCache:
                 path.append(node)
                 break
             key = child.key
-            k = _edge_match(key, toks, pos, n)
+            k = edge_match(key, toks, pos, n)
             if child.value:
                 self._free_duplicates(child.value, sl, pos, k)
                 if k < len(key):
@@ -448,12 +350,12 @@ class RadixCache:
         self._protect(path)
         if self.host is not None:
             self.host.written(path)  # write-through: queue the path's copies to the host
-        if node is not self._root and node.lock_ref == 0 and _gpu_leaf(node):
+        if node is not self._root and node.lock_ref == 0 and gpu_leaf(node):
             self._push(node)
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return cached, node
 
-    def _to_gpu(self, node: _Node, keys: list[int], start: int, slots: list[int]) -> None:
+    def _to_gpu(self, node: RadixNode, keys: list[int], start: int, slots: list[int]) -> None:
         """Host-only ``node`` (whose parent is on the GPU) gets GPU ``slots`` for its KV
         (loaded back, or computed again by a request); it keeps its host copy. Its tokens
         enter the GPU tier as evictable; ``keys[:start + len(slots)]`` is its root path."""
@@ -475,11 +377,13 @@ class RadixCache:
             return  # locked prefix: no copies (and no slice of a whole edge to compare)
         self.allocator.free([s for s, c in zip(mine, cached, strict=False) if s != c])
 
-    def _add_leaf(self, node: _Node, toks: list[int], sl: list[int], pos: int, now: int) -> _Node:
+    def _add_leaf(
+        self, node: RadixNode, toks: list[int], sl: list[int], pos: int, now: int
+    ) -> RadixNode:
         """A new leaf under ``node`` for ``toks[pos:]`` in ``sl[pos:]``; its tokens enter the
         cache as evictable (the caller locks it if it must not be)."""
         # Edge slices copy, so the caller may keep mutating its own lists.
-        leaf = _Node(toks[pos:], sl[pos:], node, now)
+        leaf = RadixNode(toks[pos:], sl[pos:], node, now)
         node.children[toks[pos]] = leaf
         self._nodes += 1
         added = len(toks) - pos
@@ -489,7 +393,7 @@ class RadixCache:
             self.observer.added(leaf, toks, pos)
         return leaf
 
-    def _protect(self, path: list[_Node]) -> None:
+    def _protect(self, path: list[RadixNode]) -> None:
         """Insert protection (``--protect-ms``) for a just-inserted path."""
         if self.protect_s > 0 and path:
             until = self._now() + self.protect_s
@@ -512,8 +416,8 @@ class RadixCache:
         second walk, duplicate-slot slicing and timer pairs were most of its cost).
         """
         t0 = perf_counter()
-        toks = _as_list(tokens)
-        sl = _as_list(slots)
+        toks = as_list(tokens)
+        sl = as_list(slots)
         old = self._node(old_node)
         n = len(toks)
         if len(sl) != n:
@@ -525,14 +429,14 @@ class RadixCache:
         node = root
         pos = 0
         cut = 0  # > 0: the walk ends this many tokens into `child`'s edge (split needed)
-        child: _Node | None = None
-        path: list[_Node] = []
+        child: RadixNode | None = None
+        path: list[RadixNode] = []
         while pos < n:
             child = node.children.get(toks[pos])
             if child is None:
                 break
             key = child.key
-            k = _edge_match(key, toks, pos, n)
+            k = edge_match(key, toks, pos, n)
             val = child.value
             if (val if k == len(val) else val[:k]) != sl[pos : pos + k]:
                 self.stats.bookkeeping_seconds += perf_counter() - t0
@@ -559,7 +463,7 @@ class RadixCache:
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return CachedPrefix(node, n)
 
-    def _move_lock(self, node: _Node, old: _Node) -> None:
+    def _move_lock(self, node: RadixNode, old: RadixNode) -> None:
         """``lock(node)`` then ``unlock(old)``. When ``old`` is on ``node``'s path (always, for
         cache_unfinished) the two cancel from ``old`` up: only ``uses`` changes there."""
         root = self._root
@@ -577,7 +481,7 @@ class RadixCache:
             n = n.parent  # type: ignore[assignment]
 
     # -- evict / alloc ------------------------------------------------------------------------
-    def _push(self, node: _Node) -> None:
+    def _push(self, node: RadixNode) -> None:
         heap = self._heap
         heapq.heappush(heap, (self._key(node), next(self._seq), node))
         # Lazy invalidation lets stale entries pile up under match-heavy load; rebuild when the
@@ -590,7 +494,7 @@ class RadixCache:
         heap = [
             (key(n), next(self._seq), n)
             for n in self._iter_nodes()
-            if n.value and n.lock_ref == 0 and _gpu_leaf(n)
+            if n.value and n.lock_ref == 0 and gpu_leaf(n)
         ]
         heapq.heapify(heap)
         self._heap = heap
@@ -603,7 +507,7 @@ class RadixCache:
         key = self._key
         obs = self.observer
         host = self.host
-        node: _Node | None = None
+        node: RadixNode | None = None
         while freed < n:
             if node is None:
                 if not heap:
@@ -614,7 +518,7 @@ class RadixCache:
                     or not node.value
                     or node.lock_ref
                     or key(node) != t
-                    or not _gpu_leaf(node)
+                    or not gpu_leaf(node)
                 ):
                     node = None
                     continue  # stale entry
@@ -632,7 +536,7 @@ class RadixCache:
                 free(node.value)
                 self._drop(node)  # tells the observer (the node and its host-only subtree)
             node = None
-            if parent is not root and parent.lock_ref == 0 and _gpu_leaf(parent):
+            if parent is not root and parent.lock_ref == 0 and gpu_leaf(parent):
                 # It just became an unlocked leaf. When it would be the very next pop (its key
                 # below every entry's; a tie would go to the older entry) evict it directly:
                 # a finished request's prompt node and output leaf go together without a
@@ -645,7 +549,7 @@ class RadixCache:
         self.stats.evicted_tokens += freed
         return freed
 
-    def _unlink(self, node: _Node) -> None:
+    def _unlink(self, node: RadixNode) -> None:
         """Take ``node`` out of the tree (its slots are already freed by the caller)."""
         parent = node.parent
         assert parent is not None
@@ -656,7 +560,7 @@ class RadixCache:
         if self.observer is not None:
             self.observer.evicted(node)
 
-    def _drop(self, node: _Node) -> None:
+    def _drop(self, node: RadixNode) -> None:
         """Evict ``node`` for good, with its host-only subtree (their host copies freed)."""
         host = self.host
         if host is not None:
@@ -732,8 +636,8 @@ class RadixCache:
             return None
         t0 = perf_counter()
         top = self._node(m.node)
-        path: list[_Node] = []
-        n: _Node | None = self._node(end)
+        path: list[RadixNode] = []
+        n: RadixNode | None = self._node(end)
         while n is not top:
             if n is None or n.dead or n.value:
                 return None  # stale (the caller matched long ago)
@@ -762,9 +666,9 @@ class RadixCache:
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return MatchResult(m.slots + slots, path[-1])
 
-    def _path_keys(self, node: _Node) -> list[int]:
+    def _path_keys(self, node: RadixNode) -> list[int]:
         parts: list[list[int]] = []
-        n: _Node | None = node
+        n: RadixNode | None = node
         while n is not None and n is not self._root:
             parts.append(n.key)
             n = n.parent
@@ -779,7 +683,7 @@ class RadixCache:
         for node in self._iter_nodes():
             node.dead = True  # handles held by requests become stale; unlock ignores them
             node.parent = None
-        self._root = _Node([], [], None, 0)
+        self._root = RadixNode([], [], None, 0)
         self._heap = []
         self._protected = {}
         self._evictable = 0
@@ -791,7 +695,7 @@ class RadixCache:
         if self.observer is not None:
             self.observer.reset()
 
-    def _iter_nodes(self) -> Iterator[_Node]:
+    def _iter_nodes(self) -> Iterator[RadixNode]:
         """All non-root nodes, depth first."""
         stack = list(self._root.children.values())
         while stack:
@@ -803,7 +707,7 @@ class RadixCache:
         """Every GPU-resident non-root node with its depth above its edge and its whole root
         path's keys (tests and integrity checks only; O(tokens x depth))."""
         roots = self._root.children.values()
-        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in roots if c.value]
+        stack: list[tuple[RadixNode, list[int]]] = [(c, []) for c in roots if c.value]
         while stack:
             node, above = stack.pop()
             path = above + node.key
@@ -813,7 +717,7 @@ class RadixCache:
     def debug_host_paths(self) -> Iterator[tuple[object, int, list[int]]]:
         """Every host-only node (KV in host memory only) with its depth above its edge and its
         whole root path's keys (tests and integrity checks only; O(tokens x depth))."""
-        stack: list[tuple[_Node, list[int]]] = [(c, []) for c in self._root.children.values()]
+        stack: list[tuple[RadixNode, list[int]]] = [(c, []) for c in self._root.children.values()]
         while stack:
             node, above = stack.pop()
             path = above + node.key
@@ -826,7 +730,7 @@ class RadixCache:
         depth))."""
         out: dict[tuple[int, ...], int] = {}
         roots = self._root.children.values()
-        stack: list[tuple[_Node, tuple[int, ...]]] = [(c, ()) for c in roots if c.value]
+        stack: list[tuple[RadixNode, tuple[int, ...]]] = [(c, ()) for c in roots if c.value]
         while stack:
             node, path = stack.pop()
             for tok, slot in zip(node.key, node.value, strict=True):

@@ -7,7 +7,8 @@ import pytest
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.no_cache import NoCache
 from scheduler_service.cache.prefix_cache import PrefixCache, make_prefix_cache, match_limit
-from scheduler_service.cache.radix_cache import RadixCache, intern_tokens
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.cache.radix_node import intern_tokens
 from scheduler_service.cache.table_cache import TableCache
 
 

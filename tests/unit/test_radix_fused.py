@@ -12,7 +12,8 @@ import pytest
 
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.prefix_cache import CachedPrefix
-from scheduler_service.cache.radix_cache import RadixCache, _Node
+from scheduler_service.cache.radix_cache import RadixCache
+from scheduler_service.cache.radix_node import RadixNode
 
 
 def reference_cache_unfinished(
@@ -33,7 +34,7 @@ def reference_cache_unfinished(
 
 def shape(c: RadixCache) -> list[tuple[object, ...]]:
     out = []
-    stack: list[tuple[_Node, tuple[int, ...]]] = [(c._root, ())]
+    stack: list[tuple[RadixNode, tuple[int, ...]]] = [(c._root, ())]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-SIDE = 28
+from tests.tiny_vlm import SIDE, tiny_text_config, tiny_vision_config
+
 PINPOINTS = [[28, 56], [56, 28], [56, 56]]
 
 
@@ -23,8 +24,6 @@ def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0, next_: bool = 
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaNextConfig,
@@ -42,26 +41,10 @@ def build_tiny_llava(dest: Path, text_model: Path, seed: int = 0, next_: bool = 
     for extra in ("chat_template.jinja",):
         if (text_model / extra).exists() and not (dest / extra).exists():
             shutil.copy(text_model / extra, dest / extra)
-    text = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        initializer_range=0.2,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
+    text = tiny_text_config(
+        len(tok), 2048, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id
     )
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=SIDE,
-        patch_size=14,
-    )
+    vision = tiny_vision_config("clip")
     torch.manual_seed(seed)
     size, crop = {"shortest_edge": SIDE}, {"height": SIDE, "width": SIDE}
     if next_:

@@ -23,35 +23,19 @@ from model_service.runner import ModelRunner
 from model_service.weights import load_model
 from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
+from tests.tiny_vlm import SIDE, tiny_text_config, tiny_vision_config
 
 VOCAB = 300
 IMAGE_TOKEN = 299  # HF's placeholder id (inside the vocabulary, as HF requires)
-SIDE = 28  # 28 / patch 14 -> 4 patches -> 4 image tokens ("default": CLS dropped)
+# SIDE: 28 / patch 14 -> 4 patches -> 4 image tokens ("default": CLS dropped)
 NEW = 8
 
 
 def _tiny_config():  # type: ignore[no-untyped-def]
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import LlavaConfig
 
-    text = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,  # peaked logits: greedy ties cannot flip on rounding
-        eos_token_id=None,
-    )
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=SIDE,
-        patch_size=14,
-    )
+    text = tiny_text_config(VOCAB)
+    vision = tiny_vision_config("clip")
     return LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN)
 
 

@@ -27,6 +27,7 @@ from model_service.step_validation import StepLimits, validate_step
 from radixmesh_wire.images import ImageInput
 from radixmesh_wire.step_codec import image_from_proto, image_to_proto
 from radixmesh_wire.step_ops import AdmitOp, Sampling, StepOps
+from tests.tiny_vlm import tiny_text_config, tiny_vision_config
 from tests.unit.test_llava import IMAGE_TOKEN, NEW, SIDE, VOCAB, _ours, _runner
 from tokenizer_service.images import ImageBounds, ImageSpec, place, prepare
 
@@ -37,27 +38,10 @@ SIZES = [(60, 20), (20, 60), (100, 60)]
 
 
 def _config():  # type: ignore[no-untyped-def]
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig
+    from transformers import LlavaNextConfig
 
-    text = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        eos_token_id=None,
-    )
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=SIDE,
-        patch_size=14,
-    )
+    text = tiny_text_config(VOCAB)
+    vision = tiny_vision_config("clip")
     return LlavaNextConfig(
         vision_config=vision,
         text_config=text,
@@ -278,17 +262,10 @@ def test_layout_equals_hfs_pack_for_many_sizes(patch: int) -> None:
 def test_a_siglip_llava_next_matches_hf(tmp_path: Path) -> None:
     """The tower follows the config in LLaVA-NeXT too: SigLIP (no CLS, "full": 4 features a
     tile, one per patch), a wide and a tall image, token-identical to HF."""
-    from transformers import LlavaNextForConditionalGeneration, SiglipVisionConfig
+    from transformers import LlavaNextForConditionalGeneration
 
     cfg = _config()
-    cfg.vision_config = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=SIDE,
-        patch_size=14,
-    )
+    cfg.vision_config = tiny_vision_config("siglip")
     cfg.vision_feature_select_strategy = "full"
     cfg.vision_feature_layer = -1
     torch.manual_seed(3)

@@ -19,32 +19,16 @@ import torch
 
 from model_service.models.llava import LlavaForCausalLM
 from radixmesh_wire.images import ImageInput, content_hash, pseudo_id
+from tests.tiny_vlm import tiny_text_config, tiny_vision_config
 from tests.unit.test_llava import IMAGE_TOKEN, NEW, SIDE, VOCAB, _hf_greedy, _ours, _runner
 from tokenizer_service.images import ImageSpec
 
 
 def _config(strategy: str, layer: int):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlavaConfig, SiglipVisionConfig
+    from transformers import LlavaConfig
 
-    text = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        eos_token_id=None,
-    )
-    vision = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=SIDE,
-        patch_size=14,
-    )
+    text = tiny_text_config(VOCAB)
+    vision = tiny_vision_config("siglip")
     return LlavaConfig(
         vision_config=vision,
         text_config=text,

@@ -2,7 +2,9 @@
 
 One session at a time owns the KV pool: a second session is refused while one is open (with
 mutual TLS only the scheduler role may open one), and a new session (a restarted or
-reconnected scheduler, once the old stream ended) starts from cleared per-request state.
+reconnected scheduler, once the old stream ended) starts from cleared per-request state. A
+newcomer that comes while an ended session still closes (waiting for the steps it launched)
+waits for that close instead of being refused (docs/restart.md, "Hand-over").
 Steps are read ahead into a queue and run as two halves on two threads: `launch` (queue the
 GPU work) in order on the step thread, `finish` (wait, read tokens back) in order on the wait
 thread. So when the scheduler sends step N+1 before N's result, N+1 is launched while N still
@@ -182,7 +184,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         self.executor = ThreadPoolExecutor(1, "model-step", initializer=on_device)
         self.waiter = ThreadPoolExecutor(1, "model-wait", initializer=on_device)
         self.session_id: str | None = None
-        self._session_call: grpc.aio.ServicerContext | None = None  # the open session's call
+        self._session: StepSession | None = None  # the latest session (open or closing)
         self.session_gen = 0
         self.metrics: ModelMetrics | None = None  # set by the service when metrics are on
         self.tp: Leader | None = None  # tensor parallel: forwards every step to the other ranks
@@ -254,14 +256,17 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
             )
             return
         await require_peer(context, "scheduler")
-        old = self._session_call
-        if self.session_id is not None and old is not None and old.done():
-            # gRPC says the open session's call is over (its scheduler died) but its handler
-            # has not finished closing: the session is gone, so a new one may start (the old
-            # handler's close sees a newer generation and leaves the state alone).
-            log.warning("stale_session_replaced", generation=self.session_gen)
-            self.session_gen += 1
-            self.session_id = None
+        old = self._session
+        if self.session_id is not None and old is not None and old.over:
+            # The open session's stream is over (its scheduler died, or the stream broke, e.g.
+            # on an over-size message) but its handler is still closing: it waits for the
+            # steps it launched. gRPC does not mark a call cancelled by its peer as done, so
+            # without this the new scheduler was refused until those steps ended, backing off
+            # and retrying. Wait for that close here instead (it is bounded by the steps'
+            # own bounds; this caller's deadline or cancellation bounds the wait too), then
+            # take the pool: the step thread then never runs an old step beside a reset.
+            log.warning("stale_session_waiting", generation=old.gen)
+            await asyncio.shield(old.closed)
         if self.session_id is not None:
             # The KV pool belongs to the open session: a second one never disturbs it. A
             # restarted scheduler gets in once the old stream is gone (its socket closes on
@@ -274,8 +279,7 @@ class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):
         sid = first.open.session_id
         self.session_gen += 1
         self.session_id = sid
-        self._session_call = context
-        session = StepSession(self, self.session_gen, request_iterator, context)
+        session = self._session = StepSession(self, self.session_gen, request_iterator, context)
         replies = session.serve(sid)
         try:
             async for reply in replies:
@@ -313,14 +317,30 @@ class StepSession:
         self.queue: asyncio.Queue[model_pb2.Step | None] = asyncio.Queue()
         self.costs = servicer.costs = HostCosts()
         self.ended = asyncio.Event()  # the call is over, whatever the reader saw
-        context.add_done_callback(lambda _ctx: self.ended.set())
+        # Invariant: `over` is set once this session serves no more steps (its stream ended,
+        # broke or was cancelled); `closed` is done once its launched steps ended and the pool
+        # was handed back. A newcomer waits for `closed` only while `over` is set.
+        self.over = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        context.add_done_callback(lambda _ctx: self._call_done())
+
+    def _call_done(self) -> None:
+        self.over = True
+        self.ended.set()
 
     async def serve(self, sid: str) -> AsyncGenerator[model_pb2.StepReply, None]:
         sv = self.sv
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(sv.executor, sv.reset)
-        log.info("session_opened", generation=self.gen)
-        yield model_pb2.StepReply(opened=model_pb2.SessionOpened(session_id=sid, info=sv.info()))
+        try:
+            await loop.run_in_executor(sv.executor, sv.reset)
+            log.info("session_opened", generation=self.gen)
+            yield model_pb2.StepReply(
+                opened=model_pb2.SessionOpened(session_id=sid, info=sv.info())
+            )
+        except BaseException:  # its caller left before the session served a step
+            self.over = True
+            await asyncio.shield(asyncio.ensure_future(self._close(None, [])))
+            raise
         box = self.mailbox
         self.runner.mask_source = sv.tp.masks_source(box.wait_raw) if sv.tp else box.wait
         reader = asyncio.create_task(self._read())
@@ -346,6 +366,7 @@ class StepSession:
                     break
                 running.append(asyncio.create_task(self._run(step)))
         finally:
+            self.over = True
             if next_step is not None:
                 next_step.cancel()
             ended_wait.cancel()
@@ -416,14 +437,21 @@ class StepSession:
         return reply
 
     async def _close(
-        self, reader: asyncio.Task[None], running: list[asyncio.Task[model_pb2.StepReply]]
+        self,
+        reader: asyncio.Task[None] | None,
+        running: list[asyncio.Task[model_pb2.StepReply]],
     ) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        for task in running:  # let launched work end before the state is reset
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
-        await self.sv.close_session(self.gen)
+        try:
+            if reader is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+            for task in running:  # let launched work end before the state is reset
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
+            await self.sv.close_session(self.gen)
+        finally:
+            if not self.closed.done():
+                self.closed.set_result(None)
 
 
 def _device_setter(device: torch.device) -> Callable[[], None] | None:

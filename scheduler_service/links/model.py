@@ -4,7 +4,10 @@
 returns a future for its result (results come back in order), so a caller may keep several
 steps in flight. When the stream breaks every pending future fails with `ModelUnavailable`.
 Steps, late masks and results are typed (`radixmesh_wire.step_ops`): this module encodes and
-decodes them (`radixmesh_wire.step_codec`), so the scheduler's core never sees protobuf.
+decodes them (`radixmesh_wire.step_codec`), so the scheduler's core never sees protobuf. A step
+that encodes to more than the message bound is never handed to gRPC: the session is lost with
+a reason naming the step and its size (gRPC itself would break the stream with "INTERNAL:
+Internal error from Core").
 
 HTTP/2 keepalive alone notices a frozen peer (SIGSTOP, a wedged host) only after a minute: while
 a session is open a prober asks the model's `liveness` health every `probe_s` and declares the
@@ -31,7 +34,7 @@ from radixmesh_wire.step_codec import (
     encode_step,
 )
 from radixmesh_wire.step_ops import LateMasks, StepOps, StepOutcome, WorkerInfo
-from services.server import LIVENESS, channel
+from services.server import LIVENESS, MAX_MESSAGE_BYTES, channel
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +56,7 @@ class ModelLink:
         self._out: asyncio.Queue[model_pb2.StepRequest | None] = asyncio.Queue()
         self._pending: deque[tuple[int, asyncio.Future[StepOutcome]]] = deque()
         self._reader: asyncio.Task[None] | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None  # the open session's stream
         self._prober: asyncio.Task[None] | None = None
         self._lost_reason = ""
         self.closed = asyncio.Event()
@@ -87,6 +91,7 @@ class ModelLink:
             raise ModelUnavailable("model service closed the session at once")
         self.info = decode_worker_info(first.opened.info)
         self.closed = asyncio.Event()
+        self._call = call
         self._reader = asyncio.create_task(self._read(call))
         self._prober = asyncio.create_task(self._probe(call, self._chan))
         log.info("model_session", capacity=self.info.kv_capacity, model=self.info.model_name)
@@ -150,8 +155,28 @@ class ModelLink:
             fut.set_exception(ModelUnavailable("model service is not connected"))
             return fut
         self._pending.append((ops.step_id, fut))
-        self._out.put_nowait(model_pb2.StepRequest(step=encode_step(ops)))
+        msg = model_pb2.StepRequest(step=encode_step(ops))
+        size = msg.ByteSize()  # ~0.3 us for a decode step of 256 rows
+        if size > MAX_MESSAGE_BYTES:
+            # gRPC would refuse to send it and break the stream saying only "INTERNAL: Internal
+            # error from Core". The session is lost either way (the model service never sees
+            # this step's releases, so the two sides' state would part): say why.
+            reason = (
+                f"step {ops.step_id} encodes to {size} bytes, over the {MAX_MESSAGE_BYTES}-byte"
+                " message bound (services/server.py MAX_MESSAGE_BYTES)"
+            )
+            log.error("model_step_too_large", step=ops.step_id, size=size)
+            self._lose(reason)
+            return fut
+        self._out.put_nowait(msg)
         return fut
+
+    def _lose(self, reason: str) -> None:
+        """End the session from this side: the reader sees the cancellation and fails every
+        pending step with `reason`."""
+        self._lost_reason = reason
+        if self._call is not None:
+            self._call.cancel()
 
     def send_masks(self, masks: LateMasks) -> None:
         """The late masks of a sent `masks_follow` step (no reply of its own)."""

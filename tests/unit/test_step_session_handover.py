@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from typing import Any
 
 import grpc
@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 import model_service.server as server
 import scheduler_service.links.model as model_link
 import services.server as kit
-from radixmesh_wire.pb import model_pb2_grpc
+from radixmesh_wire.pb import model_pb2, model_pb2_grpc
 from radixmesh_wire.step_ops import StepOps, StepOutcome, StepOutput
 from scheduler_service.links.model import ModelLink, ModelUnavailable
 from tests.unit.test_step_host_costs import _engine, _Runner
@@ -158,3 +158,61 @@ def test_an_oversize_step_is_named_and_never_sent(
     assert "step 2 encodes to" in reason and f"over the {SEND_BOUND}-byte message bound" in reason
     assert "finish 2" not in events
     assert (result.step_id, result.error) == (3, "")
+
+
+class _HeldOpen(_Runner):
+    """The first reset (the first session's open) blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def reset(self) -> None:
+        if not self.started.is_set():
+            self.started.set()
+            self.release.wait(WAIT_S)
+        super().reset()
+
+
+async def _leave_while_opening() -> StepOutcome:
+    engine = _engine()
+    runner = engine.runner = _HeldOpen()
+    srv = grpc.aio.server(options=kit.SERVER_OPTIONS)
+    sv = server.ModelWorkerServicer(engine)
+    model_pb2_grpc.add_ModelWorkerServicer_to_server(sv, srv)
+    address = f"127.0.0.1:{srv.add_insecure_port('127.0.0.1:0')}"
+    await srv.start()
+    chan = kit.channel(address)
+    stay = asyncio.Event()
+
+    async def requests() -> AsyncIterator[model_pb2.StepRequest]:
+        yield model_pb2.StepRequest(open=model_pb2.OpenSession(session_id="leaves"))
+        await stay.wait()
+
+    new = ModelLink(address)
+    try:
+        call = model_pb2_grpc.ModelWorkerStub(chan).Steps(requests())
+        await _until(runner.started.is_set, "the session's open to reach its reset")
+        call.cancel()  # the scheduler leaves (or its stream breaks) while the session opens
+        await _until(
+            lambda: bool(getattr(getattr(sv, "_session", None), "over", False)),
+            "the model service to see the opening session's caller leave",
+        )
+        runner.release.set()
+        await new.connect(timeout=WAIT_S)
+        return await new.send(StepOps(step_id=1))
+    finally:
+        runner.release.set()
+        stay.set()
+        await new.close()
+        await chan.close()
+        await srv.stop(None)
+
+
+def test_a_caller_leaving_while_its_session_opens_hands_the_pool_back() -> None:
+    """Cancelled before its first step (at the open's reset or the `opened` reply), a session
+    used to skip its close: the pool stayed held and every later scheduler was refused. A
+    scheduler that reconnects and breaks its stream at once (an over-size first step) did so."""
+    result = asyncio.run(_leave_while_opening())
+    assert (result.step_id, result.error) == (1, "")

@@ -72,13 +72,23 @@ async def _until(cond: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _scenario(logs: list[MutableMapping[str, Any]]) -> tuple[_HeldRunner, StepOutcome]:
+async def _model_service(
+    runner: _Runner,
+) -> tuple[grpc.aio.Server, server.ModelWorkerServicer, str]:
+    """A real model servicer over `runner`, behind a started gRPC server on a free port."""
     engine = _engine()
-    runner = engine.runner = _HeldRunner()
+    engine.runner = runner
     srv = grpc.aio.server(options=kit.SERVER_OPTIONS)
-    model_pb2_grpc.add_ModelWorkerServicer_to_server(server.ModelWorkerServicer(engine), srv)
+    sv = server.ModelWorkerServicer(engine)
+    model_pb2_grpc.add_ModelWorkerServicer_to_server(sv, srv)
     address = f"127.0.0.1:{srv.add_insecure_port('127.0.0.1:0')}"
     await srv.start()
+    return srv, sv, address
+
+
+async def _scenario(logs: list[MutableMapping[str, Any]]) -> tuple[_HeldRunner, StepOutcome]:
+    runner = _HeldRunner()
+    srv, _, address = await _model_service(runner)
     old, new = ModelLink(address), ModelLink(address)
     try:
         await old.connect()
@@ -125,13 +135,9 @@ def test_a_broken_stream_hands_the_pool_to_the_next_session(small_send_bound: No
 
 
 async def _oversize_step() -> tuple[str, list[str], StepOutcome]:
-    engine = _engine()
-    runner = engine.runner = _HeldRunner()
+    runner = _HeldRunner()
     runner.release.set()
-    srv = grpc.aio.server(options=kit.SERVER_OPTIONS)
-    model_pb2_grpc.add_ModelWorkerServicer_to_server(server.ModelWorkerServicer(engine), srv)
-    address = f"127.0.0.1:{srv.add_insecure_port('127.0.0.1:0')}"
-    await srv.start()
+    srv, _, address = await _model_service(runner)
     old, new = ModelLink(address), ModelLink(address)
     try:
         await old.connect()
@@ -176,13 +182,8 @@ class _HeldOpen(_Runner):
 
 
 async def _leave_while_opening() -> StepOutcome:
-    engine = _engine()
-    runner = engine.runner = _HeldOpen()
-    srv = grpc.aio.server(options=kit.SERVER_OPTIONS)
-    sv = server.ModelWorkerServicer(engine)
-    model_pb2_grpc.add_ModelWorkerServicer_to_server(sv, srv)
-    address = f"127.0.0.1:{srv.add_insecure_port('127.0.0.1:0')}"
-    await srv.start()
+    runner = _HeldOpen()
+    srv, sv, address = await _model_service(runner)
     chan = kit.channel(address)
     stay = asyncio.Event()
 

@@ -3,16 +3,23 @@
 # (.fi_aot/fi_jit.tar.xz) and defines save_kernels (this run's kernels -> $OUT/fi_jit.tar.xz).
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 3
+# Lanes started from one call (device_lanes.sh) share one install: the first sourcing installs and
+# unpacks, the rest only set the environment (two pip runs into one --target race).
+if [ -z "${RADIXMESH_DEVICE_ENV_READY:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 3
+fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/client:${PYTHONPATH:-} PYTHONUNBUFFERED=1  # client/: the radixmesh package
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 aot=$(python3 -c 'import flashinfer, pathlib; print(pathlib.Path(flashinfer.__file__).parent / "data" / "aot")')
-if [ -f .fi_aot/fi_jit.tar.xz ]; then
-  mkdir -p "$aot" && tar -xJf .fi_aot/fi_jit.tar.xz -C "$aot" && echo "prebuilt kernels: $(ls "$aot" | tr '\n' ' ')"
+if [ -z "${RADIXMESH_DEVICE_ENV_READY:-}" ]; then
+  if [ -f .fi_aot/fi_jit.tar.xz ]; then
+    mkdir -p "$aot" && tar -xJf .fi_aot/fi_jit.tar.xz -C "$aot" && echo "prebuilt kernels: $(ls "$aot" | tr '\n' ' ')"
+  fi
+  nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+  python3 -c 'import torch, flashinfer, transformers; print("torch", torch.__version__, "flashinfer", flashinfer.__version__, "transformers", transformers.__version__)'
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-python3 -c 'import torch, flashinfer, transformers; print("torch", torch.__version__, "flashinfer", flashinfer.__version__, "transformers", transformers.__version__)'
+export RADIXMESH_DEVICE_ENV_READY=1
 
 save_kernels() {  # this run's compiled kernels plus the prebuilt ones, as one tarball
   local b=/tmp/fi_bundle d so

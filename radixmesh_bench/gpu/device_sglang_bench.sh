@@ -7,13 +7,21 @@
 # then a batch-1 ITL probe), stop the stack. Needs: .whl (device wheels), .sgl (SGLang's bench client copied
 # from its README's folder, its wheels in .sgl/whl, the ShareGPT sample .sgl/sharegpt.json.gz).
 # Results: $OUT/<NAME>.jsonl (bench_serving's lines), $OUT/<NAME>_greedy.json (greedy probe);
-# serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed.
+# serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed. BENCH_PORT and
+# BENCH_HTTP_PORT (default 50051 and 8000; serve's internal services take the ports after
+# BENCH_PORT) let several of these run side by side on disjoint GPUs (device_lanes.sh).
 set -o pipefail
 . radixmesh_bench/gpu/device_env.sh || exit 3
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .sgl/whl/*.whl || exit 3
+(  # once per machine, also when lanes start together
+  flock 9
+  [ -f /tmp/site/.sgl_wheels ] || { python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site .sgl/whl/*.whl && touch /tmp/site/.sgl_wheels; }
+) 9>/tmp/sgl_wheels.lock || exit 3
 export PYTHONPATH=$PYTHONPATH:$PWD/.sgl NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c 'import datasets' 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.sgl/stubs
-[ -f /tmp/sharegpt.json ] || gunzip -c .sgl/sharegpt.json.gz > /tmp/sharegpt.json
+[ -f /tmp/sharegpt.json ] || { gunzip -c .sgl/sharegpt.json.gz > /tmp/sharegpt.json.$$ &&
+  mv /tmp/sharegpt.json.$$ /tmp/sharegpt.json; }
+PORT=${BENCH_PORT:-50051}; HTTP=${BENCH_HTTP_PORT:-8000}
 PROMPTS=${BENCH_PROMPTS:-2000}
 # sharegpt (BENCH_PROMPTS, rate inf), gsp (SGLang's generated-shared-prefix 64 x 16, 2,048-token
 # prefixes, 256 out, rate inf), itl1 (batch-1 ITL: random 128/128, one at a time), in order.
@@ -21,12 +29,16 @@ WORKLOADS=${BENCH_WORKLOADS:-sharegpt,itl1}
 LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
 SHAPE=${BENCH_SHAPE:-llama-3.1-8b}
 TOK=$(python3 -m model_service.random_configs "$SHAPE") || exit 3
+descendants() {  # every process below $1
+  local c
+  for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done
+}
 status=0
 for spec in "$@"; do
   name=${spec%%=*}; flags=${spec#*=}; flags=${flags//:/ }
   echo "=== $name: serve --random-weights $SHAPE $flags $(date +%T)"
-  setsid python3 -m services.cli serve --random-weights "$SHAPE" --no-smoke --port 50051 \
-    --http-port 8000 --cuda-graph-max-bs 256 --max-running-requests 512 \
+  setsid python3 -m services.cli serve --random-weights "$SHAPE" --no-smoke --port "$PORT" \
+    --http-port "$HTTP" --cuda-graph-max-bs 256 --max-running-requests 512 \
     --log-dir "$LOGS/$name.d" $flags \
     > "$LOGS/$name.log" 2>&1 &
   pid=$!
@@ -38,7 +50,7 @@ for spec in "$@"; do
   done
   grep -E "placement|ready|error|Error" "$LOGS/$name.log" | tail -5
   if [ $ok = 1 ]; then
-    timeout 300 python3 radixmesh_bench/gpu/greedy_probe.py --out "$OUT/${name}_greedy.json" || status=1
+    timeout 300 python3 radixmesh_bench/gpu/greedy_probe.py --endpoint "localhost:$PORT" --out "$OUT/${name}_greedy.json" || status=1
   fi
   if [ $ok = 1 ] && [ "${name%_probe}" = "$name" ]; then
     for wl in ${WORKLOADS//,/ }; do
@@ -51,7 +63,7 @@ for spec in "$@"; do
         *) echo "unknown workload $wl"; status=1; continue ;;
       esac
       echo "--- $name $wl $(date +%T)"
-      timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port 8000 \
+      timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port "$HTTP" \
         "${data[@]}" --tokenizer "$TOK" --seed 1 --output-file "$OUT/$name.jsonl" 2>&1 \
         | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
     done
@@ -60,8 +72,13 @@ for spec in "$@"; do
     echo "$name: serve did not become ready"; tail -5 "$LOGS/$name.log"; status=1
     for f in "$LOGS/$name.d"/*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -15; done
   fi
-  kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
-  pkill -f "python3 -m (model|scheduler|tokenizer|grammar)_service" 2>/dev/null; sleep 2
+  # End this stack and only it, so a lane beside this one keeps its own: serve drains its
+  # services on SIGTERM; whatever of its process tree outlives 30 s is killed (the services run
+  # in sessions of their own, so they are found as descendants, not by process group).
+  tree=$(descendants $pid)
+  kill -TERM $pid 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  kill -KILL $pid $tree 2>/dev/null; wait $pid 2>/dev/null
 done
 save_kernels
 exit $status

@@ -50,6 +50,7 @@ from tokenizer_service.validation import (
 
 log = structlog.get_logger(__name__)
 
+FALLBACK_CONTEXT = 4096  # the window assumed while no replica has a model connected
 INLINE_TOKENIZE_CHARS = 4096  # shorter inputs are tokenized on the loop (tens of microseconds)
 
 
@@ -123,8 +124,9 @@ class FrontDoor:
 
     @property
     def context_length(self) -> int:
-        h = self.replicas.hello
-        return int(h.context_length) if h and h.context_length else 4096
+        """The connected model's window; before any model was reported, FALLBACK_CONTEXT
+        (a request then is checked again by the scheduler once the model connects)."""
+        return self.replicas.context_length or FALLBACK_CONTEXT
 
     @property
     def ready(self) -> bool:

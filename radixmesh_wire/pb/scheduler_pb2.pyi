@@ -94,7 +94,7 @@ class CacheEvents(_message.Message):
     def __init__(self, reset: _Optional[bool] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free", "cache_hit_rate")
+    __slots__ = ("waiting_requests", "running_requests", "waiting_tokens", "running_tokens", "kv_capacity", "kv_free", "cache_hit_rate", "context_length")
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class LoadReport(_message.Message):
     KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     waiting_requests: int
     running_requests: int
     waiting_tokens: int
@@ -109,7 +110,8 @@ class LoadReport(_message.Message):
     kv_capacity: int
     kv_free: int
     cache_hit_rate: float
-    def __init__(self, waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., cache_hit_rate: _Optional[float] = ...) -> None: ...
+    context_length: int
+    def __init__(self, waiting_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., kv_capacity: _Optional[int] = ..., kv_free: _Optional[int] = ..., cache_hit_rate: _Optional[float] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class DeltaExtras(_message.Message):
     __slots__ = ("key", "logprobs", "finish_reason", "matched_stop_token", "cached_tokens", "prompt_logprobs", "error_code", "error_message")

@@ -82,6 +82,7 @@ def _add_feed(msg: scheduler_pb2.SchedulerMessage, feed: Feed) -> None:
         msg.load.kv_capacity = ld.kv_capacity
         msg.load.kv_free = ld.kv_free
         msg.load.cache_hit_rate = ld.cache_hit_rate
+        msg.load.context_length = ld.context_length
 
 
 def _extra_to_proto(ex: Extra) -> scheduler_pb2.DeltaExtras:

@@ -48,6 +48,7 @@ class Load:
     kv_capacity: int
     kv_free: int  # free + evictable: what admission can still use
     cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache, since start
+    context_length: int = 0  # the model's window (front doors validate prompts against it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,7 @@ def load_of(st: SchedState, blocks: WaitingBlocks | None = None) -> Load:
         kv_capacity=c.allocator.capacity,
         kv_free=c.free_size + c.evictable_size,
         cache_hit_rate=st.stats.cache_hit_rate,
+        context_length=st.context_length,
     )
 
 

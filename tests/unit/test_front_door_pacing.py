@@ -30,7 +30,7 @@ def tok() -> Tokenization:
 class FakeReplicas:
     """Stands in for the ReplicaSet: one request, its updates put by the test."""
 
-    hello = scheduler_pb2.SchedulerHello(context_length=4096)
+    context_length = 4096  # the model's window, as a ReplicaSet reports it
     ready = True
 
     def __init__(self) -> None:

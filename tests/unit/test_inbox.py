@@ -56,7 +56,7 @@ def test_plain_updates_merge_and_the_rest_keep_their_place() -> None:
 class FakeReplicas:
     """Stands in for the ReplicaSet: one request, its updates put by the test."""
 
-    hello = scheduler_pb2.SchedulerHello(context_length=4096)
+    context_length = 4096  # the model's window, as a ReplicaSet reports it
     ready = True
 
     def __init__(self) -> None:

@@ -96,7 +96,9 @@ def test_every_session_gets_the_same_feed_once_per_flush() -> None:
     loads = _loads(other)
     running = [ld for ld in loads if ld.running_requests == 1]
     assert running and all(0 <= ld.running_tokens <= len(PROMPT) + 3 for ld in running)
-    assert loads[-1] == Load(0, 0, 0, 0, 256, 256)  # idle: everything free or evictable
+    assert loads[-1] == Load(
+        0, 0, 0, 0, 256, 256, context_length=64
+    )  # idle: everything free or evictable
     assert all(a != b for a, b in zip(loads, loads[1:], strict=False))  # only changes are sent
 
 
@@ -127,7 +129,7 @@ def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
     feed = ReplicaFeed(None, load_interval_s=0.005, load_cost_factor=0.0, clock=lambda: now[0])
     st = _state(None)
     first = feed.collect(st)
-    assert first == Feed(None, Load(0, 0, 0, 0, 64, 64))
+    assert first == Feed(None, Load(0, 0, 0, 0, 64, 64, context_length=64))
     assert feed.collect(st, force_load=True) is None  # unchanged: nothing to send
     st.waiting.append(_req("w", 1))
     now[0] += 0.001
@@ -140,7 +142,7 @@ def test_load_is_rate_limited_unless_idle_and_sent_only_when_changed() -> None:
     st.waiting.clear()
     now[0] += 0.001
     idle = feed.collect(st, force_load=True)  # before idling the limit does not apply
-    assert idle is not None and idle.load == Load(0, 0, 0, 0, 64, 64)
+    assert idle is not None and idle.load == Load(0, 0, 0, 0, 64, 64, context_length=64)
 
 
 def test_waiting_work_counts_a_shared_prefix_once_and_running_kv_once() -> None:
@@ -195,11 +197,12 @@ def test_opening_is_the_snapshot_and_the_current_load() -> None:
     feed.collect(st)
     opening = feed.opening(st)
     assert opening.cache == CacheDelta(True, sorted(block_hashes(PROMPT)), [])
-    assert opening.load == Load(0, 0, 0, 0, 64, 64)
+    assert opening.load == Load(0, 0, 0, 0, 64, 64, context_length=64)  # the model's window
 
 
 def test_feed_to_proto() -> None:
-    feed = Feed(CacheDelta(False, [1, 2**64 - 1], [3], [4, 5]), Load(1, 2, 3, 4, 5, 6))
+    load = Load(1, 2, 3, 4, 5, 6, context_length=131072)
+    feed = Feed(CacheDelta(False, [1, 2**64 - 1], [3], [4, 5]), load)
     msg = batch_to_proto(Batch([], [], [], feed))
     c = msg.cache
     assert (c.reset, list(c.added), list(c.removed), list(c.host)) == (
@@ -211,6 +214,7 @@ def test_feed_to_proto() -> None:
     ld = msg.load
     assert (ld.waiting_requests, ld.running_requests, ld.waiting_tokens) == (1, 2, 3)
     assert (ld.running_tokens, ld.kv_capacity, ld.kv_free) == (4, 5, 6)
+    assert ld.context_length == 131072  # a model that connects later reaches front doors
     plain = batch_to_proto(Batch([1], [7], []))
     assert not plain.HasField("cache") and not plain.HasField("load")
 

@@ -410,6 +410,53 @@ async def test_a_replica_whose_model_connects_is_probed_again_at_once() -> None:
         await server.stop(0)
 
 
+class LateModelScheduler(FakeScheduler):
+    """A scheduler whose front-door session opened before its model connected: the hello
+    has no window (0); the model's window arrives with the next load report, as the real
+    scheduler sends it once the model is there."""
+
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.FrontendMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerMessage]:
+        await anext(aiter(request_iterator))
+        yield scheduler_pb2.SchedulerMessage(
+            hello=scheduler_pb2.SchedulerHello(context_length=0, instance_id=self.instance)
+        )
+        self.opened.set()
+        await self.model.wait()
+        yield scheduler_pb2.SchedulerMessage(
+            load=scheduler_pb2.LoadReport(kv_capacity=4096, context_length=131072)
+        )
+        async for _ in request_iterator:
+            pass
+
+    def __init__(self) -> None:
+        super().__init__("late", held=[])
+        self.opened = asyncio.Event()
+        self.model = asyncio.Event()
+
+
+@aio
+async def test_a_model_that_connects_after_the_session_sets_the_window() -> None:
+    """The H200 run of 2026-11-27: one replica's front door kept the 4,096 fallback for a
+    131,072-token model (its session opened first), so ShareGPT's longest prompts were
+    refused; the window now comes with the load report that follows the model's connect."""
+    fake = LateModelScheduler()
+    server, address = await _serve(fake)
+    rs = ReplicaSet(AddressSpec("static", addresses=(address,)))
+    task = await _running(rs, 1)
+    try:
+        await asyncio.wait_for(fake.opened.wait(), 5)
+        assert rs.context_length == 0  # no model yet: the front door falls back
+        fake.model.set()
+        await _until(lambda: rs.context_length == 131072)
+    finally:
+        task.cancel()
+        await server.stop(0)
+
+
 @aio
 async def test_a_replica_that_is_not_ready_gets_no_traffic() -> None:
     """The readiness probe: a scheduler whose model is away (NOT_SERVING) is passed over."""

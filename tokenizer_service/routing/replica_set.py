@@ -193,12 +193,13 @@ class ReplicaSet:
         return any(lk.connected.is_set() for lk in self.links.values())
 
     @property
-    def hello(self) -> scheduler_pb2.SchedulerHello | None:
-        """A connected replica's hello (else any we have seen): every replica serves the same
-        model, so context length and vocabulary agree."""
-        seen = [lk for lk in self.links.values() if lk.hello is not None]
-        seen.sort(key=lambda lk: not lk.connected.is_set())
-        return seen[0].hello if seen else None
+    def context_length(self) -> int:
+        """The model's context window as a connected replica last told it (else any replica
+        seen before); 0 while no replica has reported a connected model. Every replica serves
+        the same model, so their windows agree."""
+        told = [lk for lk in self.links.values() if lk.context_length]
+        told.sort(key=lambda lk: not lk.connected.is_set())
+        return told[0].context_length if told else 0
 
     @property
     def inflight(self) -> int:

@@ -76,6 +76,10 @@ class SchedulerLink:
         self._last_key = 0
         self.out: asyncio.Queue[scheduler_pb2.FrontendMessage] = asyncio.Queue()
         self.hello: scheduler_pb2.SchedulerHello | None = None
+        # The model's window as last told: the hello's (0 when the session opened before the
+        # model connected), then every load report's, so a model that connects later (or
+        # returns with another window) is validated against its own window, not a fallback.
+        self.context_length = 0
         self.connected = asyncio.Event()
         self.down_since: float | None = time.monotonic()  # None while connected
 
@@ -232,6 +236,7 @@ class SchedulerLink:
             self.hello = first.hello
             self.session_id = session_id
             h = first.hello
+            self.context_length = h.context_length or self.context_length
             self.view.on_hello(h.instance_id, h.cache_block_tokens, h.kv_capacity)
             self._observe(first)  # the snapshot may ride on the hello
             resumed = self.live.continuations()
@@ -291,6 +296,8 @@ class SchedulerLink:
             self.view.on_cache_events(c.reset, c.added, c.removed, c.host)
         if msg.HasField("load"):
             self.view.on_load(_load(msg.load))
+            if msg.load.context_length:
+                self.context_length = msg.load.context_length
 
 
 def _load(m: scheduler_pb2.LoadReport) -> Load:

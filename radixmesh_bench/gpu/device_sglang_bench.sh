@@ -59,7 +59,8 @@ for spec in "$@"; do
         gsp) data=(--dataset-name generated-shared-prefix --gsp-num-groups 64 --gsp-prompts-per-group 16
                    --gsp-system-prompt-len 2048 --gsp-question-len 128 --gsp-output-len 256 --request-rate inf) ;;
         itl1) data=(--dataset-name random --random-input-len 128 --random-output-len 128
-                    --random-range-ratio 1 --num-prompts 4 --max-concurrency 1) ;;
+                    --random-range-ratio 1 --num-prompts 4 --max-concurrency 1
+                    --dataset-path /tmp/sharegpt.json) ;;  # random samples ShareGPT: no download
         *) echo "unknown workload $wl"; status=1; continue ;;
       esac
       echo "--- $name $wl $(date +%T)"

@@ -33,6 +33,18 @@ descendants() {  # every process below $1
   local c
   for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done
 }
+stop_stack() {  # $1: serve's pid. Its services run in sessions of their own (setsid), so
+  # they are found as descendants, not by process group; what outlives 30 s is killed.
+  local tree
+  tree=$(descendants "$1")
+  kill -TERM "$1" 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$1" $tree 2>/dev/null; wait "$1" 2>/dev/null
+}
+# A stack left running would hold its GPUs and ports into the next device call (setsid
+# processes outlive the call): stop it also when this script is cut short (timeout's TERM).
+pid=""
+trap '[ -n "$pid" ] && stop_stack "$pid"; exit 124' TERM INT
 status=0
 for spec in "$@"; do
   name=${spec%%=*}; flags=${spec#*=}; flags=${flags//:/ }
@@ -73,13 +85,7 @@ for spec in "$@"; do
     echo "$name: serve did not become ready"; tail -5 "$LOGS/$name.log"; status=1
     for f in "$LOGS/$name.d"/*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -15; done
   fi
-  # End this stack and only it, so a lane beside this one keeps its own: serve drains its
-  # services on SIGTERM; whatever of its process tree outlives 30 s is killed (the services run
-  # in sessions of their own, so they are found as descendants, not by process group).
-  tree=$(descendants $pid)
-  kill -TERM $pid 2>/dev/null
-  for _ in $(seq 1 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-  kill -KILL $pid $tree 2>/dev/null; wait $pid 2>/dev/null
+  stop_stack "$pid"; pid=""  # this stack only: a lane beside this one keeps its own
 done
 save_kernels
 exit $status

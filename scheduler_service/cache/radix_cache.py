@@ -43,12 +43,12 @@ their locks) stay on the lower half, whose path end is unchanged.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
+from scheduler_service.cache import radix_evict
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
@@ -76,6 +76,12 @@ class RadixCache:
     deterministic; every node on an accessed path gets the same tick, and a parent is always at
     least as recent as any of its children. Protection uses wall time from ``clock``
     (injectable for tests).
+
+    One class, its methods in modules by concern: this one holds the state, the sizes, match,
+    locks and the tree's structural changes; ``radix_evict`` the GPU-tier eviction. Their
+    functions take the cache first and are bound in the class body (``_evict =
+    radix_evict.evict_leaves``): call sites stay methods, the hot paths pay no wrapper call,
+    and this class remains the one owner of every field they touch.
     """
 
     def __init__(
@@ -481,73 +487,11 @@ class RadixCache:
             n = n.parent  # type: ignore[assignment]
 
     # -- evict / alloc ------------------------------------------------------------------------
-    def _push(self, node: RadixNode) -> None:
-        heap = self._heap
-        heapq.heappush(heap, (self._key(node), next(self._seq), node))
-        # Lazy invalidation lets stale entries pile up under match-heavy load; rebuild when the
-        # heap is much larger than the tree (amortised O(1) per push).
-        if len(heap) > 2 * self._nodes + 256:
-            self._rebuild_heap()
-
-    def _rebuild_heap(self) -> None:
-        key = self._key
-        heap = [
-            (key(n), next(self._seq), n)
-            for n in self._iter_nodes()
-            if n.value and n.lock_ref == 0 and gpu_leaf(n)
-        ]
-        heapq.heapify(heap)
-        self._heap = heap
-
-    def _evict(self, n: int) -> int:
-        freed = 0
-        heap = self._heap
-        root = self._root
-        free = self.allocator.free
-        key = self._key
-        obs = self.observer
-        host = self.host
-        node: RadixNode | None = None
-        while freed < n:
-            if node is None:
-                if not heap:
-                    break
-                t, _, node = heapq.heappop(heap)
-                if (
-                    node.dead
-                    or not node.value
-                    or node.lock_ref
-                    or key(node) != t
-                    or not gpu_leaf(node)
-                ):
-                    node = None
-                    continue  # stale entry
-            size = len(node.value)
-            freed += size
-            self._evictable -= size
-            parent = node.parent
-            assert parent is not None
-            if host is not None and not self._flushing and host.save(node):
-                free(node.value)  # the queued save runs before any new use of these slots
-                node.value = []  # host-only now: it keeps its place in the tree
-                if obs is not None:
-                    obs.offloaded(node)  # its blocks stay published, as host-resident
-            else:
-                free(node.value)
-                self._drop(node)  # tells the observer (the node and its host-only subtree)
-            node = None
-            if parent is not root and parent.lock_ref == 0 and gpu_leaf(parent):
-                # It just became an unlocked leaf. When it would be the very next pop (its key
-                # below every entry's; a tie would go to the older entry) evict it directly:
-                # a finished request's prompt node and output leaf go together without a
-                # push/pop round trip, in exactly the heap's order.
-                if freed < n and (not heap or key(parent) < heap[0][0]):
-                    node = parent
-                else:
-                    self._push(parent)
-                    heap = self._heap  # _push may have rebuilt it
-        self.stats.evicted_tokens += freed
-        return freed
+    # GPU-tier eviction (the leaf heap, the leaf-first walk, flush) lives in radix_evict.py.
+    _push = radix_evict.push
+    _rebuild_heap = radix_evict.rebuild_heap
+    _evict = radix_evict.evict_leaves
+    flush = radix_evict.flush
 
     def _unlink(self, node: RadixNode) -> None:
         """Take ``node`` out of the tree (its slots are already freed by the caller)."""
@@ -583,26 +527,6 @@ class RadixCache:
         t0 = perf_counter()
         freed = self._evict(n) if n > 0 else 0
         self.stats.bookkeeping_seconds += perf_counter() - t0
-        return freed
-
-    def flush(self) -> int:
-        """Drop every unlocked entry of both tiers, saving nothing (FlushCache); returns the
-        GPU tokens freed. Loads already queued for locked nodes stay queued."""
-        self._flushing = True
-        try:
-            freed = self.evict(self._evictable)
-        finally:
-            self._flushing = False
-        host = self.host
-        if host is not None:
-            host.forget_pending()
-            for node in list(self._iter_nodes()):
-                if node.dead:
-                    continue  # dropped with an ancestor just now
-                if node.value:
-                    host.drop(node)
-                else:  # a host-only subtree under a locked GPU node
-                    self._drop(node)
         return freed
 
     def alloc(self, n: int) -> list[int] | None:

@@ -3,18 +3,23 @@
 The scheduler owns the index space (which slot holds which token); this pool only stores.
 Shapes: k, v = [num_layers, capacity, num_kv_heads, head_dim].
 
-Host tier (issue 31, ``--host-kv-tokens``): a second pair ``host_k``, ``host_v`` of the same
-layout in host memory (pinned on CUDA), with its own slot ids (the scheduler owns those too).
-``copy`` runs one ``KVCopy`` (every layer's K and V of the named slots): on CPU a plain indexed
-copy, the tested reference; on CUDA a save gathers on the GPU and copies to the host
-synchronously (the slots are reused by this step), and a load gathers on the host into pinned
-staging memory, copies it on a side stream with ``non_blocking`` and scatters it there, and the
-compute stream waits on that stream's event before the step's forward pass.
+Host tier (issue 31, ``--host-kv-tokens``): one token-major tensor
+``host = [host_capacity, 2 (K, V), num_layers, num_kv_heads, head_dim]`` in host memory, with its
+own slot ids (the scheduler owns those too); ``host_k`` and ``host_v`` are layer-major views of
+it. Token-major makes a run of consecutive host slots one contiguous block, so it crosses the
+PCIe link as one copy (``kv_copy``). ``copy`` runs one ``KVCopy`` (every layer's K and V of the
+named slots):
+- on CPU, a plain indexed copy through the views: the tested reference;
+- on CUDA, ``kv_copy.StagedCopier``: chunked, run-aware copies through preallocated staging,
+  on a side stream; the compute stream waits for the copy's last touch of the GPU pool before
+  the step's forward pass. Its module docstring states the ordering rule for the host bytes.
 """
 
 from __future__ import annotations
 
 import torch
+
+from model_service.kv_copy import CHUNK_BYTES, DIRECT_BYTES, StagedCopier
 
 
 def kv_bytes_per_token(
@@ -43,21 +48,41 @@ class KVPool:
         self.k = torch.full(shape, fill, dtype=dtype, device=device)
         self.v = torch.full(shape, fill, dtype=dtype, device=device)
         self.host_capacity = 0
-        self.host_k: torch.Tensor | None = None
-        self.host_v: torch.Tensor | None = None
-        self._copy_stream: torch.cuda.Stream | None = None
+        self.host: torch.Tensor | None = None
+        self.copier: StagedCopier | None = None
 
-    def add_host_tier(self, capacity: int) -> None:
-        """Allocate the host pool: ``capacity`` token slots of every layer's K and V."""
+    def add_host_tier(
+        self,
+        capacity: int,
+        *,
+        staged: bool | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        direct_bytes: int = DIRECT_BYTES,
+    ) -> None:
+        """Allocate the host pool: ``capacity`` token slots of every layer's K and V, pinned
+        on CUDA, once, at start. Pinning N GiB costs start-up time in proportion to N (the
+        driver faults in and locks every page) and N GiB the OS can no longer swap; torch's
+        pinned allocator also rounds the request up to a power of two, so a pool of 80 GiB
+        pins 128 GiB (size ``--host-kv-tokens`` just under a power of two of bytes). The
+        staged copy path (the default on CUDA; ``staged=True`` runs it on CPU for tests) adds
+        one device and two pinned staging buffers of ``chunk_bytes`` each."""
         if capacity < 1:
             raise ValueError("host KV capacity must be at least one token")
         cuda = self.k.device.type == "cuda"
-        shape = (self.k.shape[0], capacity, *self.k.shape[2:])
-        self.host_k = torch.zeros(shape, dtype=self.k.dtype, pin_memory=cuda)
-        self.host_v = torch.zeros(shape, dtype=self.k.dtype, pin_memory=cuda)
+        shape = (capacity, 2, self.k.shape[0], *self.k.shape[2:])
+        self.host = torch.zeros(shape, dtype=self.k.dtype, pin_memory=cuda)
         self.host_capacity = capacity
-        if cuda:
-            self._copy_stream = torch.cuda.Stream(self.k.device)
+        if cuda if staged is None else staged:
+            self.copier = StagedCopier(self.k, self.v, self.host, chunk_bytes, direct_bytes)
+
+    @property
+    def host_k(self) -> torch.Tensor | None:
+        """Layer-major view [layers, host slots, heads, head_dim] of the host K."""
+        return None if self.host is None else self.host[:, 0].transpose(0, 1)
+
+    @property
+    def host_v(self) -> torch.Tensor | None:
+        return None if self.host is None else self.host[:, 1].transpose(0, 1)
 
     def copy(self, to_host: bool, src: list[int], dst: list[int]) -> None:
         """Copy slots ``src`` of one pool into slots ``dst`` of the other (see the module
@@ -65,32 +90,29 @@ class KVPool:
         hk, hv = self.host_k, self.host_v
         if hk is None or hv is None:
             raise ValueError("no host KV pool (--host-kv-tokens 0)")
+        if self.copier is not None:
+            if to_host:
+                self.copier.save(src, dst)
+            else:
+                self.copier.load(src, dst)
+            return
+        # The reference: plain indexed copies, synchronous (CPU).
         dev = self.k.device
         if to_host:
             s = torch.tensor(src, dtype=torch.int64, device=dev)
             d = torch.tensor(dst, dtype=torch.int64)
-            # .cpu() waits for the gather: the host scatter needs the data now.
             hk.index_copy_(1, d, self.k.index_select(1, s).cpu())
             hv.index_copy_(1, d, self.v.index_select(1, s).cpu())
             return
         s = torch.tensor(src, dtype=torch.int64)
-        stream = self._copy_stream
-        if stream is None:  # CPU: the reference path
-            d = torch.tensor(dst, dtype=torch.int64, device=dev)
-            self.k.index_copy_(1, d, hk.index_select(1, s))
-            self.v.index_copy_(1, d, hv.index_select(1, s))
-            return
-        sk = hk.index_select(1, s).pin_memory()
-        sv = hv.index_select(1, s).pin_memory()
-        main = torch.cuda.current_stream(dev)
-        stream.wait_stream(main)  # earlier work on these slots (poison, older steps) first
-        with torch.cuda.stream(stream):
-            d = torch.tensor(dst, dtype=torch.int64).to(dev, non_blocking=True)
-            self.k.index_copy_(1, d, sk.to(dev, non_blocking=True))
-            self.v.index_copy_(1, d, sv.to(dev, non_blocking=True))
-            done = torch.cuda.Event()
-            done.record(stream)
-        main.wait_event(done)  # the forward pass reads these slots
+        d = torch.tensor(dst, dtype=torch.int64, device=dev)
+        self.k.index_copy_(1, d, hk.index_select(1, s).to(dev))
+        self.v.index_copy_(1, d, hv.index_select(1, s).to(dev))
+
+    def sync_host(self) -> None:
+        """Wait until queued copies have finished with the host pool (before reading it)."""
+        if self.copier is not None:
+            self.copier.sync()
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer].index_copy_(0, slots, k.to(self.k.dtype))

@@ -1,0 +1,137 @@
+"""The host tier's staged copy path (issue 31, model_service/kv_copy.py) against the plain
+reference copy, bit for bit, on CPU: run splitting, chunk boundaries, both directions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from model_service.kv_copy import count_runs, plan
+from model_service.kv_pool import KVPool
+
+LAYERS, GPU, HOST, HEADS, DIM = 3, 40, 50, 2, 4
+TOKEN_BYTES = 2 * LAYERS * HEADS * DIM * 4  # float32
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """(first id, length) of each maximal run of consecutive ids, the slow obvious way."""
+    out: list[tuple[int, int]] = []
+    for x in ids:
+        if out and out[-1][0] + out[-1][1] == x:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((x, 1))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_pairs_every_slot_once_in_bounded_chunks(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(0, 60)
+    host = [rng.randrange(80) for _ in range(n)] if seed % 3 else rng.sample(range(80), n)
+    gpu = rng.sample(range(100), n)
+    chunk, min_run = rng.randint(1, 16), rng.randint(1, 5)
+    chunks = plan(host, gpu, chunk, min_run)
+    pairs: list[tuple[int, int]] = []
+    ordered: list[int] = []
+    for c in chunks:
+        assert 1 <= c.tokens <= chunk
+        gather = c.gather.tolist()
+        rows: list[int] = []
+        at = 0
+        for lo, m, row in c.runs:
+            assert m >= min_run and row == at  # runs fill the staging rows in order
+            rows += range(lo, lo + m)
+            at += m
+        assert c.gathered_at == at and at + len(gather) == c.tokens
+        rows += gather
+        pairs += zip(rows, c.gpu.tolist(), strict=True)
+        # Inside a chunk the host slots are sorted; a run of >= min_run is never gathered.
+        mine = sorted(rows)
+        ordered += mine
+        long = {x for lo, m in _runs(mine) if m >= min_run for x in range(lo, lo + m)}
+        assert long == {x for lo, m, _ in c.runs for x in range(lo, lo + m)}
+    assert sorted(pairs) == sorted(zip(host, gpu, strict=True))
+    assert ordered == sorted(host)  # chunks cut the host-sorted order, nothing reordered
+    assert len(chunks) == -(-n // chunk)
+
+
+def test_plan_one_contiguous_run_is_one_copy_per_chunk() -> None:
+    host = list(range(10, 42))
+    chunks = plan(host, list(reversed(range(32))), 8, 2)
+    assert [c.runs for c in chunks] == [((10 + 8 * i, 8, 0),) for i in range(4)]
+    assert all(c.gather.numel() == 0 for c in chunks)
+    # Descending ids (the LIFO allocator hands a freed node's slots back reversed) too.
+    assert plan(list(reversed(host)), list(range(32)), 64, 2)[0].runs == ((10, 32, 0),)
+    assert count_runs([5, 3, 4, 9, 10, 1]) == 3
+
+
+def _pool(staged: bool, **kw: int) -> KVPool:
+    gen = torch.Generator().manual_seed(0)
+    p = KVPool(LAYERS, GPU, HEADS, DIM, torch.float32, "cpu")
+    p.k.copy_(torch.randn(p.k.shape, generator=gen))
+    p.v.copy_(torch.randn(p.v.shape, generator=gen))
+    p.add_host_tier(HOST, staged=staged, **kw)
+    assert p.host is not None
+    p.host.copy_(torch.randn(p.host.shape, generator=gen))
+    return p
+
+
+def _same(a: KVPool, b: KVPool) -> None:
+    assert a.host is not None and b.host is not None
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v) and torch.equal(a.host, b.host)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_staged_copies_equal_the_reference_bit_for_bit(seed: int) -> None:
+    """Random saves and loads (scattered, sorted, descending; repeated load sources) with
+    random chunk and run thresholds, so runs and chunk edges fall everywhere."""
+    rng = random.Random(seed)
+    chunk = TOKEN_BYTES * rng.randint(1, 12)
+    direct = TOKEN_BYTES * rng.randint(1, 6)
+    ref, new = _pool(False), _pool(True, chunk_bytes=chunk, direct_bytes=direct)
+    assert ref.copier is None and new.copier is not None
+    for _ in range(6):
+        n = rng.randint(1, GPU)
+        gpu = rng.sample(range(GPU), n)
+        if rng.random() < 0.5:
+            host = rng.sample(range(HOST), n)
+            if rng.random() < 0.5:
+                a = rng.randrange(HOST - n + 1)
+                host = list(range(a, a + n))[:: rng.choice((1, -1))]
+            ref.copy(True, gpu, host)
+            new.copy(True, gpu, host)
+        else:
+            host = [rng.randrange(HOST) for _ in range(n)]
+            ref.copy(False, host, gpu)
+            new.copy(False, host, gpu)
+        _same(ref, new)
+
+
+def test_staged_path_moves_runs_directly_and_the_rest_through_staging() -> None:
+    """The shape of the work: contiguous host slots cross as one copy per chunk, scattered
+    ones are gathered by the CPU in chunks; and the bytes still match the reference."""
+    ref = _pool(False)
+    new = _pool(True, chunk_bytes=TOKEN_BYTES * 8, direct_bytes=TOKEN_BYTES * 2)
+    assert new.copier is not None and new.copier.chunk_tokens == 8
+    gpu = random.Random(3).sample(range(GPU), 20)
+    for p in (ref, new):
+        p.copy(True, gpu, list(range(20, 40)))
+    assert new.copier.last.direct_runs == 3 and new.copier.last.gathered_tokens == 0
+    assert new.copier.last.chunks == 3
+    host = list(range(0, 40, 2))  # every other slot: runs of 1
+    for p in (ref, new):
+        p.copy(False, host, gpu)
+    assert new.copier.last.direct_runs == 0 and new.copier.last.gathered_tokens == 20
+    _same(ref, new)
+
+
+def test_the_layer_major_views_are_the_host_pool() -> None:
+    p = _pool(False)
+    assert p.host is not None and p.host_k is not None and p.host_v is not None
+    assert p.host_k.shape == (LAYERS, HOST, HEADS, DIM)
+    assert torch.equal(p.host_k[2, 7], p.host[7, 0, 2]) and torch.equal(
+        p.host_v[1, 9], p.host[9, 1, 1]
+    )

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
-from scheduler_service.cache import radix_evict
+from scheduler_service.cache import radix_evict, radix_host
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
@@ -78,10 +78,10 @@ class RadixCache:
     (injectable for tests).
 
     One class, its methods in modules by concern: this one holds the state, the sizes, match,
-    locks and the tree's structural changes; ``radix_evict`` the GPU-tier eviction. Their
-    functions take the cache first and are bound in the class body (``_evict =
-    radix_evict.evict_leaves``): call sites stay methods, the hot paths pay no wrapper call,
-    and this class remains the one owner of every field they touch.
+    locks and the tree's structural changes; ``radix_evict`` the GPU-tier eviction and
+    ``radix_host`` the host-tier paths. Their functions take the cache first and are bound in
+    the class body (``_evict = radix_evict.evict_leaves``): call sites stay methods, the hot
+    paths pay no wrapper call, and this class remains the one owner of every field they touch.
     """
 
     def __init__(
@@ -212,27 +212,6 @@ class RadixCache:
         st.bookkeeping_seconds += perf_counter() - t0
         return MatchResult(slots, node, host_len, host_node)
 
-    def _match_host(
-        self, node: RadixNode, toks: list[int], pos: int, n: int, now: int
-    ) -> tuple[int, RadixNode | None]:
-        """Continue a match below the GPU frontier ``node`` through host-only nodes; returns
-        (host tokens matched, deepest host-only node covering exactly them)."""
-        start = pos
-        deepest: RadixNode | None = None
-        while pos < n:
-            child = node.children.get(toks[pos])
-            if child is None:
-                break
-            k = edge_match(child.key, toks, pos, n)
-            if k < len(child.key):
-                child = self._split(child, k)
-            child.last_access = now
-            node = deepest = child
-            pos += k
-            if k < len(node.key):
-                break
-        return pos - start, deepest
-
     def _split(self, child: RadixNode, k: int) -> RadixNode:
         """Cut ``child``'s edge after ``k`` tokens; the new upper node is returned."""
         assert 0 < k < len(child.key)
@@ -361,17 +340,6 @@ class RadixCache:
         self.stats.bookkeeping_seconds += perf_counter() - t0
         return cached, node
 
-    def _to_gpu(self, node: RadixNode, keys: list[int], start: int, slots: list[int]) -> None:
-        """Host-only ``node`` (whose parent is on the GPU) gets GPU ``slots`` for its KV
-        (loaded back, or computed again by a request); it keeps its host copy. Its tokens
-        enter the GPU tier as evictable; ``keys[:start + len(slots)]`` is its root path."""
-        node.value = slots
-        self._evictable += len(slots)
-        if self.observer is not None:
-            self.observer.added(node, keys[: start + len(slots)], start)
-        if self.host is not None:
-            self.host.push(node)  # both tiers: its host copy can be dropped at no loss
-
     def _free_duplicates(self, cached: list[int], sl: list[int], pos: int, k: int) -> None:
         """The caller computed tokens the tree already holds: free the caller's copies.
 
@@ -493,6 +461,15 @@ class RadixCache:
     _evict = radix_evict.evict_leaves
     flush = radix_evict.flush
 
+    # -- host tier ----------------------------------------------------------------------------
+    # The tree's host-tier paths (match on below the GPU, load back, host-only nodes):
+    # radix_host.py.
+    _match_host = radix_host.match_host
+    load_host = radix_host.load_host
+    _path_keys = radix_host.path_keys
+    _to_gpu = radix_host.to_gpu
+    _drop = radix_host.drop
+
     def _unlink(self, node: RadixNode) -> None:
         """Take ``node`` out of the tree (its slots are already freed by the caller)."""
         parent = node.parent
@@ -503,25 +480,6 @@ class RadixCache:
         self._nodes -= 1
         if self.observer is not None:
             self.observer.evicted(node)
-
-    def _drop(self, node: RadixNode) -> None:
-        """Evict ``node`` for good, with its host-only subtree (their host copies freed)."""
-        host = self.host
-        if host is not None:
-            host.stats.lost_tokens += len(node.key)
-            stack = list(node.children.values())
-            while stack:
-                d = stack.pop()
-                stack.extend(d.children.values())
-                host.drop(d)
-                if self.observer is not None:
-                    self.observer.evicted(d)
-                d.dead = True
-                d.parent = None
-                self._nodes -= 1
-            host.drop(node)
-            node.children = {}
-        self._unlink(node)
 
     def evict(self, n: int) -> int:
         t0 = perf_counter()
@@ -548,55 +506,6 @@ class RadixCache:
 
     def free_slots(self, slots: Sequence[int]) -> None:
         self.allocator.free(slots)
-
-    def load_host(self, m: MatchResult) -> MatchResult | None:
-        """Load the host part of match ``m`` back into GPU slots (the caller holds
-        ``lock(m.node)``). Returns the whole match on the GPU, its lock moved to the new end
-        node, with the host -> GPU copies queued for the next step; ``None`` (nothing
-        changed) when there is no host part or no GPU room for it."""
-        host = self.host
-        end = m.host_node
-        if host is None or not m.host_len or end is None:
-            return None
-        t0 = perf_counter()
-        top = self._node(m.node)
-        path: list[RadixNode] = []
-        n: RadixNode | None = self._node(end)
-        while n is not top:
-            if n is None or n.dead or n.value:
-                return None  # stale (the caller matched long ago)
-            path.append(n)
-            n = n.parent
-        path.reverse()
-        for p in path:
-            p.pinned = True
-        try:
-            slots = self.alloc(m.host_len)
-        finally:
-            for p in path:
-                p.pinned = False
-        if slots is None:
-            return None
-        keys = self._path_keys(path[-1])
-        pos = 0
-        depth = len(m.slots)
-        for p in path:
-            mine = slots[pos : pos + len(p.key)]
-            host.load(p, mine)
-            self._to_gpu(p, keys, depth + pos, mine)
-            pos += len(mine)
-        host.stats.host_hit_tokens += m.host_len
-        self._move_lock(path[-1], top)
-        self.stats.bookkeeping_seconds += perf_counter() - t0
-        return MatchResult(m.slots + slots, path[-1])
-
-    def _path_keys(self, node: RadixNode) -> list[int]:
-        parts: list[list[int]] = []
-        n: RadixNode | None = node
-        while n is not None and n is not self._root:
-            parts.append(n.key)
-            n = n.parent
-        return [t for part in reversed(parts) for t in part]
 
     def node_parent(self, node: object) -> object | None:
         n = self._node(node)

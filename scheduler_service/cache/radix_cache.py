@@ -48,12 +48,11 @@ from collections.abc import Callable, Iterator, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
-from scheduler_service.cache import radix_evict, radix_host
+from scheduler_service.cache import radix_evict, radix_host, radix_insert
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
     EVICTION_POLICIES,
-    CachedPrefix,
     CacheObserver,
     CacheStats,
     MatchResult,
@@ -62,7 +61,6 @@ from scheduler_service.cache.radix_node import (
     RadixNode,
     as_list,
     common_len,
-    edge_match,
     gpu_leaf,
     lfu_key,
     lru_key,
@@ -78,10 +76,11 @@ class RadixCache:
     (injectable for tests).
 
     One class, its methods in modules by concern: this one holds the state, the sizes, match,
-    locks and the tree's structural changes; ``radix_evict`` the GPU-tier eviction and
-    ``radix_host`` the host-tier paths. Their functions take the cache first and are bound in
-    the class body (``_evict = radix_evict.evict_leaves``): call sites stay methods, the hot
-    paths pay no wrapper call, and this class remains the one owner of every field they touch.
+    locks and the tree's structural changes; ``radix_insert`` caching a request's KV,
+    ``radix_evict`` the GPU-tier eviction and ``radix_host`` the host-tier paths. Their
+    functions take the cache first and are bound in the class body (``insert =
+    radix_insert.insert``): call sites stay methods, the hot paths pay no wrapper call, and
+    this class remains the one owner of every field they touch.
     """
 
     def __init__(
@@ -293,150 +292,6 @@ class RadixCache:
                         self._push(n)
                 n = n.parent  # type: ignore[assignment]
 
-    # -- insert -------------------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], slots: Sequence[int]) -> tuple[int, object]:
-        t0 = perf_counter()
-        toks = as_list(tokens)
-        sl = as_list(slots)
-        n = len(toks)
-        if len(sl) != n:
-            raise ValueError(f"insert: {n} tokens but {len(sl)} slots")
-        self._clock += 1
-        now = self._clock
-        node = self._root
-        pos = 0
-        cached = -1
-        path: list[RadixNode] = []
-        while pos < n:
-            child = node.children.get(toks[pos])
-            if child is None:
-                cached = pos
-                node = self._add_leaf(node, toks, sl, pos, now)
-                path.append(node)
-                break
-            key = child.key
-            k = edge_match(key, toks, pos, n)
-            if child.value:
-                self._free_duplicates(child.value, sl, pos, k)
-                if k < len(key):
-                    child = self._split(child, k)
-            else:  # host-only: the caller's fresh GPU copy puts it back on the GPU
-                if k < len(key):
-                    child = self._split(child, k)
-                if cached < 0:
-                    cached = pos
-                self._to_gpu(child, toks, pos, sl[pos : pos + k])
-            child.last_access = now
-            node = child
-            path.append(child)
-            pos += k
-        if cached < 0:
-            cached = n  # everything was already there
-        self._protect(path)
-        if self.host is not None:
-            self.host.written(path)  # write-through: queue the path's copies to the host
-        if node is not self._root and node.lock_ref == 0 and gpu_leaf(node):
-            self._push(node)
-        self.stats.bookkeeping_seconds += perf_counter() - t0
-        return cached, node
-
-    def _free_duplicates(self, cached: list[int], sl: list[int], pos: int, k: int) -> None:
-        """The caller computed tokens the tree already holds: free the caller's copies.
-
-        Positions where the caller passes the tree's own slot (its locked prefix) are not
-        duplicates and stay.
-        """
-        mine = sl[pos : pos + k]
-        if mine == (cached if k == len(cached) else cached[:k]):  # usually the caller's own
-            return  # locked prefix: no copies (and no slice of a whole edge to compare)
-        self.allocator.free([s for s, c in zip(mine, cached, strict=False) if s != c])
-
-    def _add_leaf(
-        self, node: RadixNode, toks: list[int], sl: list[int], pos: int, now: int
-    ) -> RadixNode:
-        """A new leaf under ``node`` for ``toks[pos:]`` in ``sl[pos:]``; its tokens enter the
-        cache as evictable (the caller locks it if it must not be)."""
-        # Edge slices copy, so the caller may keep mutating its own lists.
-        leaf = RadixNode(toks[pos:], sl[pos:], node, now)
-        node.children[toks[pos]] = leaf
-        self._nodes += 1
-        added = len(toks) - pos
-        self._evictable += added
-        self.stats.inserted_tokens += added
-        if self.observer is not None:
-            self.observer.added(leaf, toks, pos)
-        return leaf
-
-    def _protect(self, path: list[RadixNode]) -> None:
-        """Insert protection (``--protect-ms``) for a just-inserted path."""
-        if self.protect_s > 0 and path:
-            until = self._now() + self.protect_s
-            prot = self._protected
-            for p in path:  # the whole path: a parent stays at least as protected as a child
-                p.protect_until = until
-                prot[p] = None
-
-    def cache_unfinished(
-        self, tokens: Sequence[int], slots: Sequence[int], old_node: object
-    ) -> CachedPrefix | None:
-        """Insert the computed part of a still-running request and move its lock there.
-
-        Afterwards the request holds ``lock(result.node)`` instead of ``lock(old_node)`` and all
-        of ``tokens`` belong to the cache (``cached_len == len(tokens)``). ``None`` (nothing
-        changed) if the tree already holds some of ``tokens`` in other slots.
-
-        Equivalent to a check, ``insert``, ``lock(node)``, ``unlock(old_node)``, done in one
-        walk and timed as one op (this runs for every prefilled chunk, so the separate calls'
-        second walk, duplicate-slot slicing and timer pairs were most of its cost).
-        """
-        t0 = perf_counter()
-        toks = as_list(tokens)
-        sl = as_list(slots)
-        old = self._node(old_node)
-        n = len(toks)
-        if len(sl) != n:
-            raise ValueError(f"cache_unfinished: {n} tokens but {len(sl)} slots")
-        root = self._root
-        if old is not root and not old.dead and old.direct <= 0:
-            raise ValueError(f"unlock without a matching lock: {old!r}")
-        # Walk without changing anything: a refusal must leave the tree as it was.
-        node = root
-        pos = 0
-        cut = 0  # > 0: the walk ends this many tokens into `child`'s edge (split needed)
-        child: RadixNode | None = None
-        path: list[RadixNode] = []
-        while pos < n:
-            child = node.children.get(toks[pos])
-            if child is None:
-                break
-            key = child.key
-            k = edge_match(key, toks, pos, n)
-            val = child.value
-            if (val if k == len(val) else val[:k]) != sl[pos : pos + k]:
-                self.stats.bookkeeping_seconds += perf_counter() - t0
-                return None  # held in other slots: the request keeps its own
-            pos += k
-            if k < len(key):
-                cut = k
-                break
-            path.append(child)
-            node = child
-        self._clock += 1
-        now = self._clock
-        if cut:
-            assert child is not None
-            node = self._split(child, cut)
-            path.append(node)
-        elif pos < n:
-            node = self._add_leaf(node, toks, sl, pos, now)
-            path.append(node)
-        for p in path:
-            p.last_access = now
-        self._protect(path)
-        self._move_lock(node, old)
-        self.stats.bookkeeping_seconds += perf_counter() - t0
-        return CachedPrefix(node, n)
-
     def _move_lock(self, node: RadixNode, old: RadixNode) -> None:
         """``lock(node)`` then ``unlock(old)``. When ``old`` is on ``node``'s path (always, for
         cache_unfinished) the two cancel from ``old`` up: only ``uses`` changes there."""
@@ -454,10 +309,14 @@ class RadixCache:
             n.uses += 1
             n = n.parent  # type: ignore[assignment]
 
+    # -- insert -------------------------------------------------------------------------------
+    # Caching a request's KV (insert, cache_unfinished, insert protection): radix_insert.py.
+    insert = radix_insert.insert
+    cache_unfinished = radix_insert.cache_unfinished
+
     # -- evict / alloc ------------------------------------------------------------------------
     # GPU-tier eviction (the leaf heap, the leaf-first walk, flush) lives in radix_evict.py.
     _push = radix_evict.push
-    _rebuild_heap = radix_evict.rebuild_heap
     _evict = radix_evict.evict_leaves
     flush = radix_evict.flush
 
@@ -466,7 +325,6 @@ class RadixCache:
     # radix_host.py.
     _match_host = radix_host.match_host
     load_host = radix_host.load_host
-    _path_keys = radix_host.path_keys
     _to_gpu = radix_host.to_gpu
     _drop = radix_host.drop
 

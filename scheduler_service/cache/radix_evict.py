@@ -32,10 +32,10 @@ def push(tree: RadixCache, node: RadixNode) -> None:
     # Lazy invalidation lets stale entries pile up under match-heavy load; rebuild when the
     # heap is much larger than the tree (amortised O(1) per push).
     if len(heap) > 2 * tree._nodes + 256:
-        rebuild_heap(tree)
+        _rebuild_heap(tree)
 
 
-def rebuild_heap(tree: RadixCache) -> None:
+def _rebuild_heap(tree: RadixCache) -> None:
     key = tree._key
     heap = [
         (key(n), next(tree._seq), n)

@@ -74,7 +74,7 @@ def load_host(tree: RadixCache, m: MatchResult) -> MatchResult | None:
             p.pinned = False
     if slots is None:
         return None
-    keys = path_keys(tree, path[-1])
+    keys = _path_keys(tree, path[-1])
     pos = 0
     depth = len(m.slots)
     for p in path:
@@ -88,7 +88,7 @@ def load_host(tree: RadixCache, m: MatchResult) -> MatchResult | None:
     return MatchResult(m.slots + slots, path[-1])
 
 
-def path_keys(tree: RadixCache, node: RadixNode) -> list[int]:
+def _path_keys(tree: RadixCache, node: RadixNode) -> list[int]:
     """The tokens of ``node``'s whole root path."""
     parts: list[list[int]] = []
     n: RadixNode | None = node

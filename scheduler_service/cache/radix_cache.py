@@ -44,11 +44,11 @@ their locks) stay on the lower half, whose path end is unchanged.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
-from scheduler_service.cache import radix_evict, radix_host, radix_insert
+from scheduler_service.cache import radix_evict, radix_host, radix_insert, radix_walk
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
@@ -77,10 +77,10 @@ class RadixCache:
 
     One class, its methods in modules by concern: this one holds the state, the sizes, match,
     locks and the tree's structural changes; ``radix_insert`` caching a request's KV,
-    ``radix_evict`` the GPU-tier eviction and ``radix_host`` the host-tier paths. Their
-    functions take the cache first and are bound in the class body (``insert =
-    radix_insert.insert``): call sites stay methods, the hot paths pay no wrapper call, and
-    this class remains the one owner of every field they touch.
+    ``radix_evict`` the GPU-tier eviction, ``radix_host`` the host-tier paths and
+    ``radix_walk`` the whole-tree walks. Their functions take the cache first and are bound in
+    the class body (``insert = radix_insert.insert``): call sites stay methods, the hot paths
+    pay no wrapper call, and this class remains the one owner of every field they touch.
     """
 
     def __init__(
@@ -386,49 +386,12 @@ class RadixCache:
         if self.observer is not None:
             self.observer.reset()
 
-    def _iter_nodes(self) -> Iterator[RadixNode]:
-        """All non-root nodes, depth first."""
-        stack = list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
-    def debug_paths(self) -> Iterator[tuple[object, int, list[int]]]:
-        """Every GPU-resident non-root node with its depth above its edge and its whole root
-        path's keys (tests and integrity checks only; O(tokens x depth))."""
-        roots = self._root.children.values()
-        stack: list[tuple[RadixNode, list[int]]] = [(c, []) for c in roots if c.value]
-        while stack:
-            node, above = stack.pop()
-            path = above + node.key
-            yield node, len(above), path
-            stack.extend((c, path) for c in node.children.values() if c.value)
-
-    def debug_host_paths(self) -> Iterator[tuple[object, int, list[int]]]:
-        """Every host-only node (KV in host memory only) with its depth above its edge and its
-        whole root path's keys (tests and integrity checks only; O(tokens x depth))."""
-        stack: list[tuple[RadixNode, list[int]]] = [(c, []) for c in self._root.children.values()]
-        while stack:
-            node, above = stack.pop()
-            path = above + node.key
-            if not node.value:
-                yield node, len(above), path
-            stack.extend((c, path) for c in node.children.values())
-
-    def debug_prefix_map(self) -> dict[tuple[int, ...], int]:
-        """Every GPU-cached prefix -> KV slot of its last token (tests only; O(tokens x
-        depth))."""
-        out: dict[tuple[int, ...], int] = {}
-        roots = self._root.children.values()
-        stack: list[tuple[RadixNode, tuple[int, ...]]] = [(c, ()) for c in roots if c.value]
-        while stack:
-            node, path = stack.pop()
-            for tok, slot in zip(node.key, node.value, strict=True):
-                path = path + (tok,)
-                out[path] = slot
-            stack.extend((c, path) for c in node.children.values() if c.value)
-        return out
+    # Whole-tree walks (every node; the debug views tests and integrity checks compare against
+    # a model of the cache): radix_walk.py.
+    _iter_nodes = radix_walk.iter_nodes
+    debug_paths = radix_walk.debug_paths
+    debug_host_paths = radix_walk.debug_host_paths
+    debug_prefix_map = radix_walk.debug_prefix_map
 
     def check_integrity(
         self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True

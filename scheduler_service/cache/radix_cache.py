@@ -5,17 +5,15 @@ mid-edge, running requests lock the path they use, and eviction removes least-re
 unlocked *leaves* first so shared ancestors live longest (a parent that becomes an unlocked leaf
 is then a candidate itself). Cache and running requests share one slot pool.
 
-Eviction order (``eviction``): ``lru`` (least recently matched/inserted first) or ``lfu`` (fewest
-uses first, ties LRU; a use is a lock, i.e. a request admitted or continued through the node).
+Eviction order (``eviction``): ``lru`` or ``lfu``, over unlocked GPU leaves (``radix_evict``).
 
 Protection (``protect_s`` > 0): every node on an inserted path (a finished, retracted or aborted
 request, a prefill chunk) is *protected* for ``protect_s`` seconds, and ``protected_size`` (its
 unlocked tokens) is left out of the admission budget while other work runs (prefill_adder): a
 program or chat client sends its follow-up call milliseconds after the previous answer, and
 without this a request admitted in that gap evicts exactly the context the follow-up extends
-(the cyclic-LRU pathology of many concurrent sessions). Eviction order itself ignores
-protection: when eviction does run, a dead fresh tail should not outrank a prefix that waiting
-requests matched (measured: tree-of-thought lost 4 % of its hits that way).
+(the cyclic-LRU pathology of many concurrent sessions). Eviction order ignores it
+(``radix_evict`` says why).
 
 Invariants (``check_integrity`` verifies all of them):
 - every non-root node has a non-empty edge, ``len(key) == len(value)``, and is stored in its
@@ -48,7 +46,7 @@ from collections.abc import Callable, Sequence
 from time import monotonic, perf_counter
 from typing import Any
 
-from scheduler_service.cache import radix_evict, radix_host, radix_insert, radix_walk
+from scheduler_service.cache import integrity, radix_evict, radix_host, radix_insert, radix_walk
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.prefix_cache import (
@@ -393,10 +391,6 @@ class RadixCache:
     debug_host_paths = radix_walk.debug_host_paths
     debug_prefix_map = radix_walk.debug_prefix_map
 
-    def check_integrity(
-        self, request_owned: int, request_slots: Sequence[int] | None = None, *, deep: bool = True
-    ) -> None:
-        # Kept in its own module (it reads this class's internals) so this one stays readable.
-        from scheduler_service.cache.integrity import check_radix_integrity
-
-        check_radix_integrity(self, request_owned, request_slots, deep=deep)
+    # The invariants above, checked against a full walk (integrity.py reads the fields on
+    # purpose; the host tier's too).
+    check_integrity = integrity.check_radix_integrity

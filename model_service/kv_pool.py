@@ -87,8 +87,8 @@ class KVPool:
     def copy(self, to_host: bool, src: list[int], dst: list[int]) -> None:
         """Copy slots ``src`` of one pool into slots ``dst`` of the other (see the module
         docstring); the step's forward pass, queued after this, sees the result."""
-        hk, hv = self.host_k, self.host_v
-        if hk is None or hv is None:
+        host = self.host
+        if host is None:
             raise ValueError("no host KV pool (--host-kv-tokens 0)")
         if self.copier is not None:
             if to_host:
@@ -96,18 +96,20 @@ class KVPool:
             else:
                 self.copier.load(src, dst)
             return
-        # The reference: plain indexed copies, synchronous (CPU).
+        # The reference: plain indexed copies, synchronous. Whole host rows (one token's K and
+        # V of every layer) are gathered or scattered, the layer-major side is indexed on dim 1.
         dev = self.k.device
         if to_host:
             s = torch.tensor(src, dtype=torch.int64, device=dev)
-            d = torch.tensor(dst, dtype=torch.int64)
-            hk.index_copy_(1, d, self.k.index_select(1, s).cpu())
-            hv.index_copy_(1, d, self.v.index_select(1, s).cpu())
+            kv = torch.stack((self.k.index_select(1, s), self.v.index_select(1, s)))
+            host.index_copy_(
+                0, torch.tensor(dst, dtype=torch.int64), kv.permute(2, 0, 1, 3, 4).cpu()
+            )
             return
-        s = torch.tensor(src, dtype=torch.int64)
+        rows = host.index_select(0, torch.tensor(src, dtype=torch.int64)).to(dev)
         d = torch.tensor(dst, dtype=torch.int64, device=dev)
-        self.k.index_copy_(1, d, hk.index_select(1, s).to(dev))
-        self.v.index_copy_(1, d, hv.index_select(1, s).to(dev))
+        self.k.index_copy_(1, d, rows[:, 0].transpose(0, 1))
+        self.v.index_copy_(1, d, rows[:, 1].transpose(0, 1))
 
     def sync_host(self) -> None:
         """Wait until queued copies have finished with the host pool (before reading it)."""

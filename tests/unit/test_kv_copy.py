@@ -135,3 +135,24 @@ def test_the_layer_major_views_are_the_host_pool() -> None:
     assert torch.equal(p.host_k[2, 7], p.host[7, 0, 2]) and torch.equal(
         p.host_v[1, 9], p.host[9, 1, 1]
     )
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_copies_move_each_token_of_every_layer(staged: bool) -> None:
+    """Against a token-by-token model (plain per-slot assignments on clones), so the
+    reference itself is checked, not only the staged path against it."""
+    p = _pool(staged, chunk_bytes=TOKEN_BYTES * 4, direct_bytes=TOKEN_BYTES * 2)
+    assert p.host is not None
+    k, v, host = p.k.clone(), p.v.clone(), p.host.clone()
+    rng = random.Random(7)
+    for to_host in (True, False, True, False):
+        n = rng.randint(1, 20)
+        gpu = rng.sample(range(GPU), n)
+        hs = list(range(5, 5 + n)) if to_host else rng.sample(range(HOST), n)
+        for g, h in zip(gpu, hs, strict=True):
+            if to_host:
+                host[h, 0], host[h, 1] = k[:, g], v[:, g]
+            else:
+                k[:, g], v[:, g] = host[h, 0], host[h, 1]
+        p.copy(to_host, gpu if to_host else hs, hs if to_host else gpu)
+        assert torch.equal(p.k, k) and torch.equal(p.v, v) and torch.equal(p.host, host)

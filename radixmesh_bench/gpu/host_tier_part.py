@@ -94,10 +94,12 @@ def _link(n: int, device: str, reps: int) -> tuple[float, float]:
 
 
 def measure_copies(model: str, device: str, quick: bool) -> dict[str, Any]:
-    """The link's peak (pinned, contiguous, both directions) and the tier's KVPool.copy rates."""
+    """The link's peak (pinned, contiguous, both directions) and the tier's KVPool.copy rates:
+    the path the model service runs on `device` (staged on CUDA, the reference on CPU), with
+    the chunk size, the host slots' runs and how they moved; on CPU also the staged path."""
     import torch
 
-    from model_service.kv_pool import KVPool, kv_bytes_per_token
+    from model_service.kv_pool import kv_bytes_per_token
     from model_service.random_configs import config_dict
 
     cuda = device.startswith("cuda")
@@ -108,31 +110,87 @@ def measure_copies(model: str, device: str, quick: bool) -> dict[str, Any]:
     layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     dtype = torch.bfloat16 if cuda else torch.float32
-    per_token = kv_bytes_per_token(layers, heads, head_dim, dtype)
+    shape = (layers, heads, head_dim, dtype)
     tokens = 256 if quick else COPY_TOKENS
-    pool = KVPool(layers, 2 * tokens, heads, head_dim, dtype, device)
-    pool.add_host_tier(2 * tokens)
-    rng = random.Random(0)
-    scattered = rng.sample(range(2 * tokens), tokens)
-    contiguous = list(range(tokens))
     out: dict[str, Any] = {
         "link_h2d_GBps": n / h2d / 1e9,
         "link_d2h_GBps": n / d2h / 1e9,
         "link_buffer_MiB": n >> 20,
-        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_token": kv_bytes_per_token(*shape),
         "copy_tokens": tokens,
     }
-    for name, slots in (("scattered", scattered), ("contiguous", contiguous)):
-        # The host side alike: scattered host slots, or the first `tokens` of the host pool.
-        dst = rng.sample(range(2 * tokens), tokens) if name == "scattered" else contiguous
-        save = _timed(lambda s=slots, d=dst: pool.copy(True, s, d), cuda, reps)
-        load = _timed(lambda s=slots, d=dst: pool.copy(False, d, s), cuda, reps)
-        out[f"tier_save_{name}_GBps"] = tokens * per_token / save / 1e9
-        out[f"tier_load_{name}_GBps"] = tokens * per_token / load / 1e9
-        out[f"tier_load_{name}_us_per_token"] = 1e6 * load / tokens
+    out.update(_tier_rates(shape, tokens, device, reps, None, ""))
+    if not cuda:  # the CUDA path's code on CPU: memcpy-bound, but no extra full copies
+        out.update(_tier_rates(shape, tokens, device, reps, True, "cpu_staged_"))
     out["tier_load_fraction_of_peak"] = out["tier_load_scattered_GBps"] / out["link_h2d_GBps"]
     out["tier_save_fraction_of_peak"] = out["tier_save_scattered_GBps"] / out["link_d2h_GBps"]
     return out
+
+
+def _tier_rates(
+    shape: tuple[Any, ...], tokens: int, device: str, reps: int, staged: bool | None, pre: str
+) -> dict[str, Any]:
+    """KVPool.copy of `tokens` tokens at scattered slots (as a radix tree hands them out) and
+    contiguous ones, both directions, on a pool of 2 x `tokens`; then a round trip (save,
+    clear the GPU slots, load back) checked bit for bit: the first GPU run proves the path."""
+    from model_service.kv_copy import count_runs
+    from model_service.kv_pool import KVPool, kv_bytes_per_token
+
+    layers, heads, head_dim, dtype = shape
+    cuda = device.startswith("cuda")
+    per_token = kv_bytes_per_token(*shape)
+    pool = KVPool(layers, 2 * tokens, heads, head_dim, dtype, device)
+    pool.add_host_tier(2 * tokens, staged=staged)
+    cp = pool.copier
+    out: dict[str, Any] = {
+        f"{pre}copy_path": "reference" if cp is None else "staged",
+        f"{pre}copy_chunk_tokens": 0 if cp is None else cp.chunk_tokens,
+        f"{pre}copy_chunk_MiB": 0 if cp is None else cp.chunk_tokens * per_token / 2**20,
+        f"{pre}copy_direct_min_run": 0 if cp is None else cp.min_run,
+    }
+    rng = random.Random(0)
+    for name in ("scattered", "contiguous"):
+        if name == "scattered":  # the host side alike: scattered, or the pool's first tokens
+            slots, dst = (
+                rng.sample(range(2 * tokens), tokens),
+                rng.sample(range(2 * tokens), tokens),
+            )
+        else:
+            slots = dst = list(range(tokens))
+        save = _timed(lambda s=slots, d=dst: pool.copy(True, s, d), cuda, reps)
+        moved = cp.last if cp is not None else None
+        load = _timed(lambda s=slots, d=dst: pool.copy(False, d, s), cuda, reps)
+        out[f"{pre}tier_save_{name}_GBps"] = tokens * per_token / save / 1e9
+        out[f"{pre}tier_load_{name}_GBps"] = tokens * per_token / load / 1e9
+        out[f"{pre}tier_load_{name}_us_per_token"] = 1e6 * load / tokens
+        out[f"{pre}tier_{name}_host_runs"] = count_runs(dst)
+        if moved is not None and cp is not None:
+            out[f"{pre}tier_{name}_chunks"] = moved.chunks
+            out[f"{pre}tier_{name}_direct_runs"] = moved.direct_runs
+            out[f"{pre}tier_{name}_gathered_tokens"] = moved.gathered_tokens
+        out[f"{pre}tier_roundtrip_exact_{name}"] = _roundtrip(pool, slots, dst)
+    return out
+
+
+def _roundtrip(pool: Any, slots: list[int], dst: list[int]) -> bool:
+    """Save `slots` to host `dst`, clear them, load them back: same bytes on both sides."""
+    import torch
+
+    idx = torch.tensor(slots, device=pool.k.device)
+    torch.manual_seed(1)
+    pool.k.index_copy_(1, idx, torch.randn_like(pool.k[:, idx]))
+    pool.v.index_copy_(1, idx, torch.randn_like(pool.v[:, idx]))
+    k, v = pool.k[:, idx].clone(), pool.v[:, idx].clone()
+    pool.copy(True, slots, dst)
+    pool.k[:, idx] = 0
+    pool.v[:, idx] = 0
+    pool.copy(False, dst, slots)
+    pool.sync_host()
+    hidx = torch.tensor(dst)
+    host_ok = torch.equal(pool.host_k[:, hidx], k.cpu()) and torch.equal(
+        pool.host_v[:, hidx], v.cpu()
+    )
+    return bool(host_ok and torch.equal(pool.k[:, idx], k) and torch.equal(pool.v[:, idx], v))
 
 
 # -- the part ------------------------------------------------------------------------------------

@@ -156,3 +156,25 @@ def test_copies_move_each_token_of_every_layer(staged: bool) -> None:
                 k[:, g], v[:, g] = host[h, 0], host[h, 1]
         p.copy(to_host, gpu if to_host else hs, hs if to_host else gpu)
         assert torch.equal(p.k, k) and torch.equal(p.v, v) and torch.equal(p.host, host)
+
+
+def test_the_gpu_part_measures_and_proves_both_copy_paths_on_cpu() -> None:
+    """host_tier_part (a) on CPU: the reference (what the CPU model service runs) and the
+    staged path, each with a bit-exact round trip, runs counted, the old keys kept."""
+    from radixmesh_bench.gpu.host_tier_part import measure_copies
+
+    c = measure_copies("tiny-llama", "cpu", True)
+    tokens = c["copy_tokens"]
+    for pre in ("", "cpu_staged_"):
+        for name in ("scattered", "contiguous"):
+            assert c[f"{pre}tier_roundtrip_exact_{name}"] is True
+            assert c[f"{pre}tier_load_{name}_us_per_token"] > 0
+        assert c[f"{pre}tier_contiguous_host_runs"] == 1
+        assert 1 < c[f"{pre}tier_scattered_host_runs"] <= tokens
+    assert c["copy_path"] == "reference" and c["cpu_staged_copy_path"] == "staged"
+    moved = (
+        c["cpu_staged_tier_scattered_direct_runs"],
+        c["cpu_staged_tier_scattered_gathered_tokens"],
+    )
+    assert moved[1] > 0 and c["cpu_staged_copy_chunk_tokens"] >= 1
+    assert c["tier_load_fraction_of_peak"] > 0 and c["tier_save_fraction_of_peak"] > 0

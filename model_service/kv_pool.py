@@ -96,15 +96,15 @@ class KVPool:
             else:
                 self.copier.load(src, dst)
             return
-        # The reference: plain indexed copies, synchronous. Whole host rows (one token's K and
-        # V of every layer) are gathered or scattered, the layer-major side is indexed on dim 1.
+        # The reference: plain indexed copies, synchronous. A save writes through the
+        # layer-major views (one index_copy_ per pool, like the GPU side), a load gathers
+        # whole host rows (one token's K and V of every layer: the fastest CPU gather).
         dev = self.k.device
         if to_host:
             s = torch.tensor(src, dtype=torch.int64, device=dev)
-            kv = torch.stack((self.k.index_select(1, s), self.v.index_select(1, s)))
-            host.index_copy_(
-                0, torch.tensor(dst, dtype=torch.int64), kv.permute(2, 0, 1, 3, 4).cpu()
-            )
+            d = torch.tensor(dst, dtype=torch.int64)
+            host[:, 0].transpose(0, 1).index_copy_(1, d, self.k.index_select(1, s).cpu())
+            host[:, 1].transpose(0, 1).index_copy_(1, d, self.v.index_select(1, s).cpu())
             return
         rows = host.index_select(0, torch.tensor(src, dtype=torch.int64)).to(dev)
         d = torch.tensor(dst, dtype=torch.int64, device=dev)

@@ -7,9 +7,11 @@
     CUDA context): pinned host <-> device copies of one large contiguous buffer, both
     directions (the link's measured peak); then the tier's own copy path
     (`model_service.kv_pool.KVPool.copy`, the code the model service runs for every KVCopy) on
-    a pool of the model's KV shape, `COPY_TOKENS` tokens at scattered slots (as a radix tree
-    hands them out) and at contiguous ones, both directions: achieved GB/s and the fraction of
-    the peak.
+    a pool of the model's KV shape, `COPY_TOKENS` tokens at scattered slots (every host slot
+    its own run: the worst case) and at contiguous ones (one run: the tree's usual case), both
+    directions: achieved GB/s and the fraction of the peak, the chunk size and how the host
+    slots moved (runs copied directly, tokens gathered by the CPU), and a bit-exact round
+    trip per pattern (on CPU also the staged path that CUDA runs, as `cpu_staged_*`).
 (b) **Multi-turn** (`Spec.conversations` conversations, a `doc_len`-token document then
     `turns - 1` questions, every conversation's turn k at once, then turn k + 1): the GPU pool
     (`--kv-tokens`) is the workload's unique KV / `pool_divisor` (3.5x), the host pool
@@ -130,7 +132,7 @@ def measure_copies(model: str, device: str, quick: bool) -> dict[str, Any]:
 def _tier_rates(
     shape: tuple[Any, ...], tokens: int, device: str, reps: int, staged: bool | None, pre: str
 ) -> dict[str, Any]:
-    """KVPool.copy of `tokens` tokens at scattered slots (as a radix tree hands them out) and
+    """KVPool.copy of `tokens` tokens at scattered slots (runs of one: the worst case) and
     contiguous ones, both directions, on a pool of 2 x `tokens`; then a round trip (save,
     clear the GPU slots, load back) checked bit for bit: the first GPU run proves the path."""
     from model_service.kv_copy import count_runs

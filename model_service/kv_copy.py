@@ -25,15 +25,16 @@ Ordering (the rule; ``StagedCopier`` keeps it):
   never reads bytes a queued save has not written yet, and a save never overwrites bytes a
   queued load has not read yet. ``sync()`` is the same wait, for any other reader.
 - A pinned staging buffer is touched by the CPU only after the transfer last queued on it.
-On CPU (tests) the ``_Lane`` has no stream and every step is done when it returns, so the same
+On CPU the ``Lane`` has no stream and every step is done when it returns, so the same
 code runs synchronously and can be compared bit for bit with the reference copy.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Protocol, cast
 
 import torch
 
@@ -98,40 +99,55 @@ def count_runs(host: list[int]) -> int:
     return sum(1 for i, x in enumerate(s) if i == 0 or x != s[i - 1] + 1)
 
 
-class _Lane:
-    """The copy stream and its events on CUDA; on CPU nothing (every step is done at once)."""
+class Event(Protocol):
+    """A point in the copy stream's queue (``torch.cuda.Event`` on CUDA)."""
+
+    def synchronize(self) -> None: ...
+
+
+class Lane:
+    """Where GPU-side copy work runs: the copy stream and its events on CUDA; on CPU nothing
+    (``run`` does the work at once, so every event is already passed). Tests inject a lane
+    that defers queued work until something waits for it, to check the ordering rule."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def follow_main(self) -> None:
+        """Queued work after this starts after the compute stream's work queued so far."""
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
-    @contextlib.contextmanager
-    def side(self) -> Iterator[None]:
+    def run(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn``'s GPU work (and the copies it issues) on the copy stream."""
         if self.stream is None:
-            yield
+            fn()
             return
         with torch.cuda.stream(self.stream):
-            yield
+            fn()
 
-    def mark(self) -> torch.cuda.Event | None:
+    def mark(self) -> Event | None:
+        """An event after everything queued so far (None: all done already)."""
         if self.stream is None:
             return None
         ev = torch.cuda.Event()
         ev.record(self.stream)
         return ev
 
-    @staticmethod
-    def wait_cpu(ev: torch.cuda.Event | None) -> None:
+    def wait_cpu(self, ev: Event | None) -> None:
+        """The CPU waits for ``ev``."""
         if ev is not None:
             ev.synchronize()
 
-    def release_main(self, ev: torch.cuda.Event | None) -> None:
-        if ev is not None:
-            torch.cuda.current_stream(self.device).wait_event(ev)
+    def release_main(self, ev: Event | None) -> None:
+        """The compute stream's later work waits for ``ev`` (the CPU does not)."""
+        if ev is not None and self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(cast(torch.cuda.Event, ev))
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src, non_blocking=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +171,7 @@ class StagedCopier:
         host: torch.Tensor,
         chunk_bytes: int = CHUNK_BYTES,
         direct_bytes: int = DIRECT_BYTES,
+        lane: Lane | None = None,
     ) -> None:
         self.k, self.v, self.host = k, v, host
         token_bytes = host[0].numel() * host.element_size()
@@ -162,12 +179,12 @@ class StagedCopier:
         self.chunk_tokens = max(1, min(chunk_bytes // token_bytes, most))
         self.min_run = max(1, -(-direct_bytes // token_bytes))
         shape = (self.chunk_tokens, *host.shape[1:])
-        self._lane = _Lane(k.device)
+        self._lane = lane if lane is not None else Lane(k.device)
         pin = k.device.type == "cuda"
         self._dev = torch.empty(shape, dtype=host.dtype, device=k.device)
         self._pin = [torch.empty(shape, dtype=host.dtype, pin_memory=pin) for _ in range(2)]
-        self._pin_free: list[torch.cuda.Event | None] = [None, None]  # last transfer on each
-        self._host_busy: torch.cuda.Event | None = None  # after the last queued host access
+        self._pin_free: list[Event | None] = [None, None]  # last transfer on each
+        self._host_busy: Event | None = None  # after the last queued host access
         self.last = CopyShape()
 
     def sync(self) -> None:
@@ -182,21 +199,16 @@ class StagedCopier:
         done = None
         for i, c in enumerate(chunks):
             st = self._dev[: c.tokens]
-            with lane.side():
-                for lo, n, row in c.runs:
-                    st[row : row + n].copy_(self.host[lo : lo + n], non_blocking=True)
+            for lo, n, row in c.runs:
+                lane.run(partial(_copy, st[row : row + n], self.host[lo : lo + n]))
             if c.gather.numel():
                 buf = self._pin[i % 2][: c.gather.numel()]
                 self.sync()  # queued saves into the host pool have landed
                 lane.wait_cpu(self._pin_free[i % 2])  # its previous transfer has read it
                 torch.index_select(self.host, 0, c.gather, out=buf)
-                with lane.side():
-                    st[c.gathered_at :].copy_(buf, non_blocking=True)
+                lane.run(partial(_copy, st[c.gathered_at :], buf))
                 self._pin_free[i % 2] = lane.mark()
-            with lane.side():
-                d = c.gpu.to(self.k.device, non_blocking=True)
-                self.k.index_copy_(1, d, st[:, 0].transpose(0, 1))
-                self.v.index_copy_(1, d, st[:, 1].transpose(0, 1))
+            lane.run(partial(self._to_pool, c.gpu, st))
             done = lane.mark()
         self._host_busy = done if done is not None else self._host_busy
         self._record(chunks)
@@ -212,22 +224,17 @@ class StagedCopier:
         pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
         for i, c in enumerate(chunks):
             st = self._dev[: c.tokens]
-            with lane.side():
-                d = c.gpu.to(self.k.device, non_blocking=True)
-                st[:, 0].copy_(self.k.index_select(1, d).transpose(0, 1))
-                st[:, 1].copy_(self.v.index_select(1, d).transpose(0, 1))
+            lane.run(partial(self._from_pool, c.gpu, st))
             gathered = lane.mark()
-            with lane.side():
-                for lo, n, row in c.runs:
-                    self.host[lo : lo + n].copy_(st[row : row + n], non_blocking=True)
+            for lo, n, row in c.runs:
+                lane.run(partial(_copy, self.host[lo : lo + n], st[row : row + n]))
             if pending is not None:  # the previous chunk's CPU scatter overlaps this transfer
                 self._scatter(*pending)
                 pending = None
             if c.gather.numel():
                 # No wait: the CPU last touched this buffer in a scatter that has returned.
                 buf = self._pin[i % 2][: c.gather.numel()]
-                with lane.side():
-                    buf.copy_(st[c.gathered_at :], non_blocking=True)
+                lane.run(partial(_copy, buf, st[c.gathered_at :]))
                 self._pin_free[i % 2] = lane.mark()
                 pending = (buf, c.gather, i % 2)
         end = lane.mark()
@@ -236,6 +243,18 @@ class StagedCopier:
             self._scatter(*pending)
         self._record(chunks)
         lane.release_main(gathered)
+
+    def _to_pool(self, gpu: torch.Tensor, st: torch.Tensor) -> None:
+        """Copy stream: staging rows (token-major) -> GPU pool slots ``gpu`` (layer-major)."""
+        d = gpu.to(self.k.device, non_blocking=True)
+        self.k.index_copy_(1, d, st[:, 0].transpose(0, 1))
+        self.v.index_copy_(1, d, st[:, 1].transpose(0, 1))
+
+    def _from_pool(self, gpu: torch.Tensor, st: torch.Tensor) -> None:
+        """Copy stream: GPU pool slots ``gpu`` -> staging rows."""
+        d = gpu.to(self.k.device, non_blocking=True)
+        st[:, 0].copy_(self.k.index_select(1, d).transpose(0, 1))
+        st[:, 1].copy_(self.v.index_select(1, d).transpose(0, 1))
 
     def _scatter(self, buf: torch.Tensor, ids: torch.Tensor, b: int) -> None:
         """CPU: pinned staging ``buf`` -> host slots ``ids``, once its transfer has landed (the

@@ -4,11 +4,12 @@ reference copy, bit for bit, on CPU: run splitting, chunk boundaries, both direc
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from model_service.kv_copy import count_runs, plan
+from model_service.kv_copy import Event, Lane, StagedCopier, count_runs, plan
 from model_service.kv_pool import KVPool
 
 LAYERS, GPU, HOST, HEADS, DIM = 3, 40, 50, 2, 4
@@ -212,3 +213,88 @@ def test_the_scheduler_hands_out_host_slots_in_long_runs() -> None:
             hist[i] = toks + [rng.randrange(1 << 20) for _ in range(rng.randint(20, 80))]
     assert loads > 10 and copied > 5000  # the churn happened: saves and loads both
     assert short / copied < 0.05, (short, copied)
+
+
+class DeferredLane(Lane):
+    """A copy stream that runs queued work only when something waits for it: the CPU
+    (``wait_cpu``) or the compute stream (``release_main``, due when the test's "main" next
+    touches the GPU pool). A wait the copier forgets shows as stale bytes."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+        self.queue: list[Callable[[], object]] = []
+        self.done = 0
+        self.main_at = 0  # queue position the compute stream waits for
+
+    def run(self, fn: Callable[[], object]) -> None:
+        self.queue.append(fn)
+
+    def mark(self) -> Event:
+        return _Mark(self, len(self.queue))
+
+    def release_main(self, ev: Event | None) -> None:
+        if isinstance(ev, _Mark):
+            self.main_at = max(self.main_at, ev.at)
+
+    def flush(self, upto: int) -> None:
+        while self.done < upto:
+            self.done += 1
+            self.queue[self.done - 1]()
+
+    def main(self) -> None:
+        """The compute stream is about to touch the GPU pool."""
+        self.flush(self.main_at)
+
+
+class _Mark:
+    def __init__(self, lane: DeferredLane, at: int) -> None:
+        self.lane, self.at = lane, at
+
+    def synchronize(self) -> None:
+        self.lane.flush(self.at)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_ordering_rule_holds_when_copy_work_runs_late(seed: int) -> None:
+    """Saves and loads (runs and gathers, host slots reused across copies) and forward-pass
+    writes to the GPU pool, with the copy stream's work run as late as the copier's waits
+    allow: the GPU pool matches the reference whenever the compute stream looks, the host pool
+    once ``sync_host`` says it is complete."""
+    rng = random.Random(seed)
+    ref, new = _pool(False), _pool(False)
+    lane = DeferredLane()
+    assert new.host is not None
+    new.copier = StagedCopier(
+        new.k,
+        new.v,
+        new.host,
+        TOKEN_BYTES * rng.randint(1, 8),
+        TOKEN_BYTES * rng.randint(1, 4),
+        lane=lane,
+    )
+    hot = list(range(10, 22))  # a small set of host slots, so copies reuse them
+    for _ in range(24):
+        op, n = rng.random(), rng.randint(1, 10)
+        gpu = rng.sample(range(GPU), n)
+        host = rng.sample(hot, n)
+        if rng.random() < 0.4:  # a run (copied directly), over the hot slots
+            a = rng.randrange(22 - n)
+            host = list(range(a, a + n))
+        if op < 0.4:
+            ref.copy(True, gpu, host)
+            new.copy(True, gpu, host)
+        elif op < 0.8:
+            ref.copy(False, host, gpu)
+            new.copy(False, host, gpu)
+        else:  # a forward pass writes KV into some GPU slots
+            lane.main()
+            vals = torch.randn(LAYERS, n, HEADS, DIM)
+            for p in (ref, new):
+                p.k[:, gpu] = vals
+                p.v[:, gpu] = -vals
+        if rng.random() < 0.5:  # the compute stream reads the pool (not after every copy)
+            lane.main()
+            assert torch.equal(ref.k, new.k) and torch.equal(ref.v, new.v)
+    lane.main()
+    new.sync_host()
+    _same(ref, new)

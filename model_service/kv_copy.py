@@ -21,12 +21,17 @@ Ordering (the rule; ``StagedCopier`` keeps it):
   last touch of the GPU pool (``release_main``) before the forward pass reads or reuses slots.
 - The host pool is touched by the copy stream (direct runs, async) and by the CPU (gathers and
   scatters). Copy-stream accesses keep queue order by themselves; a CPU access first waits for
-  every host access queued before it (``_quiet``: the event after the last one), so a load
-  never reads bytes a queued save has not written yet, and a save never overwrites bytes a
-  queued load has not read yet. ``sync()`` is the same wait, for any other reader.
+  every host access queued before it (``sync()``: the event after the last one; a save's
+  scatter waits for its own transfer's event, which is later still), so a load never reads
+  bytes a queued save has not written yet, and a save never overwrites bytes a queued load
+  has not read yet. Any other reader of the host pool calls ``sync()`` first.
 - A pinned staging buffer is touched by the CPU only after the transfer last queued on it.
-On CPU the ``Lane`` has no stream and every step is done when it returns, so the same
-code runs synchronously and can be compared bit for bit with the reference copy.
+  (So a save's CPU scatter holds the caller until its transfer lands: the price of host slots
+  that are not in runs, rare with the scheduler's allocator; docs/radix.md.)
+On CPU the ``Lane`` has no stream and every step is done when it returns, so the same code
+runs synchronously and can be compared bit for bit with the reference copy; the unit tests
+also inject a lane that defers queued work until something waits for it, which checks each
+wait above.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ wait above.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, cast
@@ -70,24 +71,35 @@ class Chunk:
 def plan(host: list[int], gpu: list[int], chunk_tokens: int, min_run: int) -> list[Chunk]:
     """Chunks of the copy pairing host slot ``host[i]`` with GPU slot ``gpu[i]`` (module
     docstring). A host slot may repeat (a load reads it twice), the pairs stay paired."""
+    return list(iter_plan(host, gpu, chunk_tokens, min_run))
+
+
+def iter_plan(host: list[int], gpu: list[int], chunk_tokens: int, min_run: int) -> Iterator[Chunk]:
+    """``plan`` one chunk at a time: the copier queues a chunk's transfers before it plans the
+    next, so planning overlaps the link instead of delaying its start."""
     if len(host) != len(gpu) or chunk_tokens < 1 or min_run < 1:
         raise ValueError("plan: host and gpu differ in length, or a size below 1")
-    h, order = torch.sort(torch.tensor(host, dtype=torch.int64), stable=True)
-    g = torch.tensor(gpu, dtype=torch.int64)[order]
-    return [
-        _chunk(h[a : a + chunk_tokens], g[a : a + chunk_tokens], min_run)
-        for a in range(0, len(host), chunk_tokens)
-    ]
+    if not host:
+        return
+    h, order = torch.sort(_ids(host), stable=True)
+    g = _ids(gpu)[order]
+    for a in range(0, len(host), chunk_tokens):
+        yield _chunk(h[a : a + chunk_tokens], g[a : a + chunk_tokens], min_run)
+
+
+def _ids(ids: list[int]) -> torch.Tensor:
+    # Through array: about twice as fast as torch.tensor on a list of Python ints.
+    return torch.frombuffer(array.array("q", ids), dtype=torch.int64)
 
 
 def _chunk(h: torch.Tensor, g: torch.Tensor, min_run: int) -> Chunk:
-    n = h.numel()
-    starts = torch.ones(n, dtype=torch.bool)
-    starts[1:] = h[1:] != h[:-1] + 1  # a run ends where the next host slot is not the next id
+    starts = torch.ones(h.numel(), dtype=torch.bool)
+    torch.ne(h[1:], h[:-1] + 1, out=starts[1:])  # a run ends where the next id is not next
+    run = torch.cumsum(starts, 0) - 1  # each token's run
     first = starts.nonzero().flatten()
-    lengths = torch.diff(first, append=torch.tensor([n]))
+    lengths = torch.bincount(run)
     long = lengths >= min_run
-    in_long = torch.repeat_interleave(long, lengths)
+    in_long = long[run]
     runs = []
     row = 0
     for lo, m in zip(h[first[long]].tolist(), lengths[long].tolist(), strict=True):
@@ -198,11 +210,12 @@ class StagedCopier:
 
     def load(self, host: list[int], gpu: list[int]) -> None:
         """Host slots ``host[i]`` -> GPU slots ``gpu[i]``; the compute stream waits for it."""
-        chunks = plan(host, gpu, self.chunk_tokens, self.min_run)
+        chunks: list[Chunk] = []
         lane = self._lane
         lane.follow_main()  # older work on these GPU slots (poison, earlier steps) first
         done = None
-        for i, c in enumerate(chunks):
+        for i, c in enumerate(iter_plan(host, gpu, self.chunk_tokens, self.min_run)):
+            chunks.append(c)
             st = self._dev[: c.tokens]
             for lo, n, row in c.runs:
                 lane.run(partial(_copy, st[row : row + n], self.host[lo : lo + n]))
@@ -222,12 +235,13 @@ class StagedCopier:
     def save(self, gpu: list[int], host: list[int]) -> None:
         """GPU slots ``gpu[i]`` -> host slots ``host[i]`` (unique); the compute stream waits
         only for the GPU gathers (the step may reuse those slots), not for the transfer."""
-        chunks = plan(host, gpu, self.chunk_tokens, self.min_run)
+        chunks: list[Chunk] = []
         lane = self._lane
         lane.follow_main()  # the forward passes that wrote these GPU slots first
         gathered = None
         pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
-        for i, c in enumerate(chunks):
+        for i, c in enumerate(iter_plan(host, gpu, self.chunk_tokens, self.min_run)):
+            chunks.append(c)
             st = self._dev[: c.tokens]
             lane.run(partial(self._from_pool, c.gpu, st))
             gathered = lane.mark()

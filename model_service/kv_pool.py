@@ -9,10 +9,12 @@ own slot ids (the scheduler owns those too); ``host_k`` and ``host_v`` are layer
 it. Token-major makes a run of consecutive host slots one contiguous block, so it crosses the
 PCIe link as one copy (``kv_copy``). ``copy`` runs one ``KVCopy`` (every layer's K and V of the
 named slots):
-- on CPU, a plain indexed copy through the views: the tested reference;
+- on CPU, a plain synchronous indexed copy (whole host rows on a load, the layer-major views
+  on a save): the tested reference;
 - on CUDA, ``kv_copy.StagedCopier``: chunked, run-aware copies through preallocated staging,
   on a side stream; the compute stream waits for the copy's last touch of the GPU pool before
-  the step's forward pass. Its module docstring states the ordering rule for the host bytes.
+  the step's forward pass. Its module docstring states the ordering rule for the host bytes:
+  anything else that reads the host pool calls ``sync_host()`` first.
 """
 
 from __future__ import annotations

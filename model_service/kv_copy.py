@@ -217,8 +217,8 @@ class StagedCopier:
         for i, c in enumerate(iter_plan(host, gpu, self.chunk_tokens, self.min_run)):
             chunks.append(c)
             st = self._dev[: c.tokens]
-            for lo, n, row in c.runs:
-                lane.run(partial(_copy, st[row : row + n], self.host[lo : lo + n]))
+            if c.runs:  # one closure per chunk: one stream switch, not one per run
+                lane.run(partial(self._runs, c.runs, st, True))
             if c.gather.numel():
                 buf = self._pin[i % 2][: c.gather.numel()]
                 self.sync()  # queued saves into the host pool have landed
@@ -245,8 +245,8 @@ class StagedCopier:
             st = self._dev[: c.tokens]
             lane.run(partial(self._from_pool, c.gpu, st))
             gathered = lane.mark()
-            for lo, n, row in c.runs:
-                lane.run(partial(_copy, self.host[lo : lo + n], st[row : row + n]))
+            if c.runs:
+                lane.run(partial(self._runs, c.runs, st, False))
             if pending is not None:  # the previous chunk's CPU scatter overlaps this transfer
                 self._scatter(*pending)
                 pending = None
@@ -262,6 +262,14 @@ class StagedCopier:
             self._scatter(*pending)
         self._record(chunks)
         lane.release_main(gathered)
+
+    def _runs(self, runs: tuple[tuple[int, int, int], ...], st: torch.Tensor, load: bool) -> None:
+        """Copy stream: each run between the pinned pool and its staging rows, one async copy."""
+        for lo, n, row in runs:
+            if load:
+                st[row : row + n].copy_(self.host[lo : lo + n], non_blocking=True)
+            else:
+                self.host[lo : lo + n].copy_(st[row : row + n], non_blocking=True)
 
     def _to_pool(self, gpu: torch.Tensor, st: torch.Tensor) -> None:
         """Copy stream: staging rows (token-major) -> GPU pool slots ``gpu`` (layer-major)."""

@@ -12,13 +12,14 @@ and returns at once; `finish` waits for it and reads the tokens back. The server
 before finishing N, so the host work of N+1 hides behind N's kernels. Grammar masks may come
 after the step (`masks_follow`): `launch` queues the forward pass, then waits for the masks
 (`mask_source`) while the GPU computes, and only then samples.
+
+The state types live in `runner_state.py`; `InFlight`, `RequestState` and `StepError` are
+imported from here too (server, tensor-parallel ranks, tests).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -31,85 +32,23 @@ from model_service.image_rows import RequestImages, RowSpan, step_image_rows
 from model_service.kv_pool import KVPool
 from model_service.mask_device import allowed_on_device
 from model_service.models.llama import LlamaForCausalLM
-from model_service.penalty_rows import TokenCounts, build_penalties, count_sampled
+from model_service.penalty_rows import build_penalties, count_sampled
+from model_service.runner_state import InFlight, MaskSource, RequestState, StepError, StepRow
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.transfer import array_to_device, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
-from radixmesh_wire.step_ops import (
-    PromptLogprobs,
-    RowOutput,
-    Sampling,
-    StepOps,
-    StepOutput,
-)
+from radixmesh_wire.step_ops import PromptLogprobs, RowOutput, StepOps, StepOutput
 
 log = structlog.get_logger(__name__)
 
 BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see ModelRunner._account)
-
-# (masks by handle, handles not to sample: their decode is undone) for a masks_follow step
-MaskSource = Callable[[int], tuple[dict[int, EncodedRow], set[int]]]
-
-
-class StepError(Exception):
-    """The step is inconsistent with the worker's state (a scheduler bug, never user input)."""
-
-
-@dataclass
-class RequestState:
-    sampling: Sampling
-    slots: SlotSeq
-    # The seed position of its next draw: its output length then, jump-forward tokens
-    # included (a stream resumed from the tokens received draws what the undisturbed one would).
-    sampled: int
-    has_token: bool = False  # its last sampled token is in ModelRunner.last_tokens
-    in_prompt: bool = True
-    pending_lp: torch.Tensor | None = None  # log-softmax of the last prompt position
-    counts: TokenCounts = field(default_factory=TokenCounts)  # for penalties only
-    prompt_len: int = -1  # known at its first sampled row: sequence length - output_offset
-    images: RequestImages | None = None  # its images (multimodal models), from its ADMIT
-
-
-@dataclass
-class _Row:
-    handle: int
-    state: RequestState
-    input_ids: list[int] | None  # None: a decode, whose input is the last sampled token
-    new_slots: list[int]
-    sample: bool
-
-    @property
-    def n(self) -> int:
-        return len(self.new_slots)
 
 
 def _empty_burst() -> list[float]:
     """[steps, s inside launch..finish, s between steps, GPU busy ms, GPU idle ms, s waiting
     for late masks, GPU ms idle waiting for them]."""
     return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-
-
-@dataclass
-class InFlight:
-    """A launched step: device work queued, results on their way to host memory."""
-
-    step_id: int
-    t0: float
-    handles: list[int] = field(default_factory=list)  # rows that sampled, in order
-    top_n: list[int] = field(default_factory=list)
-    tokens: torch.Tensor | None = None  # host copies, valid once `done` has completed
-    logprobs: torch.Tensor | None = None
-    top_ids: torch.Tensor | None = None
-    top_vals: torch.Tensor | None = None
-    prompt_lps: list[PromptLogprobs] = field(default_factory=list)
-    done: torch.cuda.Event | None = None
-    gpu_start: torch.cuda.Event | None = None  # just before the forward pass
-    # Late masks: the host's wait for them, and (CUDA) the GPU's, from the forward pass's end
-    # to the first sampling kernel: > 0 only when the masks came after the forward finished.
-    mask_wait_s: float = 0.0
-    fwd_done: torch.cuda.Event | None = None
-    sample_start: torch.cuda.Event | None = None
 
 
 class ModelRunner:
@@ -176,8 +115,8 @@ class ModelRunner:
             raise StepError(f"unknown request handle {handle}")
         return st
 
-    def _collect_rows(self, ops: StepOps) -> list[_Row]:
-        rows: list[_Row] = []
+    def _collect_rows(self, ops: StepOps) -> list[StepRow]:
+        rows: list[StepRow] = []
         for a in ops.admits:
             if a.handle in self.requests:
                 raise StepError(f"handle {a.handle} admitted twice")
@@ -185,20 +124,20 @@ class ModelRunner:
             if a.images:
                 st.images = RequestImages(a.images)
             self.requests[a.handle] = st
-            rows.append(_Row(a.handle, st, a.input_ids, a.slots, a.sample))
+            rows.append(StepRow(a.handle, st, a.input_ids, a.slots, a.sample))
         for e in ops.extends:
-            rows.append(_Row(e.handle, self._get(e.handle), e.input_ids, e.slots, e.sample))
+            rows.append(StepRow(e.handle, self._get(e.handle), e.input_ids, e.slots, e.sample))
         for handle, slot in zip(ops.decode_handles, ops.decode_slots, strict=True):
             st = self._get(handle)
             if not st.has_token:
                 raise StepError(f"decode for handle {handle} with no sampled token")
-            rows.append(_Row(handle, st, None, [slot], True))
+            rows.append(StepRow(handle, st, None, [slot], True))
         for r in rows:
             if r.input_ids is not None and (len(r.input_ids) != r.n or not r.input_ids):
                 raise StepError(f"handle {r.handle}: {len(r.input_ids)} ids for {r.n} slots")
         return rows
 
-    def _input_ids(self, rows: list[_Row], total: int) -> torch.Tensor:
+    def _input_ids(self, rows: list[StepRow], total: int) -> torch.Tensor:
         """Token ids of the step on the device: given ids from the host, decode inputs
         gathered from `last_tokens` on the device (they may not have reached the host yet)."""
         dev = self.device
@@ -220,7 +159,7 @@ class ModelRunner:
             ids.index_copy_(0, to_device(dec_at, torch.int64, dev), src)
         return ids
 
-    def _run(self, rows: list[_Row], ops: StepOps, fl: InFlight) -> None:
+    def _run(self, rows: list[StepRow], ops: StepOps, fl: InFlight) -> None:
         dev = self.device
         pos: list[int] = []
         out_slots: list[int] = []
@@ -318,7 +257,7 @@ class ModelRunner:
         return {**ops.masks, **masks}, skip
 
     def _prompt_logprobs(
-        self, rows: list[_Row], spans: list[tuple[int, int, int] | None], logits: torch.Tensor
+        self, rows: list[StepRow], spans: list[tuple[int, int, int] | None], logits: torch.Tensor
     ) -> list[PromptLogprobs]:
         """Rare (asked per request): reads values back at once, so no launch-ahead here."""
         out: list[PromptLogprobs] = []
@@ -347,7 +286,7 @@ class ModelRunner:
         return out
 
     def _apply_masks(
-        self, sampled: list[_Row], lg: torch.Tensor, masks: dict[int, EncodedRow]
+        self, sampled: list[StepRow], lg: torch.Tensor, masks: dict[int, EncodedRow]
     ) -> None:
         """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
         idx = [i for i, r in enumerate(sampled) if r.handle in masks]
@@ -358,7 +297,7 @@ class ModelRunner:
         sel = to_device(idx, torch.int64, lg.device)
         lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
 
-    def _ban_stops(self, sampled: list[_Row], lg: torch.Tensor, masked: bool) -> None:
+    def _ban_stops(self, sampled: list[StepRow], lg: torch.Tensor, masked: bool) -> None:
         """min_new_tokens: stop ids (EOS included) get -inf while fewer were sampled. After the
         grammar masks, and never down to nothing: where a grammar allows only its end (EOS),
         the grammar wins and the request ends early (docs/constrained.md)."""
@@ -379,7 +318,7 @@ class ModelRunner:
             left = (after > float("-inf")).any(dim=-1, keepdim=True)
             lg.index_copy_(0, sel, torch.where(left, after, before))
 
-    def _undo_decode(self, r: _Row) -> None:
+    def _undo_decode(self, r: StepRow) -> None:
         """A skipped row (its grammar jumps forward, failed, or the request ended): drop the
         slot its decode just wrote; its last token stays the input of its next decode."""
         if r.input_ids is not None:
@@ -388,14 +327,14 @@ class ModelRunner:
 
     def _sample(
         self,
-        rows: list[_Row],
+        rows: list[StepRow],
         sample_rows: list[int],
         logits: torch.Tensor,
         masks: dict[int, EncodedRow],
         skip: set[int],
         fl: InFlight,
     ) -> None:
-        sampled: list[_Row] = []
+        sampled: list[StepRow] = []
         keep: list[int] = []
         for r, lrow in zip((r for r in rows if r.sample), sample_rows, strict=True):
             if r.handle in skip:

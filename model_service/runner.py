@@ -30,15 +30,15 @@ from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.image_rows import RequestImages, RowSpan, step_image_rows
 from model_service.kv_pool import KVPool
-from model_service.mask_device import allowed_on_device
 from model_service.models.llama import LlamaForCausalLM
 from model_service.penalty_rows import build_penalties, count_sampled
 from model_service.runner_state import InFlight, MaskSource, RequestState, StepError, StepRow
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
+from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.transfer import array_to_device, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
-from radixmesh_wire.step_ops import PromptLogprobs, RowOutput, StepOps, StepOutput
+from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
 
 log = structlog.get_logger(__name__)
 
@@ -235,7 +235,7 @@ class ModelRunner:
                 to_device(logit_rows, torch.int64, dev),
                 **extra,
             )
-        fl.prompt_lps = self._prompt_logprobs(rows, lp_spans, logits)
+        fl.prompt_lps = prompt_logprobs(rows, lp_spans, logits)
         if ops.masks_follow and self.cuda:
             fl.fwd_done = torch.cuda.Event(enable_timing=True)
             fl.fwd_done.record()
@@ -255,68 +255,6 @@ class ModelRunner:
             raise StepError("a masks_follow step, but this worker has no mask source")
         masks, skip = self.mask_source(ops.step_id)  # blocks while the forward pass runs
         return {**ops.masks, **masks}, skip
-
-    def _prompt_logprobs(
-        self, rows: list[StepRow], spans: list[tuple[int, int, int] | None], logits: torch.Tensor
-    ) -> list[PromptLogprobs]:
-        """Rare (asked per request): reads values back at once, so no launch-ahead here."""
-        out: list[PromptLogprobs] = []
-        for r, span in zip(rows, spans, strict=True):
-            if span is None or r.input_ids is None:
-                continue
-            st = r.state
-            row0, first, end = span
-            lp = torch.log_softmax(logits[row0 : row0 + end - first], dim=-1)
-            start = end - len(r.input_ids)
-            values: list[float] = []
-            abs_start = first + 1
-            p = st.sampling.prompt_logprobs_from
-            if st.pending_lp is not None and start >= max(p, 1):
-                values.append(float(st.pending_lp[r.input_ids[0]]))  # across a chunk boundary
-                abs_start = start
-            # logits at absolute i (first..end-2) score the token at i + 1 in this chunk
-            nxt = torch.tensor(
-                r.input_ids[first + 1 - start :], dtype=torch.int64, device=lp.device
-            )
-            if nxt.numel():
-                values.extend(lp[: nxt.numel()].gather(1, nxt[:, None]).squeeze(1).tolist())
-            st.pending_lp = lp[-1] if not r.sample else None
-            if values:
-                out.append(PromptLogprobs(r.handle, abs_start, values))
-        return out
-
-    def _apply_masks(
-        self, sampled: list[StepRow], lg: torch.Tensor, masks: dict[int, EncodedRow]
-    ) -> None:
-        """Grammar masks: disallowed tokens get -inf before any sampling (never unmasked)."""
-        idx = [i for i, r in enumerate(sampled) if r.handle in masks]
-        if not idx:
-            return
-        rows = [masks[sampled[i].handle] for i in idx]
-        allowed = allowed_on_device(rows, lg.shape[-1], lg.device)
-        sel = to_device(idx, torch.int64, lg.device)
-        lg[sel] = lg[sel].masked_fill(~allowed, float("-inf"))
-
-    def _ban_stops(self, sampled: list[StepRow], lg: torch.Tensor, masked: bool) -> None:
-        """min_new_tokens: stop ids (EOS included) get -inf while fewer were sampled. After the
-        grammar masks, and never down to nothing: where a grammar allows only its end (EOS),
-        the grammar wins and the request ends early (docs/constrained.md)."""
-        dev = lg.device
-        rows: list[int] = []
-        for i, r in enumerate(sampled):
-            if r.state.sampled < r.state.sampling.min_new_tokens and r.state.sampling.stop_ids:
-                rows.append(i)
-        if not rows:
-            return
-        before = lg.index_select(0, to_device(rows, torch.int64, dev)) if masked else None
-        for i in rows:
-            banned = to_device(list(sampled[i].state.sampling.stop_ids), torch.int64, dev)
-            lg[i].index_fill_(0, banned, float("-inf"))  # no host scalar copy (a sync)
-        if before is not None:  # on the device: no sync to ask whether anything is left
-            sel = to_device(rows, torch.int64, dev)
-            after = lg.index_select(0, sel)
-            left = (after > float("-inf")).any(dim=-1, keepdim=True)
-            lg.index_copy_(0, sel, torch.where(left, after, before))
 
     def _undo_decode(self, r: StepRow) -> None:
         """A skipped row (its grammar jumps forward, failed, or the request ended): drop the
@@ -348,8 +286,8 @@ class ModelRunner:
         lg = logits.index_select(0, to_device(keep, torch.int64, dev))
         sp = [r.state.sampling for r in sampled]
         if masks:
-            self._apply_masks(sampled, lg, masks)
-        self._ban_stops(sampled, lg, bool(masks))
+            apply_masks(sampled, lg, masks)
+        ban_stops(sampled, lg, bool(masks))
         temp = [s.temperature for s in sp]
         top_p = [s.top_p for s in sp]
         top_k = [s.top_k for s in sp]

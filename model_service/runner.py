@@ -23,7 +23,6 @@ import time
 from typing import Any, cast
 
 import numpy as np
-import structlog
 import torch
 
 from model_service.attention.backend import AttentionBackend, RowPlan
@@ -35,23 +34,15 @@ from model_service.penalty_rows import build_penalties, count_sampled
 from model_service.runner_state import InFlight, MaskSource, RequestState, StepError, StepRow
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
+from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exported (load test)
+from model_service.step_bursts import BurstAccounting, empty_burst
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.transfer import array_to_device, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
 
-log = structlog.get_logger(__name__)
 
-BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see ModelRunner._account)
-
-
-def _empty_burst() -> list[float]:
-    """[steps, s inside launch..finish, s between steps, GPU busy ms, GPU idle ms, s waiting
-    for late masks, GPU ms idle waiting for them]."""
-    return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-
-
-class ModelRunner:
+class ModelRunner(BurstAccounting):
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -69,8 +60,8 @@ class ModelRunner:
         self.last_tokens = torch.zeros(256, dtype=torch.int64, device=device)  # by handle
         self.mask_source: MaskSource | None = None  # set by the server for masks_follow steps
         self.cuda = device.type == "cuda"
-        # Burst accounting (fields: _empty_burst; the GPU figures from CUDA events; _account)
-        self._burst: list[float] = _empty_burst()
+        # Burst accounting (step_bursts.py: fields, GPU figures from CUDA events, _account)
+        self._burst: list[float] = empty_burst()
         self._last_end: float | None = None
         self._last_done: torch.cuda.Event | None = None
 
@@ -345,55 +336,3 @@ class ModelRunner:
         t1 = time.perf_counter()
         self._account(fl, t1)
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
-
-    def _account(self, fl: InFlight, t1: float) -> None:
-        """Per burst of steps: wall time from launch to finish, the host's time between a
-        finish and the next launch, and on CUDA the GPU's own view from events: busy from the
-        forward pass to the step's end, idle from the previous step's end to this forward
-        (with launch-ahead, ~0 when the next step was queued in time). Logged once per burst,
-        when a pause over BURST_IDLE_S ends it."""
-        b = self._burst
-        if self._last_end is not None:
-            gap = fl.t0 - self._last_end
-            if gap > BURST_IDLE_S:
-                self.log_burst()
-                b = self._burst  # log_burst starts a new list: count this step in it
-                self._last_done = None
-            else:
-                b[2] += max(gap, 0.0)
-        if fl.done is not None and fl.gpu_start is not None:
-            b[3] += fl.gpu_start.elapsed_time(fl.done)
-            if self._last_done is not None:
-                b[4] += max(self._last_done.elapsed_time(fl.gpu_start), 0.0)
-        if fl.done is not None:
-            self._last_done = fl.done
-        b[5] += fl.mask_wait_s
-        if fl.fwd_done is not None and fl.sample_start is not None:
-            b[6] += fl.fwd_done.elapsed_time(fl.sample_start)
-        b[0] += 1
-        b[1] += t1 - fl.t0
-        self._last_end = t1
-
-    def log_burst(self) -> None:
-        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait = self._burst
-        if steps >= 2:
-            n = int(steps)
-            masks = {}
-            if mask_wait:  # late-mask steps ran: the host's and the GPU's wait for masks
-                masks = {
-                    "mask_wait_ms_per_step": round(mask_wait * 1e3 / n, 3),
-                    "gpu_mask_wait_ms_per_step": round(gpu_mask_wait / n, 3),
-                }
-            log.info(
-                "step_burst",
-                **masks,
-                steps=n,
-                busy_ms=round(busy * 1e3, 2),
-                between_ms=round(gap * 1e3, 2),
-                busy_ms_per_step=round(busy * 1e3 / n, 3),
-                between_ms_per_step=round(gap * 1e3 / (n - 1), 3),
-                gpu_busy_ms_per_step=round(gpu_busy / n, 3),
-                gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
-                gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4) if gpu_busy else 0.0,
-            )
-        self._burst = _empty_burst()

@@ -1,4 +1,4 @@
-"""The worker's `step_burst` accounting (ModelRunner._account): a pause longer than
+"""The worker's `step_burst` accounting (step_bursts.py, in ModelRunner): a pause longer than
 BURST_IDLE_S ends a burst, and the step after the pause is the first of the next burst (the
 load test and the stack bench read per-step figures from these lines)."""
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from model_service import runner as runner_mod
-from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner, _empty_burst
+from model_service import step_bursts
+from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner
+from model_service.step_bursts import empty_burst
 
 
 def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
@@ -21,9 +22,9 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
         def info(self, event: str, **kw: Any) -> None:
             logged.append({"event": event, **kw})
 
-    monkeypatch.setattr(runner_mod, "log", Recorder())
+    monkeypatch.setattr(step_bursts, "log", Recorder())
     r = ModelRunner.__new__(ModelRunner)  # only the accounting state is needed
-    r._burst = _empty_burst()
+    r._burst = empty_burst()
     r._last_end = None
     r._last_done = None
     t = 100.0

@@ -20,6 +20,7 @@ imported from here too (server, tensor-parallel ranks, tests).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -152,53 +153,13 @@ class ModelRunner(BurstAccounting):
 
     def _run(self, rows: list[StepRow], ops: StepOps, fl: InFlight) -> None:
         dev = self.device
-        pos: list[int] = []
-        out_slots: list[int] = []
-        kv_views: list[np.ndarray] = []
-        kv_lens: list[int] = []
-        logit_rows: list[int] = []
-        # per row: (first logit row index, first absolute position with logits) for prompt lp
-        lp_spans: list[tuple[int, int, int] | None] = []
-        sample_rows: list[int] = []
-        image_spans: list[RowSpan] = []
-        cursor = 0
-        for r in rows:
-            st, n = r.state, r.n
-            start = len(st.slots)
-            if st.images is not None and r.input_ids is not None:
-                image_spans.append(RowSpan(st.images, start, n, cursor))
-            st.slots.extend(r.new_slots)
-            pos.extend(range(start, start + n))
-            out_slots.extend(r.new_slots)
-            kv_views.append(st.slots.view())
-            kv_lens.append(len(st.slots))
-            p = st.sampling.prompt_logprobs_from
-            span = None
-            if st.in_prompt and p >= 0:
-                # logits at position i score token i + 1; we need tokens from max(p, 1) on
-                first = max(start, p - 1, 0)
-                if first < start + n:
-                    span = (len(logit_rows), first, start + n)
-                    logit_rows.extend(range(cursor + first - start, cursor + n))
-            lp_spans.append(span)
-            if r.sample:
-                # Output length at this draw: the sequence (whose KV is now queued) minus the
-                # prompt. A jump-forward truncates and extends the sequence by whole tokens.
-                if st.prompt_len < 0:
-                    st.prompt_len = len(st.slots) - st.sampled
-                st.sampled = len(st.slots) - st.prompt_len
-                last = cursor + n - 1
-                if span is not None:
-                    sample_rows.append(span[0] + (span[2] - span[1]) - 1)
-                else:
-                    sample_rows.append(len(logit_rows))
-                    logit_rows.append(last)
-            cursor += n
+        lay = _lay_out(rows)  # host side: slots extended, positions, logit rows
+        pos, out_slots, logit_rows, cursor = lay.pos, lay.out_slots, lay.logit_rows, lay.tokens
         ids = self._input_ids(rows, cursor)
         # One copy for every row's KV slots, split into per-row views on the device.
-        kv_flat = array_to_device(np.concatenate(kv_views), dev)
+        kv_flat = array_to_device(np.concatenate(lay.kv_views), dev)
         plans = [
-            RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, kv_lens), strict=True)
+            RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, lay.kv_lens), strict=True)
         ]
         if self.cuda:
             fl.gpu_start = torch.cuda.Event(enable_timing=True)
@@ -216,7 +177,9 @@ class ModelRunner(BurstAccounting):
             # Image positions take the vision tower's features (only multimodal models
             # admit requests with images: step_validation).
             images = (
-                step_image_rows(cast(Any, self.model), image_spans, dev) if image_spans else None
+                step_image_rows(cast(Any, self.model), lay.image_spans, dev)
+                if lay.image_spans
+                else None
             )
             extra = {"images": images} if images is not None else {}
             logits = self.model(
@@ -226,7 +189,7 @@ class ModelRunner(BurstAccounting):
                 to_device(logit_rows, torch.int64, dev),
                 **extra,
             )
-        fl.prompt_lps = prompt_logprobs(rows, lp_spans, logits)
+        fl.prompt_lps = prompt_logprobs(rows, lay.lp_spans, logits)
         if ops.masks_follow and self.cuda:
             fl.fwd_done = torch.cuda.Event(enable_timing=True)
             fl.fwd_done.record()
@@ -237,7 +200,7 @@ class ModelRunner(BurstAccounting):
             if fl.fwd_done is not None:
                 fl.sample_start = torch.cuda.Event(enable_timing=True)
                 fl.sample_start.record()
-        self._sample(rows, sample_rows, logits, masks, skip, fl)
+        self._sample(rows, lay.sample_rows, logits, masks, skip, fl)
 
     def _masks_for(self, ops: StepOps) -> tuple[dict[int, EncodedRow], set[int]]:
         if not ops.masks_follow:
@@ -336,3 +299,68 @@ class ModelRunner(BurstAccounting):
         t1 = time.perf_counter()
         self._account(fl, t1)
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
+
+
+@dataclass
+class _Layout:
+    """Where a step's rows go in its flat batch (built by `_lay_out`)."""
+
+    pos: list[int]  # absolute position of every token
+    out_slots: list[int]  # the KV slot every token writes
+    kv_views: list[np.ndarray]  # per row: all its KV slots
+    kv_lens: list[int]
+    logit_rows: list[int]  # token rows that get logits
+    lp_spans: list[tuple[int, int, int] | None]  # per row, for prompt logprobs
+    sample_rows: list[int]  # the logit row of each sampled row
+    image_spans: list[RowSpan]
+    tokens: int  # the step's tokens (the cursor after the last row)
+
+
+def _lay_out(rows: list[StepRow]) -> _Layout:
+    """The step's host-side walk over its rows, in row order: extends each row's slots (its KV
+    is queued by this step) and sets each sampled row's seed position."""
+    pos: list[int] = []
+    out_slots: list[int] = []
+    kv_views: list[np.ndarray] = []
+    kv_lens: list[int] = []
+    logit_rows: list[int] = []
+    # per row: (first logit row index, first absolute position with logits) for prompt lp
+    lp_spans: list[tuple[int, int, int] | None] = []
+    sample_rows: list[int] = []
+    image_spans: list[RowSpan] = []
+    cursor = 0
+    for r in rows:
+        st, n = r.state, r.n
+        start = len(st.slots)
+        if st.images is not None and r.input_ids is not None:
+            image_spans.append(RowSpan(st.images, start, n, cursor))
+        st.slots.extend(r.new_slots)
+        pos.extend(range(start, start + n))
+        out_slots.extend(r.new_slots)
+        kv_views.append(st.slots.view())
+        kv_lens.append(len(st.slots))
+        p = st.sampling.prompt_logprobs_from
+        span = None
+        if st.in_prompt and p >= 0:
+            # logits at position i score token i + 1; we need tokens from max(p, 1) on
+            first = max(start, p - 1, 0)
+            if first < start + n:
+                span = (len(logit_rows), first, start + n)
+                logit_rows.extend(range(cursor + first - start, cursor + n))
+        lp_spans.append(span)
+        if r.sample:
+            # Output length at this draw: the sequence (whose KV is now queued) minus the
+            # prompt. A jump-forward truncates and extends the sequence by whole tokens.
+            if st.prompt_len < 0:
+                st.prompt_len = len(st.slots) - st.sampled
+            st.sampled = len(st.slots) - st.prompt_len
+            last = cursor + n - 1
+            if span is not None:
+                sample_rows.append(span[0] + (span[2] - span[1]) - 1)
+            else:
+                sample_rows.append(len(logit_rows))
+                logit_rows.append(last)
+        cursor += n
+    return _Layout(
+        pos, out_slots, kv_views, kv_lens, logit_rows, lp_spans, sample_rows, image_spans, cursor
+    )

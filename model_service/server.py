@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -28,102 +27,21 @@ import structlog
 import torch
 
 from model_service.engine import Engine
+from model_service.mask_mailbox import MaskMailbox
+from model_service.mask_mailbox import Masks as Masks  # re-exported
+from model_service.mask_mailbox import MaskTimeout as MaskTimeout  # re-exported
 from model_service.metrics import ModelMetrics
 from model_service.runner import InFlight, StepError
 from model_service.step_validation import StepLimits, validate_step
 from model_service.tp.group import fatal
 from model_service.tp.steps import Leader
-from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.pb import model_pb2, model_pb2_grpc
-from radixmesh_wire.step_codec import (
-    decode_masks,
-    decode_step,
-    encode_output,
-    encode_step,
-    layout_to_proto,
-)
+from radixmesh_wire.step_codec import decode_step, encode_output, encode_step, layout_to_proto
 from radixmesh_wire.step_ops import StepOps
 from services.security import require_peer
 from services.watchdog import Progress
 
 log = structlog.get_logger(__name__)
-
-Masks = tuple[dict[int, EncodedRow], set[int]]
-
-
-class MaskTimeout(StepError):
-    """A masks_follow step's masks did not come in time: the step's rows fail, the step
-    thread is free again. (The scheduler maps this name to UNAVAILABLE.)"""
-
-
-class MaskMailbox:
-    """StepMasks by step id, from the stream reader (event loop) to the step thread.
-
-    Only steps read with masks_follow (`expect`) get a box: masks for any other step id are
-    dropped, so a peer cannot grow this by sending StepMasks nobody waits for."""
-
-    def __init__(self, wait_s: float) -> None:
-        self.wait_s = wait_s
-        self._lock = threading.Lock()
-        self._boxes: dict[int, Future[tuple[Masks, bytes]]] = {}  # with the message's bytes
-        self._closed = False
-
-    def expect(self, step_id: int) -> None:
-        self._box(step_id)
-
-    def _box(self, step_id: int) -> Future[tuple[Masks, bytes]]:
-        with self._lock:
-            box = self._boxes.get(step_id)
-            if box is None:
-                box = self._boxes[step_id] = Future()
-                if self._closed:
-                    box.set_exception(StepError("the step session closed"))
-            return box
-
-    def deliver(self, msg: model_pb2.StepMasks) -> None:
-        with self._lock:
-            box = self._boxes.get(msg.step_id)
-        if box is None:
-            log.warning("masks_dropped", step=msg.step_id, reason="no step waits for them")
-            return
-        if box.done():
-            return
-        try:
-            late = decode_masks(msg)
-        except ValueError as exc:  # the step that waits for them fails, not the session
-            box.set_exception(StepError(f"the masks of step {msg.step_id}: {exc}"))
-            return
-        box.set_result(((late.rows, set(late.skip)), msg.SerializeToString()))
-
-    def wait(self, step_id: int) -> Masks:
-        return self.wait_raw(step_id)[0]
-
-    def wait_raw(self, step_id: int) -> tuple[Masks, bytes]:
-        """The masks and the StepMasks bytes they came in (tensor parallelism forwards them)."""
-        box = self._box(step_id)
-        try:
-            return box.result(timeout=self.wait_s)
-        except TimeoutError as exc:
-            raise MaskTimeout(
-                f"the grammar masks of step {step_id} did not come in {self.wait_s} s "
-                "(--mask-wait-s)"
-            ) from exc
-        finally:
-            with self._lock:
-                self._boxes.pop(step_id, None)
-
-    def discard(self, step_id: int) -> None:
-        """A step that failed before waiting for its masks: they are not wanted any more."""
-        with self._lock:
-            self._boxes.pop(step_id, None)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            for box in self._boxes.values():
-                if not box.done():
-                    box.set_exception(StepError("the step session closed"))
-
 
 COSTS_EVERY = 2000  # steps between two `step_host_costs` lines
 

@@ -20,13 +20,13 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import grpc
 import structlog
 import torch
 
 from model_service.engine import Engine
+from model_service.host_costs import HostCosts
 from model_service.mask_mailbox import MaskMailbox
 from model_service.mask_mailbox import Masks as Masks  # re-exported
 from model_service.mask_mailbox import MaskTimeout as MaskTimeout  # re-exported
@@ -44,34 +44,6 @@ from services.watchdog import Progress
 log = structlog.get_logger(__name__)
 
 COSTS_EVERY = 2000  # steps between two `step_host_costs` lines
-
-
-@dataclass
-class HostCosts:
-    """A session's host time per part of a step (issue 27): decoding the message and encoding
-    the result (event loop), the step check and the runner's launch (step thread; each field
-    has that one writer). `launch` is host work only while the launch never waits for the
-    GPU: near the GPU's step time it means the launch of N+1 waits for step N (an implicit
-    sync), which takes the two steps in flight back to one."""
-
-    steps: int = 0
-    decode_s: float = 0.0
-    check_s: float = 0.0
-    launch_s: float = 0.0
-    encode_s: float = 0.0
-
-    def log(self, reason: str) -> None:
-        n = self.steps
-        if n:
-            log.info(
-                "step_host_costs",
-                reason=reason,
-                steps=n,
-                **{
-                    f"{k.removesuffix('_s')}_ms_per_step": round(getattr(self, k) * 1e3 / n, 4)
-                    for k in ("decode_s", "check_s", "launch_s", "encode_s")
-                },
-            )
 
 
 class ModelWorkerServicer(model_pb2_grpc.ModelWorkerServicer):

@@ -9,8 +9,10 @@ from typing import Any, cast
 import structlog
 import torch
 
+from model_service.attention.backend import AttentionBackend
 from model_service.attention.flashinfer import FlashInferAttention, choose_attention
 from model_service.config import ModelServiceConfig
+from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool, kv_bytes_per_token
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
 from model_service.models.llava import is_llava, text_config
@@ -120,15 +122,68 @@ def build_engine(
     """One rank's engine (the whole model without tensor parallelism): its shard of the
     weights, a KV pool of its KV heads for the scheduler's whole slot space."""
     device = device or pick_device(cfg.device)
-    if cfg.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        dtype = _DTYPES[cfg.dtype]
+    dtype = _pick_dtype(cfg, device)
     if cfg.threads and device.type == "cpu":
         torch.set_num_threads(cfg.threads)
     hf_cfg, model_dir, name = model_config(cfg)
     full = LlamaArgs.from_hf_config(text_config(hf_cfg))
     args = local_args(full, shard.size)  # this rank's shapes (all of them at --tp 1)
+    _check_memory(cfg, args, dtype, device, shard, name)
+    model = _build_model(cfg, hf_cfg, full, model_dir, dtype, device, shard, comm)
+    pool, capacity = _build_pool(cfg, model, dtype, device, shard, comm)
+    a = model.args
+    attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads, a.head_dim)
+    if note:
+        log.warning("attention_fallback", reason=note)
+    if model.ops_note:
+        log.warning("fused_kernels_fallback", reason=model.ops_note)
+    graphs = None
+    if attention.name == "flashinfer":
+        graphs = _capture_graphs(cfg, model, attention, device, capacity)
+    log.info(
+        "engine_ready",
+        model=name,
+        tp_rank=shard.rank,
+        tp=shard.size,
+        device=str(device),
+        dtype=str(dtype),
+        kv_tokens=capacity,
+        host_kv_tokens=cfg.host_kv_tokens,
+        layers=a.num_layers,
+        attention=attention.name,
+        fused=model.fused,
+        kernels=model.ops.name if model.ops else "-",
+        cuda_graph_buckets=graphs.buckets if graphs else [],
+    )
+    return Engine(
+        runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),
+        model_name=str(name),
+        model_dir=model_dir,
+        context_length=cfg.context_length or a.max_position,
+        vocab_size=model.vocab_size,
+        eos_token_ids=_eos_ids(hf_cfg) or _eos_ids(text_config(hf_cfg)),
+        device=device,
+        dtype=dtype,
+        attention_backend=attention.name,
+        nan_fill=cfg.nan_fill,
+    )
+
+
+def _pick_dtype(cfg: ModelServiceConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[cfg.dtype]
+
+
+def _check_memory(
+    cfg: ModelServiceConfig,
+    args: LlamaArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+    name: str,
+) -> None:
+    """The start-up checks that refuse a model that cannot fit, before any large allocation."""
     random = bool(cfg.random_weights)
     check_rank_fits(args, dtype, device, shard, cfg.min_kv_tokens, random)
     check_weights_fit(args, dtype, device, str(name), random=random)
@@ -141,6 +196,19 @@ def build_engine(
         kv_memory_gb=cfg.kv_memory_gb,
         min_tokens=cfg.min_kv_tokens,
     )
+
+
+def _build_model(
+    cfg: ModelServiceConfig,
+    hf_cfg: Any,
+    full: LlamaArgs,
+    model_dir: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+    comm: TPComm | None,
+) -> LlamaForCausalLM:
+    """This rank's weights: random (a LLaVA's whole model, or a text model's shard) or loaded."""
     with out_of_memory_as_model_error(
         "building the weights",
         device,
@@ -153,6 +221,18 @@ def build_engine(
             model = random_model(full, dtype, device, shard=shard, comm=comm)
         else:
             model = load_model(model_dir, dtype, device, shard=shard, comm=comm)
+    return model
+
+
+def _build_pool(
+    cfg: ModelServiceConfig,
+    model: LlamaForCausalLM,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+    comm: TPComm | None,
+) -> tuple[KVPool, int]:
+    """The KV pool (and its host tier) and the slot count the scheduler is told."""
     capacity = kv_capacity(cfg, model, dtype, device)
     if comm is not None:
         # Every rank holds the same slot indices: the pool is as large as the smallest rank's
@@ -184,52 +264,30 @@ def build_engine(
             "lower --host-kv-tokens",
         ):
             pool.add_host_tier(cfg.host_kv_tokens)
-    attention, note = choose_attention(cfg.attention, pool, a.num_heads, a.num_kv_heads, a.head_dim)
-    if note:
-        log.warning("attention_fallback", reason=note)
-    if model.ops_note:
-        log.warning("fused_kernels_fallback", reason=model.ops_note)
-    graphs = None
-    if attention.name == "flashinfer":
-        from model_service.cuda_graphs import capture_decode_graphs
+    return pool, capacity
 
-        with out_of_memory_as_model_error(
-            "capturing decode CUDA graphs",
-            device,
-            "lower --kv-memory-fraction to leave them room, or capture fewer batch sizes "
-            f"(--cuda-graph-max-bs, now {cfg.cuda_graph_max_bs}; 0 turns graphs off)",
-        ):
-            graphs = capture_decode_graphs(
-                model,
-                cast(FlashInferAttention, attention),  # the one backend of that name
-                scratch_slot=capacity,
-                max_kv_tokens=capacity,
-                max_bs=cfg.cuda_graph_max_bs,
-            )
-    log.info(
-        "engine_ready",
-        model=name,
-        tp_rank=shard.rank,
-        tp=shard.size,
-        device=str(device),
-        dtype=str(dtype),
-        kv_tokens=capacity,
-        host_kv_tokens=cfg.host_kv_tokens,
-        layers=a.num_layers,
-        attention=attention.name,
-        fused=model.fused,
-        kernels=model.ops.name if model.ops else "-",
-        cuda_graph_buckets=graphs.buckets if graphs else [],
-    )
-    return Engine(
-        runner=ModelRunner(model, pool, attention, device, decode_graphs=graphs),
-        model_name=str(name),
-        model_dir=model_dir,
-        context_length=cfg.context_length or a.max_position,
-        vocab_size=model.vocab_size,
-        eos_token_ids=_eos_ids(hf_cfg) or _eos_ids(text_config(hf_cfg)),
-        device=device,
-        dtype=dtype,
-        attention_backend=attention.name,
-        nan_fill=cfg.nan_fill,
-    )
+
+def _capture_graphs(
+    cfg: ModelServiceConfig,
+    model: LlamaForCausalLM,
+    attention: AttentionBackend,
+    device: torch.device,
+    capacity: int,
+) -> DecodeCudaGraphs | None:
+    """Decode CUDA graphs (flashinfer attention only; None where none are captured), their
+    padding rows writing to the spare slot."""
+    from model_service.cuda_graphs import capture_decode_graphs
+
+    with out_of_memory_as_model_error(
+        "capturing decode CUDA graphs",
+        device,
+        "lower --kv-memory-fraction to leave them room, or capture fewer batch sizes "
+        f"(--cuda-graph-max-bs, now {cfg.cuda_graph_max_bs}; 0 turns graphs off)",
+    ):
+        return capture_decode_graphs(
+            model,
+            cast(FlashInferAttention, attention),  # the one backend of that name
+            scratch_slot=capacity,
+            max_kv_tokens=capacity,
+            max_bs=cfg.cuda_graph_max_bs,
+        )

@@ -9,11 +9,11 @@ once grew the handle table by ~150 MB). Pure: reads the runner's state, changes 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from model_service.image_rows import check_images
-from model_service.runner import RequestState, StepError
+from model_service.runner_state import RequestState, StepError
 from radixmesh_wire.image_geometry import ImageGeometry
 from radixmesh_wire.images import ImageInput
 from radixmesh_wire.step_ops import Sampling, StepOps
@@ -125,15 +125,7 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
             n = len(requests[h].slots) if h in live else 0
         return n
 
-    truncated: set[int] = set()
-    for h, length_to in ops.truncates:
-        if h not in live:
-            raise StepError(f"truncate of unknown handle {h}")
-        lengths[h] = length(h)
-        if length_to > lengths[h]:
-            raise StepError(f"handle {h}: truncate to {length_to} of a {lengths[h]}-token sequence")
-        lengths[h] = length_to
-        truncated.add(h)
+    truncated = _check_truncates(ops, live, lengths, length)
     rows: set[int] = set()
     step_tokens = 0
 
@@ -180,6 +172,35 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
     if _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
         return
     # Something is wrong with a decode row: the same checks row by row, to say which.
+    _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
+
+
+def _check_truncates(
+    ops: StepOps, live: set[int], lengths: dict[int, int], length: Callable[[int], int]
+) -> set[int]:
+    """Truncates, in order, against the sequence lengths (`lengths`, as the step changes them;
+    `length`: a handle's length so far). Returns the truncated handles."""
+    truncated: set[int] = set()
+    for h, length_to in ops.truncates:
+        if h not in live:
+            raise StepError(f"truncate of unknown handle {h}")
+        lengths[h] = length(h)
+        if length_to > lengths[h]:
+            raise StepError(f"handle {h}: truncate to {length_to} of a {lengths[h]}-token sequence")
+        lengths[h] = length_to
+        truncated.add(h)
+    return truncated
+
+
+def _check_decodes_by_row(
+    ops: StepOps,
+    requests: Mapping[int, RequestState],
+    live: set[int],
+    admitted: set[int],
+    truncated: set[int],
+    row: Callable[[int, list[int] | None, list[int]], None],
+) -> None:
+    """The decode rows one by one (`row`: validate_step's per-row check), to name the bad one."""
     for h, slot in zip(ops.decode_handles, ops.decode_slots, strict=True):
         if h not in live:
             raise StepError(

@@ -9,7 +9,8 @@ Steps are read ahead into a queue and run as two halves on two threads: `launch`
 GPU work) in order on the step thread, `finish` (wait, read tokens back) in order on the wait
 thread. So when the scheduler sends step N+1 before N's result, N+1 is launched while N still
 runs and the GPU never waits for the host. Late grammar masks (`StepMasks`) go through a
-mailbox to the launch that waits for them.
+mailbox (`mask_mailbox.py`) to the launch that waits for them; a session's host time per part
+of a step is counted in `host_costs.py`.
 """
 
 from __future__ import annotations

@@ -217,41 +217,76 @@ def topology_specs(
     that fit it never lose a dependency first. `metrics_port(name)`: each service's /metrics
     port (None: metrics off). `model_args` go to every model service as given (`--kv-tokens`
     is per model service here: the CLI splits a total)."""
+    mk = _SpecMaker(port_of, metrics_port, _grace_args(shutdown_grace))
+    grammars = _named("grammar", topo.grammars)
+    grammar_list = ",".join(mk.addr(g) for g in grammars)
+    specs = _replica_specs(topo, mk, model, model_args, scheduler_args, grammar_list)
+    for g in grammars:
+        gargs = ["--tokenizer", model, *grammar_args]
+        specs.append(
+            ServiceSpec(
+                g, "grammar_service", port_of(g), mk.args(g, gargs), extra_ports=mk.ports(g)
+            )
+        )
+    specs += _front_door_specs(topo, mk, model, http_port, tokenizer_args)
+    return specs
+
+
+def _grace_args(shutdown_grace: float | None) -> dict[str, list[str]]:
+    """Each kind's SIGTERM grace flag: the front doors' as given, the internal services' a
+    little longer (services.drain)."""
     extra: dict[str, list[str]] = {"model": [], "grammar": [], "scheduler": [], "tokenizer": []}
     if shutdown_grace is not None:
         inner = ["--shutdown-grace-s", str(shutdown_grace + INTERNAL_EXTRA_S)]
         for kind in ("model", "grammar", "scheduler"):
             extra[kind] += inner
         extra["tokenizer"] += ["--shutdown-grace-s", str(shutdown_grace)]
-    names = topo.names()
-    kinds = {name: service_role(name) for name in names}
+    return extra
 
-    def args(name: str, own: Sequence[str]) -> list[str]:
-        out = [*own, *extra[kinds[name]]]
-        if metrics_port is not None:
-            out.append(f"--metrics-port={metrics_port(name)}")
+
+@dataclass(frozen=True)
+class _SpecMaker:
+    """What every spec of one `topology_specs` call shares: the ports and each kind's extra
+    arguments."""
+
+    port_of: Callable[[str], int]
+    metrics_port: Callable[[str], int] | None
+    extra: dict[str, list[str]]  # by kind (service_role)
+
+    def args(self, name: str, own: Sequence[str]) -> list[str]:
+        out = [*own, *self.extra[service_role(name)]]
+        if self.metrics_port is not None:
+            out.append(f"--metrics-port={self.metrics_port(name)}")
         return out
 
-    def ports(name: str, http: int = 0, shared: bool = False) -> tuple[PortUse, ...]:
+    def ports(self, name: str, http: int = 0, shared: bool = False) -> tuple[PortUse, ...]:
         uses = []
         if http:
             owner = "the front doors' HTTP API" if shared else f"the {name} service's HTTP API"
             uses.append(PortUse(http, owner, "--http-port", shared))
-        if metrics_port is not None and metrics_port(name):
+        if self.metrics_port is not None and self.metrics_port(name):
             uses.append(
-                PortUse(metrics_port(name), f"the {name} service's /metrics", "--metrics-port")
+                PortUse(self.metrics_port(name), f"the {name} service's /metrics", "--metrics-port")
             )
         return tuple(uses)
 
-    def addr(name: str) -> str:
-        return f"127.0.0.1:{port_of(name)}"
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.port_of(name)}"
 
+
+def _replica_specs(
+    topo: Topology,
+    mk: _SpecMaker,
+    model: str,
+    model_args: Sequence[str],
+    scheduler_args: Sequence[str],
+    grammar_list: str,
+) -> list[ServiceSpec]:
+    """Each replica's model service, then its scheduler (pointed at that model and at every
+    grammar service)."""
+    specs: list[ServiceSpec] = []
     schedulers = _named("scheduler", topo.replicas)
     models = _named("model", topo.replicas)
-    grammars = _named("grammar", topo.grammars)
-    grammar_list = ",".join(addr(g) for g in grammars)
-    scheduler_list = ",".join(addr(s) for s in schedulers)
-    specs: list[ServiceSpec] = []
     for i, (sched, mod) in enumerate(zip(schedulers, models, strict=True)):
         env = topo.replica_env[i % len(topo.replica_env)] if topo.replica_env else {}
         margs = ["--model", model, *model_args]
@@ -259,23 +294,30 @@ def topology_specs(
             ServiceSpec(
                 mod,
                 "model_service",
-                port_of(mod),
-                args(mod, margs),
+                mk.port_of(mod),
+                mk.args(mod, margs),
                 env=env,
-                extra_ports=ports(mod),
+                extra_ports=mk.ports(mod),
             )
         )
-        sargs = [f"--model-address={addr(mod)}", f"--grammar-address={grammar_list}"]
-        sargs = args(sched, [*sargs, *scheduler_args])
+        sargs = [f"--model-address={mk.addr(mod)}", f"--grammar-address={grammar_list}"]
+        sargs = mk.args(sched, [*sargs, *scheduler_args])
         specs.append(
-            ServiceSpec(sched, "scheduler_service", port_of(sched), sargs, extra_ports=ports(sched))
+            ServiceSpec(
+                sched, "scheduler_service", mk.port_of(sched), sargs, extra_ports=mk.ports(sched)
+            )
         )
-    for g in grammars:
-        gargs = ["--tokenizer", model, *grammar_args]
-        specs.append(
-            ServiceSpec(g, "grammar_service", port_of(g), args(g, gargs), extra_ports=ports(g))
-        )
+    return specs
+
+
+def _front_door_specs(
+    topo: Topology, mk: _SpecMaker, model: str, http_port: int, tokenizer_args: Sequence[str]
+) -> list[ServiceSpec]:
+    """Every front door, each connected to every scheduler; on a shared port they all bind
+    the "tokenizer" address and each probes its own health-only port."""
+    scheduler_list = ",".join(mk.addr(s) for s in _named("scheduler", topo.replicas))
     shared = topo.shares_port
+    specs: list[ServiceSpec] = []
     for i, fd in enumerate(_named("tokenizer", topo.front_doors)):
         http = (http_port if shared else http_port + i) if http_port else 0
         targs = [
@@ -290,11 +332,11 @@ def topology_specs(
             ServiceSpec(
                 fd,
                 "tokenizer_service",
-                port_of("tokenizer") if shared else port_of(fd),
-                args(fd, targs),
+                mk.port_of("tokenizer") if shared else mk.port_of(fd),
+                mk.args(fd, targs),
                 public=True,
-                health_port=port_of(fd) if shared else 0,
-                extra_ports=ports(fd, http, shared),
+                health_port=mk.port_of(fd) if shared else 0,
+                extra_ports=mk.ports(fd, http, shared),
                 shared_port=shared,
             )
         )

@@ -110,7 +110,7 @@ def relay(res: pb.MaskStepResult, step_id: int, jump: bool) -> bytes:
 
 
 def model_decode(data: bytes, vocab_size: int, device: torch.device) -> None:
-    """The model service's share: parse, the mailbox's decode, the runner's `_apply_masks` rows
+    """The model service's share: parse, the mailbox's decode, `step_logits.apply_masks`'s rows
     and `allowed_on_device` (synchronized, so device work is counted)."""
     late = decode_masks(model_pb2.StepMasks.FromString(data))
     set(late.skip)

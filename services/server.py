@@ -243,6 +243,62 @@ async def _health_only_server(host: str, port: int, hb: Health) -> grpc.aio.Serv
     return server
 
 
+def _server_options(listen: Listen, max_receive_bytes: int) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS with this server's receive bound (0: MAX_MESSAGE_BYTES) and SO_REUSEPORT."""
+    options = list(SERVER_OPTIONS)
+    if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
+        key = "grpc.max_receive_message_length"
+        options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
+    if listen.reuse_port:
+        options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
+    return options
+
+
+def _add_services(
+    server: grpc.aio.Server,
+    hb: Health,
+    register: Callable[[grpc.aio.Server, Health], Iterable[str]],
+) -> list[str]:
+    """The service's own servicers, then health and reflection (listing all of them); returns
+    the service's own full names."""
+    names = list(register(server, hb))
+    health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    return names
+
+
+def _bind(
+    server: grpc.aio.Server, name: str, host: str, port: int, listen: Listen
+) -> tuple[int, grpc.ServerCredentials | None]:
+    """Add the main port (the public TLS given, internal mutual TLS when configured, else
+    plaintext): the port bound and the credentials used. Exits naming the address when it
+    cannot be bound."""
+    creds = listen.credentials
+    tls = internal_tls()
+    if not listen.public and tls is not None:
+        creds = tls.server_credentials()
+    address = f"{host}:{port}"
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
+    if bound == 0:
+        # One line naming the address, then exit 1: the launcher shows it (log tail) and does
+        # not restart into the same wall.
+        log.error("cannot_listen", address=f"{host}:{port}", reason="address in use or not local")
+        raise SystemExit(f"{name}: cannot listen on {host}:{port}: address in use or not local")
+    return bound, creds
+
+
 async def run_server(
     name: str,
     host: str,
@@ -264,43 +320,15 @@ async def run_server(
     interceptors, a plaintext health-only port); `max_receive_bytes` (0: MAX_MESSAGE_BYTES)
     bounds request messages (the public front door takes less than peers send each other)."""
     listen = listen or Listen()
-    options = list(SERVER_OPTIONS)
-    if max_receive_bytes:  # replace, not append: grpc takes the first value of a key
-        key = "grpc.max_receive_message_length"
-        options = [o for o in options if o[0] != key] + [(key, max_receive_bytes)]
-    if listen.reuse_port:
-        options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
     # StrictDecoding last (innermost): it caches its wrapper per method, so it must only ever
     # wrap the real handler, never a per-call refusal of the API-key interceptor.
     interceptors = [*listen.interceptors, StrictDecoding()]
-    server = grpc.aio.server(options=options, interceptors=interceptors)
-    hb = Health()
-    names = list(register(server, hb))
-    health_pb2_grpc.add_HealthServicer_to_server(hb.servicer, server)
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
+    server = grpc.aio.server(
+        options=_server_options(listen, max_receive_bytes), interceptors=interceptors
     )
-    creds = listen.credentials
-    tls = internal_tls()
-    if not listen.public and tls is not None:
-        creds = tls.server_credentials()
-    address = f"{host}:{port}"
-    try:
-        bound = (
-            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        )
-    except RuntimeError:  # grpcio raises where older versions returned 0
-        bound = 0
-    if bound == 0:
-        # One line naming the address, then exit 1: the launcher shows it (log tail) and does
-        # not restart into the same wall.
-        log.error("cannot_listen", address=f"{host}:{port}", reason="address in use or not local")
-        raise SystemExit(f"{name}: cannot listen on {host}:{port}: address in use or not local")
+    hb = Health()
+    names = _add_services(server, hb, register)
+    bound, creds = _bind(server, name, host, port, listen)
     await server.start()
     await hb.start()
     probes = await _health_only_server(host, listen.health_port, hb) if listen.health_port else None

@@ -36,14 +36,14 @@ from model_service.runner_state import InFlight, MaskSource, RequestState, StepE
 from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exported (load test)
-from model_service.step_bursts import BurstAccounting, empty_burst
+from model_service.step_bursts import StepBursts
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.transfer import array_to_device, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
 
 
-class ModelRunner(BurstAccounting):
+class ModelRunner:
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -61,10 +61,7 @@ class ModelRunner(BurstAccounting):
         self.last_tokens = torch.zeros(256, dtype=torch.int64, device=device)  # by handle
         self.mask_source: MaskSource | None = None  # set by the server for masks_follow steps
         self.cuda = device.type == "cuda"
-        # Burst accounting (step_bursts.py: fields, GPU figures from CUDA events, _account)
-        self._burst: list[float] = empty_burst()
-        self._last_end: float | None = None
-        self._last_done: torch.cuda.Event | None = None
+        self.bursts = StepBursts()  # per-burst step figures, logged as step_burst lines
 
     def reset(self) -> None:
         self.requests.clear()
@@ -297,7 +294,7 @@ class ModelRunner(BurstAccounting):
                     row.top_ids, row.top_logprobs = tid[i][:n], tvl[i][:n]
                 out.append(row)
         t1 = time.perf_counter()
-        self._account(fl, t1)
+        self.bursts.account(fl, t1)
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
 
 

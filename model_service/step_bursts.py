@@ -1,8 +1,8 @@
 """The runner's accounting of bursts of steps, logged as one `step_burst` line per burst
 (the load test and the GPU stack bench read their per-step figures from these lines).
 
-A mix-in of `ModelRunner` (`runner.py`): its `finish` calls `_account` once per step, so the
-accounting sees every step in order without a second owner of the runner's timing state.
+`StepBursts` owns the accounting state; the `ModelRunner` (`runner.py`) holds one and its
+`finish` calls `account` once per step, so the accounting sees every step in order.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from model_service.runner_state import InFlight
 
 log = structlog.get_logger(__name__)
 
-BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see BurstAccounting._account)
+BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see StepBursts.account)
 
 
 def empty_burst() -> list[float]:
@@ -23,25 +23,26 @@ def empty_burst() -> list[float]:
     return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
-class BurstAccounting:
-    """Burst state (set by `ModelRunner.__init__`) and its two methods."""
+class StepBursts:
+    """The figures of the current burst of steps (`burst`: fields as `empty_burst`)."""
 
-    _burst: list[float]  # fields: empty_burst
-    _last_end: float | None  # host time the previous step finished
-    _last_done: torch.cuda.Event | None  # the previous step's end on the GPU (CUDA)
+    def __init__(self) -> None:
+        self.burst: list[float] = empty_burst()
+        self._last_end: float | None = None  # host time the previous step finished
+        self._last_done: torch.cuda.Event | None = None  # the previous step's end on the GPU
 
-    def _account(self, fl: InFlight, t1: float) -> None:
+    def account(self, fl: InFlight, t1: float) -> None:
         """Per burst of steps: wall time from launch to finish, the host's time between a
         finish and the next launch, and on CUDA the GPU's own view from events: busy from the
         forward pass to the step's end, idle from the previous step's end to this forward
         (with launch-ahead, ~0 when the next step was queued in time). Logged once per burst,
         when a pause over BURST_IDLE_S ends it."""
-        b = self._burst
+        b = self.burst
         if self._last_end is not None:
             gap = fl.t0 - self._last_end
             if gap > BURST_IDLE_S:
                 self.log_burst()
-                b = self._burst  # log_burst starts a new list: count this step in it
+                b = self.burst  # log_burst starts a new list: count this step in it
                 self._last_done = None
             else:
                 b[2] += max(gap, 0.0)
@@ -59,7 +60,7 @@ class BurstAccounting:
         self._last_end = t1
 
     def log_burst(self) -> None:
-        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait = self._burst
+        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait = self.burst
         if steps >= 2:
             n = int(steps)
             masks = {}
@@ -80,4 +81,4 @@ class BurstAccounting:
                 gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
                 gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4) if gpu_busy else 0.0,
             )
-        self._burst = empty_burst()
+        self.burst = empty_burst()

@@ -141,7 +141,7 @@ def _add_burst(r: dict[str, Any], b: dict[str, float]) -> None:
     r["worker_busy_ms_per_step"] = b["busy_ms"] / b["steps"]
     r["worker_between_ms_per_step"] = b["between_ms"] / max(b["steps"] - 1, 1)
     r["worker_idle_fraction"] = b["between_ms"] / (b["busy_ms"] + b["between_ms"])
-    # CUDA events around each step's forward pass (model_service.runner._account)
+    # CUDA events around each step's forward pass (model_service.step_bursts.StepBursts.account)
     for key in ("gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "gpu_idle_fraction"):
         if key in b:
             r[key] = b[key]

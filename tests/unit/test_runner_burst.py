@@ -1,6 +1,6 @@
-"""The worker's `step_burst` accounting (step_bursts.py, in ModelRunner): a pause longer than
-BURST_IDLE_S ends a burst, and the step after the pause is the first of the next burst (the
-load test and the stack bench read per-step figures from these lines)."""
+"""The worker's `step_burst` accounting (`step_bursts.StepBursts`, held by the ModelRunner):
+a pause longer than BURST_IDLE_S ends a burst, and the step after the pause is the first of
+the next burst (the load test and the stack bench read per-step figures from these lines)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from model_service import step_bursts
-from model_service.runner import BURST_IDLE_S, InFlight, ModelRunner
-from model_service.step_bursts import empty_burst
+from model_service.runner import BURST_IDLE_S, InFlight
+from model_service.step_bursts import StepBursts
 
 
 def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
@@ -23,16 +23,13 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
             logged.append({"event": event, **kw})
 
     monkeypatch.setattr(step_bursts, "log", Recorder())
-    r = ModelRunner.__new__(ModelRunner)  # only the accounting state is needed
-    r._burst = empty_burst()
-    r._last_end = None
-    r._last_done = None
+    r = StepBursts()
     t = 100.0
     for burst, steps in enumerate((3, 5, 2)):
         if burst:
             t += BURST_IDLE_S + 0.1  # the pause that ends the previous burst
         for i in range(steps):
-            r._account(InFlight(i, t), t + 0.010)  # 10 ms inside the step
+            r.account(InFlight(i, t), t + 0.010)  # 10 ms inside the step
             t += 0.012  # 2 ms between steps
     r.log_burst()
     assert [e["steps"] for e in logged] == [3, 5, 2]

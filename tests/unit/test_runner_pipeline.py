@@ -123,12 +123,12 @@ def test_late_mask_wait_is_accounted(device: str) -> None:
 
     r.mask_source = slow_source
     r.step(_admit())
-    assert r._burst[5] == 0.0  # no late masks in a prefill step
+    assert r.bursts.burst[5] == 0.0  # no late masks in a prefill step
     out = r.step(StepOps(3, decode_handles=[0], decode_slots=[8], masks_follow=True))
     assert _tokens(out) == {0: 42}
-    assert r._burst[5] >= 0.05
+    assert r.bursts.burst[5] >= 0.05
     if device == "cuda":  # the forward pass is far shorter than the wait: the GPU waited too
-        assert r._burst[6] > 10.0  # ms
+        assert r.bursts.burst[6] > 10.0  # ms
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -66,7 +66,7 @@ class SchedulerDriver:
         max_new = steps + 64  # never reached: the batch stays whole
         capacity = (running + waiting) * (PROMPT + 8) + running * max_new
         info = WorkerInfo("bench", capacity, 1 << 20, VOCAB, False, (2,), "cuda")
-        self.sched._on_connected(info)
+        self.sched.model.connected(info)
         self.wire_bytes = 0  # to the front door, per flush
         self.sched.open_session("bench", self._sink)
         rng = random.Random(seed)

@@ -1,13 +1,15 @@
 """The scheduling loop: connect to the model service, then build a step, send it, apply the
 result, hand deltas to the front-door sessions; repeat while there is work.
 
-Connecting to the model service and losing it live in the Scheduler's base class
-(scheduler_service.model_session). Losing it (stream broken, or its liveness probe unanswered:
-see ModelLink) returns every running request to the queue as a continuation
-(scheduler_service.continuations), flushes the prefix cache (the KV pool is gone) and
-reconnects with backoff. Meanwhile readiness is NOT_SERVING and requests are held, visibly and
-with bounds: the queue's --max-queue, and --model-hold-s after which the held requests fail
-with UNAVAILABLE and new ones are refused until the model is back.
+Connecting to the model service and losing it are the business of the ModelSession the
+Scheduler holds (scheduler_service.model_session); the Scheduler keeps the state and the step
+loop, which the session runs on its link and hands each session's state to. Losing the model
+(stream broken, or its liveness probe unanswered: see ModelLink) returns every running request
+to the queue as a continuation (scheduler_service.continuations), flushes the prefix cache
+(the KV pool is gone) and reconnects with backoff. Meanwhile readiness is NOT_SERVING and
+requests are held, visibly and with bounds: the queue's --max-queue, and --model-hold-s after
+which the held requests fail with UNAVAILABLE and new ones are refused until the model is
+back.
 
 Every flush also carries this replica's cache changes and load to every front-door session
 (replica_feed, `--cache-events`); the cache is reset on model loss, which publishes a reset.
@@ -26,6 +28,7 @@ from radixmesh_wire.step_ops import StepOutcome, WorkerInfo
 from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.grammar.pool import GrammarPool
+from scheduler_service.grammar.step_masks import StepMasks
 from scheduler_service.interface import (
     FlushOutcome,
     SchedulerSnapshot,
@@ -36,8 +39,9 @@ from scheduler_service.interface import (
 from scheduler_service.links.grammar import GrammarLink
 from scheduler_service.links.model import ModelLink, ModelUnavailable
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.model_session import ModelSessions
-from scheduler_service.planner.batch_builder import PlannedStep
+from scheduler_service.model_session import ModelSession, SessionHooks
+from scheduler_service.planner.batch_builder import BatchBuilder, PlannedStep
+from scheduler_service.planner.chunk_budget import ChunkBudget
 from scheduler_service.planner.output_processor import apply_result
 from scheduler_service.planner.policy import SchedulePolicy
 from scheduler_service.request import Request
@@ -62,12 +66,11 @@ log = structlog.get_logger(__name__)
 __all__ = ["Scheduler", "SubmitError"]  # a SchedulerInterface (scheduler_service.interface)
 
 
-class Scheduler(ModelSessions):
+class Scheduler:
     def __init__(self, cfg: SchedulerConfig, progress: Progress | None = None) -> None:
         self.cfg = cfg
         # The loop's heartbeat for the liveness watchdog: busy from a wake-up to the next idle.
         self.progress = progress or Progress("scheduler loop", cfg.watchdog_s)
-        self.link = ModelLink(cfg.model_address, probe_s=cfg.model_probe_s)
         self.grammar = GrammarPool(
             cfg.grammar_address, GrammarLink, interval_s=cfg.grammar_discovery_s
         )
@@ -78,13 +81,12 @@ class Scheduler(ModelSessions):
             lpm_fallback_queue_len=cfg.lpm_fallback_queue_len,
             in_batch_prefix_threshold=cfg.in_batch_prefix_tokens,
         )
-        self.st: SchedState | None = None
-        self.info: WorkerInfo | None = None
+        self.st: SchedState | None = None  # set by each model session (_install)
+        self.builder: BatchBuilder  # and these two with it
+        self.masks: StepMasks
         self.by_rid: dict[str, Request] = {}
         self.aborted: set[str] = set()  # rids to reap before the next step
         self.wake = asyncio.Event()
-        self.down_since: float | None = None  # when the model was lost (None: connected)
-        self.hold_expired = False  # held past --model-hold-s: refuse until the model is back
         self.metrics: SchedulerMetrics | None = None  # set by the service when metrics are on
         self.early = StartupHold(cfg.max_queue, cfg.model_hold_s)  # before the first session
         # Names this process to front doors: a restarted scheduler's cache starts empty.
@@ -93,6 +95,18 @@ class Scheduler(ModelSessions):
         self.feed = ReplicaFeed(CachePublisher() if publish else None)
         self.out = SessionOutput(self.feed)
         self.sinks = self.out.sinks  # the front-door sessions (open_session adds them)
+        hooks = SessionHooks(
+            state=lambda: self.st,
+            install=self._install,
+            serve=self._loop,
+            reap_aborted=self._reap_aborted,
+            fail_all=self._fail_all,
+            flush=lambda idle: self._flush(idle=idle),
+            refuse=self._refuse,
+            live_rids=lambda: self.by_rid,
+        )
+        link = ModelLink(cfg.model_address, probe_s=cfg.model_probe_s)
+        self.model = ModelSession(cfg, link, self.feed, self.early, self.wake, hooks)
 
     # -- front door ---------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -102,7 +116,7 @@ class Scheduler(ModelSessions):
         if st is None:
             self.early.add(req)  # validated fully and queued when the model first connects
             return
-        if self.hold_expired:
+        if self.model.hold_expired:
             raise SubmitError(
                 Status.UNAVAILABLE,
                 f"the model service has been unreachable for more than {self.cfg.model_hold_s:g}"
@@ -110,7 +124,7 @@ class Scheduler(ModelSessions):
             )
         box = st.outboxes.get(req.session)
         check_unique(req, self.by_rid, box.live if box is not None else ())
-        info = self.info
+        info = self.model.info
         assert info is not None
         validate_submit(req, self._limits(st, info))
         req.end_with_grammar(info.eos_token_ids)
@@ -157,7 +171,7 @@ class Scheduler(ModelSessions):
         self.sinks[session_id] = sink
         # Taken with the sink registered and nothing in between: every later change reaches
         # this session through the sink, after this snapshot.
-        info = self.info
+        info = self.model.info
         return SessionOpening(
             session_id=session_id,
             kv_capacity=info.kv_capacity if info else 0,
@@ -203,9 +217,9 @@ class Scheduler(ModelSessions):
     async def run(self, health: Health) -> None:
         grammar = asyncio.create_task(self.grammar.run())
         try:
-            await self._run_model(health)
+            await self.model.run(health)
         except Exception as exc:
-            # Not expected (_run_model contains step errors): never die silently while health
+            # Not expected (the model session contains step errors): never die silently while health
             # says SERVING.
             log.exception("scheduler_loop_died", error=repr(exc))
             await health.set_ready(False, f"scheduler loop died: {exc!r}")
@@ -236,17 +250,17 @@ class Scheduler(ModelSessions):
         if sink is not None:
             sink(error_batch(r.key, r.rid, int(exc.code), str(exc)))
 
-    async def _idle(self) -> None:
+    async def _idle(self, link: ModelLink) -> None:
         self.wake.clear()
-        closed = asyncio.create_task(self.link.closed.wait())
+        closed = asyncio.create_task(link.closed.wait())
         woken = asyncio.create_task(self.wake.wait())
         await asyncio.wait({closed, woken}, return_when=asyncio.FIRST_COMPLETED)
         closed.cancel()
         woken.cancel()
-        if self.link.closed.is_set():
+        if link.closed.is_set():
             raise ModelUnavailable("model service lost")
 
-    async def _loop(self) -> None:
+    async def _loop(self, link: ModelLink) -> None:
         """Build, send, apply. With overlap, step N+1 is built and sent before N's result
         comes back (at most two steps in flight): the worker queues N+1 behind N, so the GPU
         does not wait for this loop or the gRPC hop. Late masks of a step go out as soon as
@@ -258,13 +272,14 @@ class Scheduler(ModelSessions):
         prog = self.progress
         prog.begin()
         try:
-            await self._steps(st, depth, inflight)
+            await self._steps(st, link, depth, inflight)
         finally:
             prog.end()
 
     async def _steps(
         self,
         st: SchedState,
+        link: ModelLink,
         depth: int,
         inflight: deque[tuple[PlannedStep, asyncio.Future[StepOutcome]]],
     ) -> None:
@@ -281,15 +296,15 @@ class Scheduler(ModelSessions):
                 await self.masks.before_send(plan)
                 if not plan.empty or plan.ops.releases or plan.ops.copies:
                     plan.sent_at = time.perf_counter()
-                    inflight.append((plan, self.link.send(plan.ops)))
+                    inflight.append((plan, link.send(plan.ops)))
                     sent = True
                     if plan.ops.masks_follow and len(inflight) == 1:
-                        self.link.send_masks(await self.masks.after_send(plan))
+                        link.send_masks(await self.masks.after_send(plan))
             if not inflight:
                 self._flush(idle=True)
                 prog.end()  # idle is not stuck
                 try:
-                    await self._idle()
+                    await self._idle(link)
                 finally:
                     prog.begin()
                 continue
@@ -312,10 +327,51 @@ class Scheduler(ModelSessions):
             if self.metrics is not None:
                 self.metrics.observe_step(t2 - plan.sent_at, len(plan.owners))
             if inflight and inflight[0][0].ops.masks_follow:
-                self.link.send_masks(await self.masks.after_send(inflight[0][0]))
+                link.send_masks(await self.masks.after_send(inflight[0][0]))
             if self.cfg.debug_invariants:
                 st.check_integrity()
             self._flush()
+
+    def _install(self, st: SchedState, info: WorkerInfo) -> None:
+        """The model session's state for a new session (a new one, or ours reset)."""
+        if st is not self.st and self.metrics is not None:
+            st.on_admit = self.metrics.queue_time.observe
+        self.st = st
+        self._revalidate_waiting(st, info)
+        budget = ChunkBudget.resolve(
+            self.cfg.chunk_tokens, self.cfg.decode_chunk_tokens, info.device
+        )
+        self.builder = BatchBuilder(self.cfg, st, self.policy, budget)
+        self.masks = StepMasks(self.cfg, st, self.grammar, self._fail)
+        for r in self.early.take():
+            try:
+                self.submit(r)
+            except SubmitError as exc:
+                self._refuse(r, exc)
+
+    def _revalidate_waiting(self, st: SchedState, info: WorkerInfo) -> None:
+        """Held work was validated against the previous model: one with a smaller window or
+        pool could never admit some of it, which would then wait forever. Those fail now."""
+        lim = self._limits(st, info)
+        for r in list(st.waiting):
+            try:
+                validate_submit(r, lim)
+            except SubmitError as exc:
+                st.waiting.remove(r)
+                self._fail(r, exc.code, f"the model service came back with other limits: {exc}")
+
+    def _fail_all(self, code: Status, message: str) -> None:
+        st = self.st
+        if st is None:
+            return
+        for r in list(self.by_rid.values()):
+            if r in st.waiting:
+                st.waiting.remove(r)
+            self._fail(r, code, message)
+        st.cache.reset()
+        st.handles.reset()
+        st.pending_release.clear()
+        self._flush()
 
     def _reap_aborted(self) -> None:
         st = self.st

@@ -79,10 +79,10 @@ def test_save_on_eviction_load_on_hit_and_restart_forgets_the_host_tier(write: s
         )
         sched = Scheduler(cfg)
         link = RecordingLink()
-        sched.link = link  # type: ignore[assignment]
+        sched.model.link = link  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
-        task = asyncio.create_task(sched._run_model(Health()))  # type: ignore[arg-type]
+        task = asyncio.create_task(sched.model.run(Health()))  # type: ignore[arg-type]
         await _until(lambda: link.connected)
 
         def done(key: int) -> bool:

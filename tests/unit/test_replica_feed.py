@@ -61,12 +61,12 @@ async def _serve(
     # The fake model answers at once: see every step's load.
     sched.feed.load_interval_s = sched.feed.load_cost_factor = 0.0
     link = FakeLink()
-    sched.link = link  # type: ignore[assignment]
+    sched.model.link = link  # type: ignore[assignment]
     mine: list[Batch] = []
     other: list[Batch] = []
     sched.sinks["s"] = mine.append
     sched.sinks["other"] = other.append
-    task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+    task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
     await _until(lambda: link.connected)
     sched.submit(_req("r", 1))
     await _until(lambda: any(ex.key == 1 and ex.finish for b in mine for ex in b.extras))
@@ -260,11 +260,11 @@ def test_a_submitted_prompt_is_published_before_its_step_ends_and_withdrawn_afte
     async def run() -> tuple[list[Batch], set[int], set[int]]:
         sched = Scheduler(SchedulerConfig(overlap="off"))  # one step out at a time
         link = _HeldStep()
-        sched.link = link  # type: ignore[assignment]
+        sched.model.link = link  # type: ignore[assignment]
         seen: list[Batch] = []
         sched.sinks["s"] = lambda b: None
         sched.sinks["other"] = seen.append
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
         await _until(lambda: link.connected)
         sched.submit(_req("a", 1))
         await _until(lambda: link.sent > 0)  # a's prefill is under way and held

@@ -114,7 +114,7 @@ def test_get_stats_and_flush_go_through_the_interface() -> None:
 
     async def scenario() -> tuple[api_pb2.Stats, api_pb2.Stats, list[bool]]:
         empty = await servicer.GetStats(api_pb2.GetStatsRequest(), None)  # type: ignore[arg-type]
-        sched._on_connected(WorkerInfo("fake", 256, 64, 100, False, (2,), "cpu"))
+        sched.model.connected(WorkerInfo("fake", 256, 64, 100, False, (2,), "cpu"))
         req = Request("a", "s", [1, 2, 3], SamplingSpec(max_new_tokens=2), frozenset({2}), key=1)
         sched.submit(req)
         flush = scheduler_pb2.FlushCacheRequest()

@@ -91,11 +91,11 @@ def test_loop_survives_a_crashing_step(monkeypatch: Any) -> None:
     async def scenario() -> tuple[list[Batch], FakeHealth, FakeLink]:
         sched = Scheduler(SchedulerConfig())
         link = FakeLink()
-        sched.link = link  # type: ignore[assignment]
+        sched.model.link = link  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
         health = FakeHealth()
-        task = asyncio.create_task(sched._run_model(health))  # type: ignore[arg-type]
+        task = asyncio.create_task(sched.model.run(health))  # type: ignore[arg-type]
         await _until(lambda: link.connected)
         sched.submit(_req("first", 1))
         await _until(lambda: link.sessions >= 2 and link.connected)  # crashed, reset, back
@@ -135,10 +135,10 @@ def test_submissions_before_the_first_model_session_are_held() -> None:
     async def scenario() -> list[Batch]:
         sched = Scheduler(SchedulerConfig())
         link = GatedLink()
-        sched.link = link  # type: ignore[assignment]
+        sched.model.link = link  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
         sched.submit(_req("held", 1))
         # The model's window is 64 tokens, known only once it connects.
         sched.submit(_req("too-long", 2, prompt=[1] * 100))
@@ -160,7 +160,7 @@ def test_submissions_before_the_first_model_session_are_held() -> None:
 def test_startup_hold_is_bounded() -> None:
     async def scenario() -> list[Batch]:
         sched = Scheduler(SchedulerConfig(max_queue=1, model_hold_s=0.05))
-        sched.link = GatedLink()  # type: ignore[assignment]
+        sched.model.link = GatedLink()  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
         sched.submit(_req("a", 1))
@@ -170,8 +170,8 @@ def test_startup_hold_is_bounded() -> None:
             assert exc.code == Status.RESOURCE_EXHAUSTED
         else:
             raise AssertionError("a second held request exceeded --max-queue=1")
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
-        sched.link.connect = _never  # type: ignore[method-assign,assignment]
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
+        sched.model.link.connect = _never  # type: ignore[method-assign,assignment]
         await _until(lambda: bool(out))
         task.cancel()
         return out

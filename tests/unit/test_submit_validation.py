@@ -130,11 +130,11 @@ def _extras(out: list[Batch], key: int) -> list[Any]:
 def test_a_live_key_is_refused_and_free_again_once_its_request_ended() -> None:
     async def scenario() -> tuple[list[Batch], SubmitError]:
         sched = Scheduler(SchedulerConfig())
-        sched.link = _Link(_info(256, 64))  # type: ignore[assignment]
+        sched.model.link = _Link(_info(256, 64))  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
-        await _until(lambda: sched.link.connected)
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: sched.model.link.connected)
         sched.submit(_sub("a", 5))
         with pytest.raises(SubmitError) as dup:
             sched.submit(_sub("b", 5))  # same key, another id: both once were accepted
@@ -174,13 +174,13 @@ def test_waiting_work_that_a_returning_model_cannot_serve_fails_fast() -> None:
     async def scenario() -> list[Batch]:
         sched = Scheduler(SchedulerConfig())
         link = _Link(_info(256, 128), _info(64, 48))
-        sched.link = link  # type: ignore[assignment]
+        sched.model.link = link  # type: ignore[assignment]
         out: list[Batch] = []
         sched.sinks["s"] = out.append
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
         await _until(lambda: link.connected)
         link.closed.set()  # the model is lost; the scheduler holds new work meanwhile
-        await _until(lambda: sched.down_since is not None)
+        await _until(lambda: sched.model.down_since is not None)
         sched.submit(_sub("big", 1, n_prompt=100))  # fits 128 / 256, not 48 / 64
         sched.submit(_sub("small", 2))
         link.gate.set()
@@ -216,9 +216,9 @@ def test_the_issue_reproducers_through_the_servicer() -> None:
 
     async def scenario() -> list[Batch]:
         sched = Scheduler(SchedulerConfig())
-        sched.link = _Link(_info(16384, 4096))  # type: ignore[assignment]
-        task = asyncio.create_task(sched._run_model(FakeHealth()))  # type: ignore[arg-type]
-        await _until(lambda: sched.link.connected)
+        sched.model.link = _Link(_info(16384, 4096))  # type: ignore[assignment]
+        task = asyncio.create_task(sched.model.run(FakeHealth()))  # type: ignore[arg-type]
+        await _until(lambda: sched.model.link.connected)
         out: list[Batch] = []
         servicer = SchedulerServicer(sched)
         sched.open_session("s", out.append)

@@ -229,7 +229,7 @@ def _run(ns: argparse.Namespace, topo: Topology, specs: list[ServiceSpec], folde
             say(f"/metrics on {served}")
         if not ns.no_smoke:
             key = smoke_key(ns, os.environ)
-            await asyncio.to_thread(_smoke, f"localhost:{port_of(names[0])}", key)
+            await _bounded_smoke(f"localhost:{port_of(names[0])}", key)
         say("serving; Ctrl-C to stop.")
         await launcher.supervise()
 
@@ -256,13 +256,21 @@ def _startup_progress(event: str, pending: list[str], elapsed: float) -> None:
         say(f"loading: {', '.join(pending)} ({elapsed:.0f} s)")
 
 
-def _smoke(endpoint: str, api_key: str | None, out: Callable[[str], None] = say) -> bool:
-    """One chat request through the whole stack; a failure is reported, never fatal."""
-    from radixmesh.api import Client, RadixMeshError
+SMOKE_TIMEOUT_S = 120.0  # the smoke request's own deadline; serve waits at most 1.5x that
+
+
+async def _smoke(endpoint: str, api_key: str | None, out: Callable[[str], None] = say) -> bool:
+    """One chat request through the whole stack; a failure is reported, never fatal.
+
+    It runs on the launcher's event loop with the asyncio client: the launcher's own gRPC
+    calls are grpc.aio ones, and a blocking (sync-stack) call from a thread of the same process
+    beside them could hang past its deadline (seen as a serve that answered its smoke request
+    at the front door yet never printed it, under a loaded CI machine)."""
+    from radixmesh.api import AsyncClient, RadixMeshError
 
     try:
-        with Client(endpoint, api_key=api_key, timeout=120) as c:
-            res = c.generate(
+        async with AsyncClient(endpoint, api_key=api_key, timeout=SMOKE_TIMEOUT_S) as c:
+            res = await c.generate(
                 messages=[{"role": "user", "content": SMOKE_PROMPT}],
                 max_new_tokens=24,
                 temperature=0,
@@ -272,3 +280,15 @@ def _smoke(endpoint: str, api_key: str | None, out: Callable[[str], None] = say)
         return False
     out(f"smoke test\n  > {SMOKE_PROMPT}\n  < {res.text.strip()}")
     return True
+
+
+async def _bounded_smoke(endpoint: str, api_key: str | None) -> bool:
+    """`_smoke`, and whatever happens to it serve goes on serving within 1.5x its deadline."""
+    try:
+        return await asyncio.wait_for(_smoke(endpoint, api_key), SMOKE_TIMEOUT_S * 1.5)
+    except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+        _err(
+            f"the smoke request did not end within {SMOKE_TIMEOUT_S * 1.5:g} s; the services "
+            "keep serving"
+        )
+        return False

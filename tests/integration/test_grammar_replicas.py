@@ -144,10 +144,14 @@ def test_a_grammar_service_killed_mid_generation(
         for t in threads:
             t.start()
         deadline = time.monotonic() + 120
-        while not all(s.tokens >= 3 for s in streams):
+        # Kill once every request is under way (3 tokens) or already done: on a loaded machine
+        # a short constrained answer can end before the last request starts, which says nothing
+        # about the kill; what matters is that some were mid-generation (`lost` below checks
+        # that the killed service held some) and that every one ends identical.
+        while not all(s.tokens >= 3 or s.result or s.error for s in streams):
             assert time.monotonic() < deadline, "requests did not start"
-            assert not any(s.result or s.error for s in streams), "finished before the kill"
             time.sleep(0.02)
+        assert not all(s.result or s.error for s in streams), "all finished before the kill"
         killed_at = time.monotonic()
         gstack2.launcher.kill("grammar-0")
         while not gstack2.ready("grammar-0") or time.monotonic() - killed_at < 0.5:

@@ -24,6 +24,12 @@ import torch
 from model_service.kv_copy import CHUNK_BYTES, DIRECT_BYTES, StagedCopier
 
 
+def _layer_major(host: torch.Tensor, kv: int) -> torch.Tensor:
+    """The token-major host pool's K (``kv`` 0) or V (1) as a layer-major view, the GPU pool's
+    layout: [layers, host slots, heads, head_dim]."""
+    return host[:, kv].transpose(0, 1)
+
+
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
@@ -80,11 +86,11 @@ class KVPool:
     @property
     def host_k(self) -> torch.Tensor | None:
         """Layer-major view [layers, host slots, heads, head_dim] of the host K."""
-        return None if self.host is None else self.host[:, 0].transpose(0, 1)
+        return None if self.host is None else _layer_major(self.host, 0)
 
     @property
     def host_v(self) -> torch.Tensor | None:
-        return None if self.host is None else self.host[:, 1].transpose(0, 1)
+        return None if self.host is None else _layer_major(self.host, 1)
 
     def copy(self, to_host: bool, src: list[int], dst: list[int]) -> None:
         """Copy slots ``src`` of one pool into slots ``dst`` of the other (see the module
@@ -105,8 +111,8 @@ class KVPool:
         if to_host:
             s = torch.tensor(src, dtype=torch.int64, device=dev)
             d = torch.tensor(dst, dtype=torch.int64)
-            host[:, 0].transpose(0, 1).index_copy_(1, d, self.k.index_select(1, s).cpu())
-            host[:, 1].transpose(0, 1).index_copy_(1, d, self.v.index_select(1, s).cpu())
+            _layer_major(host, 0).index_copy_(1, d, self.k.index_select(1, s).cpu())
+            _layer_major(host, 1).index_copy_(1, d, self.v.index_select(1, s).cpu())
             return
         rows = host.index_select(0, torch.tensor(src, dtype=torch.int64)).to(dev)
         d = torch.tensor(dst, dtype=torch.int64, device=dev)

@@ -101,7 +101,7 @@ class Scheduler:
             serve=self._loop,
             reap_aborted=self._reap_aborted,
             fail_all=self._fail_all,
-            flush=lambda idle: self._flush(idle=idle),
+            flush=self._flush,
             refuse=self._refuse,
             live_rids=lambda: self.by_rid,
         )

@@ -167,6 +167,8 @@ class ModelRunner:
             and logit_rows == list(range(cursor))
         ):
             logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start, kv_flat)
+            fl.graphed = logits is not None
+        fl.tokens_in = cursor
         if logits is None:
             self.attn.plan(plans, to_device(out_slots, torch.int64, dev), kv_flat)
             if fl.gpu_start is not None:

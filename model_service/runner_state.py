@@ -77,3 +77,6 @@ class InFlight:
     mask_wait_s: float = 0.0
     fwd_done: torch.cuda.Event | None = None
     sample_start: torch.cuda.Event | None = None
+    # What the step ran (step_burst figures): input positions, and whether a CUDA graph ran it.
+    tokens_in: int = 0
+    graphed: bool = False

@@ -19,8 +19,9 @@ BURST_IDLE_S = 0.5  # a pause this long between steps ends a burst (see StepBurs
 
 def empty_burst() -> list[float]:
     """[steps, s inside launch..finish, s between steps, GPU busy ms, GPU idle ms, s waiting
-    for late masks, GPU ms idle waiting for them]."""
-    return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    for late masks, GPU ms idle waiting for them, rows sampled, input positions, steps a CUDA
+    graph ran]."""
+    return [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]
 
 
 class StepBursts:
@@ -57,10 +58,15 @@ class StepBursts:
             b[6] += fl.fwd_done.elapsed_time(fl.sample_start)
         b[0] += 1
         b[1] += t1 - fl.t0
+        b[7] += len(fl.handles)
+        b[8] += fl.tokens_in
+        b[9] += fl.graphed
         self._last_end = t1
 
     def log_burst(self) -> None:
-        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait = self.burst
+        steps, busy, gap, gpu_busy, gpu_idle, mask_wait, gpu_mask_wait, rows, pos, graphed = (
+            self.burst
+        )
         if steps >= 2:
             n = int(steps)
             masks = {}
@@ -80,5 +86,9 @@ class StepBursts:
                 gpu_busy_ms_per_step=round(gpu_busy / n, 3),
                 gpu_idle_ms_per_step=round(gpu_idle / (n - 1), 3),
                 gpu_idle_fraction=round(gpu_idle / (gpu_busy + gpu_idle), 4) if gpu_busy else 0.0,
+                # What the steps ran: big eager steps cost the host more launches than graphed.
+                rows_per_step=round(rows / n, 1),
+                positions_per_step=round(pos / n, 1),
+                graphed_fraction=round(graphed / n, 3),
             )
         self.burst = empty_burst()

@@ -36,3 +36,27 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
     for e in logged:
         assert e["busy_ms_per_step"] == pytest.approx(10.0, abs=1e-6)
         assert e["between_ms_per_step"] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_a_burst_reports_what_its_steps_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rows_per_step, positions_per_step and graphed_fraction are the means over the burst's
+    steps (the TP and stack runs read them to tell big eager steps from graphed decodes)."""
+    logged: list[dict[str, Any]] = []
+
+    class Recorder:
+        def info(self, event: str, **kw: Any) -> None:
+            logged.append({"event": event, **kw})
+
+    monkeypatch.setattr(step_bursts, "log", Recorder())
+    r = StepBursts()
+    t = 10.0
+    steps = [(4, 40, False), (4, 4, True), (6, 6, True), (2, 2, True)]  # rows, positions, graph
+    for i, (rows, pos, graphed) in enumerate(steps):
+        fl = InFlight(i, t, handles=list(range(rows)), tokens_in=pos, graphed=graphed)
+        r.account(fl, t + 0.001)
+        t += 0.002
+    r.log_burst()
+    (e,) = logged
+    assert e["rows_per_step"] == 4.0
+    assert e["positions_per_step"] == 13.0
+    assert e["graphed_fraction"] == 0.75

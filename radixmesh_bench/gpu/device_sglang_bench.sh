@@ -10,6 +10,11 @@
 # serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed. BENCH_PORT and
 # BENCH_HTTP_PORT (default 50051 and 8000; serve's internal services take the ports after
 # BENCH_PORT) let several of these run side by side on disjoint GPUs (device_lanes.sh).
+# BENCH_PROFILE=S: BENCH_PROFILE_AT seconds (default 20) into the ShareGPT
+# run, py-spy records every process of the stack at once for S seconds (front doors, scheduler,
+# every model-service rank) and reads its CPU time: $OUT/<NAME>_profile.json (top frames, cores
+# busy). Every configuration also leaves its model services' step_burst / step_host_costs lines
+# in $OUT/<NAME>_steps.log (GPU busy and idle per step, rows per step, graphed fraction).
 set -o pipefail
 . radixmesh_bench/gpu/device_env.sh || exit 3
 (  # once per machine, also when lanes start together
@@ -26,6 +31,8 @@ PROMPTS=${BENCH_PROMPTS:-2000}
 # sharegpt (BENCH_PROMPTS, rate inf), gsp (SGLang's generated-shared-prefix 64 x 16, 2,048-token
 # prefixes, 256 out, rate inf), itl1 (batch-1 ITL: random 128/128, one at a time), in order.
 WORKLOADS=${BENCH_WORKLOADS:-sharegpt,itl1}
+PROFILE_S=${BENCH_PROFILE:-0}; PROFILE_AT=${BENCH_PROFILE_AT:-20}
+export PATH=/tmp/site/bin:$PATH  # py-spy, from its wheel in .whl
 LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
 SHAPE=${BENCH_SHAPE:-llama-3.1-8b}
 TOK=$(python3 -m model_service.random_configs "$SHAPE") || exit 3
@@ -40,6 +47,26 @@ stop_stack() {  # $1: serve's pid. Its services run in sessions of their own (se
   kill -TERM "$1" 2>/dev/null
   for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
   kill -KILL "$1" $tree 2>/dev/null; wait "$1" 2>/dev/null
+}
+profile_stack() {  # $1: serve's pid, $2: the configuration's name
+  local dir=/tmp/prof_$2 p cmd role rank tag t0 t1 cpu=()
+  sleep "$PROFILE_AT"; rm -rf "$dir"; mkdir -p "$dir"
+  for p in $(descendants "$1"); do
+    cmd=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) || continue
+    role=$(sed -n 's/.* -m \([a-z_]*\).*/\1/p' <<< "$cmd"); [ -n "$role" ] || continue
+    rank=$(sed -n 's/.*--tp-rank \([0-9]*\).*/\1/p' <<< "$cmd")
+    tag=${role}${rank:+_r$rank}_$p
+    echo "$p $tag $(awk '{print $14 + $15}' "/proc/$p/stat")" >> "$dir/cpu0"
+    py-spy record --pid "$p" --duration "$PROFILE_S" --rate 100 --format raw --nonblocking \
+      -o "$dir/$tag.txt" > "$dir/$tag.err" 2>&1 &
+  done
+  wait
+  while read -r p tag t0; do  # cores busy over the window, from utime + stime (clock ticks)
+    t1=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || continue
+    cpu+=(--cpu "$tag=$(python3 -c "print(round(($t1 - $t0) / $(getconf CLK_TCK) / $PROFILE_S, 2))")")
+  done < "$dir/cpu0"
+  python3 -m radixmesh_bench.pyspy_summary "$dir"/*.txt "${cpu[@]}" > "$OUT/$2_profile.json" \
+    || { echo "profile of $2 failed"; tail -3 "$dir"/*.err; }
 }
 # A stack left running would hold its GPUs and ports into the next device call (setsid
 # processes outlive the call): stop it also when this script is cut short (timeout's TERM).
@@ -76,15 +103,19 @@ for spec in "$@"; do
         *) echo "unknown workload $wl"; status=1; continue ;;
       esac
       echo "--- $name $wl $(date +%T)"
+      prof=""
+      if [ "$PROFILE_S" -gt 0 ] && [ "$wl" = sharegpt ]; then profile_stack "$pid" "$name" & prof=$!; fi
       timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port "$HTTP" \
         "${data[@]}" --tokenizer "$TOK" --seed 1 --output-file "$OUT/$name.jsonl" 2>&1 \
         | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
+      [ -n "$prof" ] && wait "$prof"
     done
   fi
   if [ $ok != 1 ]; then
     echo "$name: serve did not become ready"; tail -5 "$LOGS/$name.log"; status=1
     for f in "$LOGS/$name.d"/*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -15; done
   fi
+  grep -h "step_burst\|step_host_costs" "$LOGS/$name.d"/*.log 2>/dev/null | tail -200 > "$OUT/${name}_steps.log"
   stop_stack "$pid"; pid=""  # this stack only: a lane beside this one keeps its own
 done
 save_kernels

@@ -44,20 +44,19 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from radixmesh_bench.pyspy_summary import summarize_raw
 from radixmesh_wire.packing import pack_i32, unpack_i32
 from radixmesh_wire.pb import api_pb2, model_pb2, model_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.launcher import check_ready, free_port
@@ -525,27 +524,10 @@ def py_spy_top(pid: int, seconds: float, out_dir: Path, n: int = 10) -> list[dic
     )
     if r.returncode != 0 or not raw.exists():
         return f"py-spy failed: {r.stderr.strip()[-300:]}"
-    self_t: Counter[str] = Counter()
-    total_t: Counter[str] = Counter()
-    samples = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        c = int(count)
-        samples += c
-        # "func (file:line)" -> "func (file)": aggregate a function's lines.
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-        self_t[frames[-1]] += c
-        for f in set(frames):
-            total_t[f] += c
+    summary = summarize_raw(raw.read_text(), n)
     return [
-        {
-            "function": f,
-            "self_pct": round(100 * c / samples, 1),
-            "total_pct": round(100 * total_t[f] / samples, 1),
-        }
-        for f, c in self_t.most_common(n)
+        {"function": e["function"], "self_pct": e["pct"], "total_pct": e["total_pct"]}
+        for e in summary["self"]
     ]
 
 

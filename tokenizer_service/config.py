@@ -114,3 +114,16 @@ class TokenizerConfig(ServiceConfig):
         "(uvloop when installed)",
         choices=["auto", "uvloop", "asyncio"],
     )
+    pacing_events_per_s: float = field(
+        16000.0,
+        "event budget: with more live streams than this x 10 ms, each stream's token events "
+        "are spaced so that all of them together send about this many a second (tokens "
+        "gather into fewer, fuller events; docs/front_door.md, Pacing); 0: off",
+    )
+    pacing_max_hold_ms: float = field(
+        60.0, "the longest the event budget spaces a stream's events (milliseconds)"
+    )
+
+    def validate(self) -> None:
+        if self.pacing_events_per_s < 0 or self.pacing_max_hold_ms < 0:
+            raise ValueError("--pacing-events-per-s and --pacing-max-hold-ms must be >= 0")

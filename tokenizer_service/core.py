@@ -116,7 +116,10 @@ class FrontDoor:
         self.metrics = metrics or FrontDoorMetrics()
         self._tok_pool = ThreadPoolExecutor(cfg.tokenize_threads, thread_name_prefix="tokenize")
         self.owners: dict[str, str] = {}  # live request (scheduler rid) -> its tenant
-        self.pacer = Pacer()  # fewer, fuller events while the loop runs late (pacing.py)
+        # fewer, fuller events when many streams are live or the loop runs late (pacing.py)
+        self.pacer = Pacer(
+            events_per_s=cfg.pacing_events_per_s, max_hold_s=cfg.pacing_max_hold_ms / 1000
+        )
         self.image_spec = ImageSpec.from_folder(tok.folder)  # None: a text-only model
         self.image_bounds = ImageBounds(cfg.max_image_bytes, cfg.max_image_pixels, cfg.max_images)
         if self.image_spec is not None:  # chat content keeps the image marker (tokenization)
@@ -312,7 +315,8 @@ class FrontDoor:
         owns = wire_rid not in self.owners  # a duplicate id must not take over the first
         if owns:
             self.owners[wire_rid] = inp.tenant
-        ticket.queue.pacer = self.pacer  # the loop runs late: tokens gather until its tick
+        ticket.queue.pacer = self.pacer  # tokens gather until the stream may send (pacing.py)
+        self.pacer.streams += 1  # until _release
         return _Run(ticket, stream, wire_rid, owns)
 
     def _complete(self, run: _Run, inp: GenerateInput, timer: RequestTimer) -> Complete:
@@ -324,6 +328,7 @@ class FrontDoor:
         return complete
 
     def _release(self, run: _Run) -> None:
+        self.pacer.streams -= 1
         if not run.finished:  # the consumer went away, or the stream broke
             self.replicas.abort(run.ticket)
         self.replicas.done(run.ticket)

@@ -166,3 +166,49 @@ def _waiting(replicas: FakeReplicas) -> bool:
     if isinstance(q, asyncio.Queue):  # the old path (to check that this test fails there)
         return bool(q._getters)  # type: ignore[attr-defined]
     return q._waiter is not None and not q._waiter.done()
+
+
+def _events_per_token(live: int, steps: int = 30, ticks_per_step: int = 2) -> float:
+    """`live` streams, each a consumer of its own inbox under one manual pacer (16,000
+    events/s, 10 ms ticks, 60 ms cap); every step puts one token in every inbox, then the
+    pacer ticks `ticks_per_step` times. Events = takes; every token is taken once, in order."""
+
+    async def main() -> float:
+        pacer = Pacer(events_per_s=16000, max_hold_s=0.06, manual=True)
+        pacer.streams = live
+        pacer.advance()
+        inboxes = [Inbox(pacer) for _ in range(live)]
+        taken: list[list[int]] = [[] for _ in range(live)]
+        takes = 0
+
+        async def consume(k: int) -> None:
+            nonlocal takes
+            while len(taken[k]) < steps:
+                items = await inboxes[k].take()
+                takes += 1
+                taken[k] += [t for u in items if isinstance(u, Update) for t in u.token_ids]
+
+        tasks = [asyncio.create_task(consume(k)) for k in range(live)]
+        for step in range(steps):
+            await asyncio.sleep(0)
+            for inbox in inboxes:
+                inbox.put_token(step)
+            for _ in range(ticks_per_step):
+                await asyncio.sleep(0)
+                pacer.advance()
+        while pacer.waiting():  # the last held tokens: at their tick
+            pacer.advance()
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert all(t == list(range(steps)) for t in taken)  # none lost, none reordered
+        return takes / (live * steps)
+
+    return asyncio.run(main())
+
+
+def test_many_streams_take_fewer_events_per_token() -> None:
+    """The event budget, counted: at 1,024 live streams (hold 6 ticks, 3 steps) a stream
+    takes its first token alone, then three steps' tokens per take: 11 takes for 30 tokens.
+    At 100 live streams (hold 0) one take per token, as before."""
+    assert _events_per_token(1024) == 11 / 30
+    assert _events_per_token(100) == 1.0

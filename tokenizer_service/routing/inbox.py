@@ -10,11 +10,12 @@ saves:
   taken yet joins it (its ids appended): the stream gets one update per event, however many
   steps it missed, and applies (detokenizes, counts) it once.
 - `take()` returns everything gathered, in one list.
-- While the front door runs late (`Pacer.busy`), a plain update does not wake the waiting
-  stream: its wake-up is handed to the pacer, which releases it at the next tick, so the tokens
-  of the steps before the tick join the same event with ONE wake-up (before: a wake-up for the
-  update, then another for the tick). An update with extras (a finish, an error, logprobs) or a
-  rollback, and a lost link (an Exception), wake the stream at once, as before.
+- A plain update does not wake a stream that the pacer holds (tokenizer_service/pacing.py:
+  the front door carries more streams than its event budget gives an event every tick, or its
+  loop runs late): the stream's wake-up is handed to the pacer for the tick at which the stream
+  may send again (`Pacer.due`: its last event's tick + the hold), so the tokens of the steps
+  until then join ONE event with ONE wake-up. A stream's first event, an update with extras (a
+  finish, an error, logprobs) or a rollback, and a lost link (an Exception), wake it at once.
 
 Invariant: the ids the stream takes, in order, with rollbacks applied, are exactly those put,
 in order, with rollbacks applied (a merge only appends ids of a plain update to a plain one);
@@ -32,13 +33,14 @@ Item = Update | Exception
 
 
 class Inbox:
-    __slots__ = ("items", "pacer", "_waiter", "_paced")
+    __slots__ = ("items", "pacer", "_waiter", "_paced", "_sent")
 
     def __init__(self, pacer: Pacer | None = None) -> None:
         self.items: list[Item] = []
         self.pacer = pacer  # set by the stream that takes from it (None: never paced)
         self._waiter: asyncio.Future[None] | None = None  # the stream's, while it waits
-        self._paced = False  # the waiter's wake-up was handed to the pacer's next tick
+        self._paced = False  # the waiter's wake-up was handed to the pacer (a later tick)
+        self._sent = -1  # the pacer's tick when the stream last took (-1: never)
 
     def put_nowait(self, item: Item) -> None:
         items = self.items
@@ -73,31 +75,38 @@ class Inbox:
             w.set_result(None)  # a finish, an error or a lost link goes at once
         elif not self._paced:
             pacer = self.pacer
-            if pacer is not None and pacer.busy:
+            due = pacer.due(self._sent) if pacer is not None else 0
+            if due:
+                assert pacer is not None
                 self._paced = True
-                pacer.wake_at_tick(w)
+                pacer.wake_at(w, due)
             else:
                 w.set_result(None)
 
     async def take(self) -> list[Item]:
-        """Everything gathered, once there is something. While the front door runs late, a
-        stream that finds only plain tokens waiting first waits for the pacer's tick, so that
-        the next steps' tokens join them (see the module's docstring)."""
+        """Everything gathered, once there is something. A stream that the pacer holds and
+        that finds only plain tokens waiting first waits for the tick at which it may send
+        again, so that the next steps' tokens join them (see the module's docstring)."""
+        pacer = self.pacer
         if self.items:
-            pacer = self.pacer
-            if pacer is not None and pacer.busy and _plain_tail(self.items):
-                await self._wait(paced=True)
+            if pacer is not None and _plain_tail(self.items):
+                due = pacer.due(self._sent)
+                if due:
+                    await self._wait(due)
         else:
-            await self._wait(paced=False)
+            await self._wait(0)  # the update that wakes it is paced by `_wake`
         items, self.items = self.items, []
+        if pacer is not None:
+            self._sent = pacer.tick
         return items
 
-    async def _wait(self, paced: bool) -> None:
+    async def _wait(self, due: int) -> None:
+        """Wait for `_wake`, or (due > 0) for the pacer's tick `due` at the latest."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiter, self._paced = fut, paced
-        if paced:
+        self._waiter, self._paced = fut, due > 0
+        if due:
             assert self.pacer is not None
-            self.pacer.wake_at_tick(fut)
+            self.pacer.wake_at(fut, due)
         try:
             await fut
         finally:
@@ -118,7 +127,7 @@ class Inbox:
 
     async def get(self) -> Item:
         while not self.items:
-            await self._wait(paced=False)
+            await self._wait(0)
         return self.items.pop(0)
 
 

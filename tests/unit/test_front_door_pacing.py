@@ -338,3 +338,14 @@ def test_a_cancelled_stream_frees_its_wait(tok: Tokenization) -> None:
         assert pacer.streams == 2000
 
     asyncio.run(main())
+
+
+def test_the_pacing_flags_are_checked() -> None:
+    """A negative budget or cap is refused at start with the flag's name (0 turns them off)."""
+    from services.config import parse_config
+
+    cfg = parse_config(TokenizerConfig, ["--pacing-events-per-s", "0", "--pacing-max-hold-ms", "0"])
+    assert cfg.pacing_events_per_s == 0 and cfg.pacing_max_hold_ms == 0
+    for flag in ("--pacing-events-per-s", "--pacing-max-hold-ms"):
+        with pytest.raises(ValueError, match=flag):
+            parse_config(TokenizerConfig, [flag, "-1"])

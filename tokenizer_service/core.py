@@ -316,7 +316,6 @@ class FrontDoor:
         if owns:
             self.owners[wire_rid] = inp.tenant
         ticket.queue.pacer = self.pacer  # tokens gather until the stream may send (pacing.py)
-        self.pacer.streams += 1  # until _release
         return _Run(ticket, stream, wire_rid, owns)
 
     def _complete(self, run: _Run, inp: GenerateInput, timer: RequestTimer) -> Complete:
@@ -328,7 +327,7 @@ class FrontDoor:
         return complete
 
     def _release(self, run: _Run) -> None:
-        self.pacer.streams -= 1
+        run.ticket.queue.close()  # no longer a live stream for the pacer
         if not run.finished:  # the consumer went away, or the stream broke
             self.replicas.abort(run.ticket)
         self.replicas.done(run.ticket)

@@ -10,9 +10,11 @@ the held stream then sends them as ONE event.
 The rule, decided once per tick (`period_s`, 10 ms) from the front door's own state:
 
 - **An event budget** (`events_per_s`, `--pacing-events-per-s`): the front door may send about
-  this many events a second, shared evenly by its live streams. With `streams` live, a stream's
-  plain token events are at least `hold` ticks apart, hold = streams / (events_per_s x
-  period_s) ticks, rounded down, at most `max_hold_ticks` (`--pacing-max-hold-ms`). Below
+  this many events a second, shared evenly by its live streams (those that have sent their
+  first event and not ended: a request queued at its scheduler sends none). With `streams`
+  live, a stream's plain token events are at least `hold` ticks apart, hold = streams /
+  (events_per_s x period_s) ticks, rounded down, at most `max_hold_ticks`
+  (`--pacing-max-hold-ms`). Below
   events_per_s x period_s streams (160 by default) hold is 0: no stream waits. The budget is
   the front door's CPU for events (16,000 events/s at ~35 us each is ~0.6 of a core), so at
   1,024 streams a stream sends an event every 6 ticks (60 ms) with every token since its last.
@@ -51,7 +53,7 @@ class Pacer:
         self.lag = 0.0  # the latest tick's lateness (seconds)
         self.tick = 0  # ticks so far
         self.hold = 0  # ticks between a stream's plain events, from the live streams
-        self.streams = 0  # live streams (FrontDoor counts them in and out)
+        self.streams = 0  # live streams: from their first event to their end (Inbox counts)
         self._due: dict[int, list[asyncio.Future[None]]] = {}  # tick -> futures to release
         self._task: asyncio.Task[None] | None = None
 

@@ -170,13 +170,12 @@ def _waiting(replicas: FakeReplicas) -> bool:
 
 def _events_per_token(live: int, steps: int = 30, ticks_per_step: int = 2) -> float:
     """`live` streams, each a consumer of its own inbox under one manual pacer (16,000
-    events/s, 10 ms ticks, 60 ms cap); every step puts one token in every inbox, then the
-    pacer ticks `ticks_per_step` times. Events = takes; every token is taken once, in order."""
+    events/s, 10 ms ticks, 60 ms cap; the inboxes count the streams in at their first take);
+    every step puts one token in every inbox, then the pacer ticks `ticks_per_step` times.
+    Events = takes; every token is taken once, in order."""
 
     async def main() -> float:
         pacer = Pacer(events_per_s=16000, max_hold_s=0.06, manual=True)
-        pacer.streams = live
-        pacer.advance()
         inboxes = [Inbox(pacer) for _ in range(live)]
         taken: list[list[int]] = [[] for _ in range(live)]
         takes = 0
@@ -196,11 +195,15 @@ def _events_per_token(live: int, steps: int = 30, ticks_per_step: int = 2) -> fl
             for _ in range(ticks_per_step):
                 await asyncio.sleep(0)
                 pacer.advance()
+            assert pacer.streams == live  # each counted in at its first take
         while pacer.waiting():  # the last held tokens: at their tick
             pacer.advance()
             await asyncio.sleep(0)
         await asyncio.gather(*tasks)
         assert all(t == list(range(steps)) for t in taken)  # none lost, none reordered
+        for inbox in inboxes:
+            inbox.close()
+        assert pacer.streams == 0
         return takes / (live * steps)
 
     return asyncio.run(main())

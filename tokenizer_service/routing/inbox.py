@@ -97,8 +97,18 @@ class Inbox:
             await self._wait(0)  # the update that wakes it is paced by `_wake`
         items, self.items = self.items, []
         if pacer is not None:
+            if self._sent < 0:  # its first event: a live stream for the pacer until `close`
+                pacer.streams += 1
             self._sent = pacer.tick
         return items
+
+    def close(self) -> None:
+        """The stream is done (finished, failed or gone): it no longer counts as live. A
+        request that never got its first event (queued at its scheduler) never counted: it
+        sends no events."""
+        if self.pacer is not None and self._sent >= 0:
+            self.pacer.streams -= 1
+        self._sent = -1
 
     async def _wait(self, due: int) -> None:
         """Wait for `_wake`, or (due > 0) for the pacer's tick `due` at the latest."""

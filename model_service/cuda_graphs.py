@@ -171,7 +171,8 @@ class DecodeCudaGraphs:
         else:
             indices = self.scratch_pad[:bs].to(torch.int32)
         a = self.attn
-        wrapper.plan(
+        a.plans.plan(  # waits for this wrapper's previous plan to be read (PlanGuard)
+            wrapper,
             indptr,
             indices,
             torch.ones(bs, dtype=torch.int32),

@@ -21,7 +21,7 @@ compiles one attention module instead of two.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import torch
@@ -30,6 +30,32 @@ from model_service.attention.backend import AttentionBackend, RowPlan
 from model_service.kv_pool import KVPool
 
 WORKSPACE_BYTES = 256 << 20  # flashinfer's split-kv scratch; 128 MiB is its documented minimum
+
+
+class PlanGuard:
+    """Keeps flashinfer's plan buffers from being overwritten before the GPU has read them.
+
+    A wrapper's ``plan`` fills a pinned host buffer of that wrapper on the CPU and queues an
+    async copy from it to the device on the current stream, with no wait. The host runs ahead
+    of the GPU (two steps in flight, and a step whose host-tier load the stream waits for
+    can sit queued for a long time), so a second plan on the same wrapper could rewrite the
+    buffer before the first copy ran: the earlier step's kernels would then read the later
+    step's plan and index outside the KV pool (the GPU host-tier run's illegal memory access).
+    So before a wrapper plans again the host waits for the event recorded just after its
+    previous plan; normally long passed, it costs nothing then."""
+
+    def __init__(self, new_event: Callable[[], Any] | None = None) -> None:
+        self._new_event = new_event if new_event is not None else torch.cuda.Event
+        self._after: dict[int, Any] = {}  # id(wrapper) -> event after its last plan's copy
+
+    def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+        before = self._after.get(id(wrapper))
+        if before is not None:
+            before.synchronize()
+        wrapper.plan(*args, **kwargs)
+        after = self._new_event()
+        after.record()
+        self._after[id(wrapper)] = after
 
 
 def flashinfer_available() -> tuple[bool, str]:
@@ -93,6 +119,7 @@ class FlashInferAttention:
             self.workspace, "NHD", use_tensor_cores=self.tensor_cores
         )
         self._active: Any = None
+        self.plans = PlanGuard()  # every plan of this backend's wrappers and its graphs'
         self.out_slots = torch.empty(0, dtype=torch.int64, device=dev)
         self.decode_only = False
 
@@ -113,7 +140,8 @@ class FlashInferAttention:
         self.out_slots = out_slots.to(self.device, torch.int64)
         self.decode_only = qo[-1] == len(rows)
         if self.decode_only:
-            self._decode.plan(
+            self.plans.plan(
+                self._decode,
                 kv_indptr,
                 indices,
                 last_page_len,
@@ -126,7 +154,8 @@ class FlashInferAttention:
             )
             self._active = self._decode
         else:
-            self._prefill.plan(
+            self.plans.plan(
+                self._prefill,
                 qo_indptr,
                 kv_indptr,
                 indices,

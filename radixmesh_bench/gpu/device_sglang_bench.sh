@@ -10,8 +10,9 @@
 # serve's output in $BENCH_LOGS (default /tmp/bench_logs), its tail printed. BENCH_PORT and
 # BENCH_HTTP_PORT (default 50051 and 8000; serve's internal services take the ports after
 # BENCH_PORT) let several of these run side by side on disjoint GPUs (device_lanes.sh).
-# BENCH_PROFILE=S: BENCH_PROFILE_AT seconds (default 20) into the ShareGPT
-# run, py-spy records every process of the stack at once for S seconds (front doors, scheduler,
+# BENCH_PROFILE=S: BENCH_PROFILE_AT seconds (default 10) after the ShareGPT run's main phase
+# starts (the client first tokenizes its prompts for about a minute: the script waits until
+# /get_server_info shows 64 running requests), py-spy records every process of the stack at once for S seconds (front doors, scheduler,
 # every model-service rank) and reads its CPU time: $OUT/<NAME>_profile.json (top frames, cores
 # busy). Every configuration also leaves its model services' step_burst / step_host_costs lines
 # in $OUT/<NAME>_steps.log (GPU busy and idle per step, rows per step, graphed fraction).
@@ -31,7 +32,7 @@ PROMPTS=${BENCH_PROMPTS:-2000}
 # sharegpt (BENCH_PROMPTS, rate inf), gsp (SGLang's generated-shared-prefix 64 x 16, 2,048-token
 # prefixes, 256 out, rate inf), itl1 (batch-1 ITL: random 128/128, one at a time), in order.
 WORKLOADS=${BENCH_WORKLOADS:-sharegpt,itl1}
-PROFILE_S=${BENCH_PROFILE:-0}; PROFILE_AT=${BENCH_PROFILE_AT:-20}
+PROFILE_S=${BENCH_PROFILE:-0}; PROFILE_AT=${BENCH_PROFILE_AT:-10}
 export PATH=/tmp/site/bin:$PATH  # py-spy, from its wheel in .whl
 LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
 SHAPE=${BENCH_SHAPE:-llama-3.1-8b}
@@ -50,6 +51,19 @@ stop_stack() {  # $1: serve's pid. Its services run in sessions of their own (se
 }
 profile_stack() {  # $1: serve's pid, $2: the configuration's name
   local dir=/tmp/prof_$2 p cmd role rank tag t0 t1 cpu=()
+  python3 - "$HTTP" <<'PY' || return 0  # until the main phase runs (or 300 s)
+import json, sys, time, urllib.request
+for _ in range(300):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/get_server_info", timeout=2) as r:
+            info = json.load(r)
+        if sum(s.get("running_requests", 0) for s in info.get("internal_states", [])) >= 64:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PY
   sleep "$PROFILE_AT"; rm -rf "$dir"; mkdir -p "$dir"
   for p in $(descendants "$1"); do
     cmd=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) || continue

@@ -70,7 +70,9 @@ class ModelServiceConfig(ServiceConfig):
         "--max-running): larger handles are refused, so a peer cannot size the worker's tables",
     )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
-    threads: int = field(0, "torch intra-op threads on CPU (0: torch default)")
+    threads: int = field(
+        0, "torch intra-op threads, on CPU and on CUDA (the step's host-side work) (0: torch's)"
+    )
     watchdog_s: float = field(
         120.0,
         "liveness turns NOT_SERVING (so the supervisor restarts us) when a step has been "

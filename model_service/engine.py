@@ -123,7 +123,7 @@ def build_engine(
     weights, a KV pool of its KV heads for the scheduler's whole slot space."""
     device = device or pick_device(cfg.device)
     dtype = _pick_dtype(cfg, device)
-    if cfg.threads and device.type == "cpu":
+    if cfg.threads:  # on CUDA too: torch's default (every core) spins on small host tensors
         torch.set_num_threads(cfg.threads)
     hf_cfg, model_dir, name = model_config(cfg)
     full = LlamaArgs.from_hf_config(text_config(hf_cfg))

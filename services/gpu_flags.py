@@ -12,6 +12,7 @@ meaning is the same, each passed on to the service that owns it.
 | `--mem-fraction-static` | model service | `--kv-memory-fraction` |
 | `--context-length` | model service | `--context-length` |
 | `--random-weights` | model service | `--random-weights` (the shape's folder serves the others) |
+| `--model-threads` | model service | `--threads` |
 | `--max-running-requests` | scheduler | `--max-running` |
 | `--chunked-prefill-size` | scheduler | `--chunk-tokens` |
 
@@ -38,6 +39,7 @@ PASSED_ON: dict[str, tuple[str, str]] = {
     "mem_fraction_static": ("model", "--kv-memory-fraction"),
     "context_length": ("model", "--context-length"),
     "random_weights": ("model", "--random-weights"),
+    "model_threads": ("model", "--threads"),
     "max_running_requests": ("scheduler", "--max-running"),
     "chunked_prefill_size": ("scheduler", "--chunk-tokens"),
 }
@@ -113,6 +115,14 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most prompt tokens one step prefills (chunked prefill)",
+    )
+    g.add_argument(
+        "--model-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of each model-service process (default: torch's, every "
+        "core; a GPU step's host-side tensors are small, and several replicas or TP ranks on "
+        "one host share its cores)",
     )
     g.add_argument(
         "--random-weights",

@@ -28,6 +28,7 @@ def test_every_gpu_flag_reaches_its_service_by_that_services_name() -> None:
         "--mem-fraction-static", "0.8",
         "--context-length", "131072",
         "--random-weights", "llama-3.1-8b",
+        "--model-threads", "4",
         "--max-running-requests", "512",
         "--chunked-prefill-size", "8192",
     )  # fmt: skip
@@ -40,9 +41,10 @@ def test_every_gpu_flag_reaches_its_service_by_that_services_name() -> None:
         "--kv-memory-fraction", "0.8",
         "--context-length", "131072",
         "--random-weights", "llama-3.1-8b",
+        "--threads", "4",
     ]  # fmt: skip
     assert got["scheduler"] == ["--max-running", "512", "--chunk-tokens", "8192"]
-    assert len(PASSED_ON) == 9
+    assert len(PASSED_ON) == 10
 
 
 def test_flags_not_given_pass_nothing() -> None:

@@ -220,11 +220,12 @@ def test_a_host_resident_prefix_beats_no_match_and_loses_to_a_gpu_one(
     # 4 of 6 blocks on the host: at or over the threshold by blocks held (score 2 < 3).
     assert choose(on_host(4), _exact()) == (a_name, "cache_hit", 4, 4)
     assert choose(on_host(6), _exact(PROMPT)) == (b_name, "cache_hit", 6, 0)
-    # 6 host blocks score 6 * HOST_HIT_WEIGHT = 3 > 2 GPU blocks; 6 host < 4 GPU.
-    assert HOST_HIT_WEIGHT == 0.5
+    # 6 host blocks score 6 * HOST_HIT_WEIGHT = 5.1 > 4 GPU blocks; 5 host (4.25) < 5 GPU.
+    assert HOST_HIT_WEIGHT == 0.85
     assert prefix_cache.HOST_HIT_WEIGHT is HOST_HIT_WEIGHT  # the scheduler weighs it the same
     assert choose(on_host(6), _exact(PROMPT[:32]))[:2] == (a_name, "cache_hit")
-    assert choose(on_host(6), _exact(SHARED))[:2] == (b_name, "cache_hit")
+    assert choose(on_host(6), _exact(SHARED))[:2] == (a_name, "cache_hit")
+    assert choose(on_host(5), _exact(PROMPT[:80]))[:2] == (b_name, "cache_hit")
 
 
 def test_a_burst_of_one_prefix_follows_the_first_request() -> None:

@@ -13,9 +13,8 @@ from model_service.runner import BURST_IDLE_S, InFlight
 from model_service.step_bursts import StepBursts
 
 
-def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _record(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The step_burst lines logged from now on, as dicts."""
     logged: list[dict[str, Any]] = []
 
     class Recorder:
@@ -23,6 +22,13 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
             logged.append({"event": event, **kw})
 
     monkeypatch.setattr(step_bursts, "log", Recorder())
+    return logged
+
+
+def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logged = _record(monkeypatch)
     r = StepBursts()
     t = 100.0
     for burst, steps in enumerate((3, 5, 2)):
@@ -41,13 +47,7 @@ def test_a_pause_ends_a_burst_and_the_next_step_starts_the_next(
 def test_a_burst_reports_what_its_steps_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     """rows_per_step, positions_per_step and graphed_fraction are the means over the burst's
     steps (the TP and stack runs read them to tell big eager steps from graphed decodes)."""
-    logged: list[dict[str, Any]] = []
-
-    class Recorder:
-        def info(self, event: str, **kw: Any) -> None:
-            logged.append({"event": event, **kw})
-
-    monkeypatch.setattr(step_bursts, "log", Recorder())
+    logged = _record(monkeypatch)
     r = StepBursts()
     t = 10.0
     steps = [(4, 40, False), (4, 4, True), (6, 6, True), (2, 2, True)]  # rows, positions, graph

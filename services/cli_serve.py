@@ -93,6 +93,19 @@ def _topology(s: argparse.ArgumentParser) -> None:
         help="how front doors pick a replica: cache_aware (longest cached prefix unless "
         "overloaded), round_robin, least_load",
     )
+    topo.add_argument(
+        "--pacing-events-per-s",
+        type=float,
+        default=None,
+        help="each front door's event budget: with many live streams, tokens gather into "
+        "fewer events (default: the front door's, 16000; 0: off; docs/front_door.md)",
+    )
+    topo.add_argument(
+        "--pacing-max-hold-ms",
+        type=float,
+        default=None,
+        help="the longest the event budget holds a stream's tokens (default: the front door's, 60)",
+    )
     topo.add_argument("--grammar-replicas", type=positive_int, default=1, help="grammar services")
 
 

@@ -57,6 +57,15 @@ def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list
     host = ["--host-kv-tokens", str(ns.host_kv_tokens)] if ns.host_kv_tokens else []
     write = ["--host-tier-write", ns.host_tier_write] if ns.host_kv_tokens else []
     gpu = gpu_service_args(ns)
+    pacing = [  # only those given: the front door keeps its own defaults (one table)
+        arg
+        for flag, value in (
+            ("--pacing-events-per-s", ns.pacing_events_per_s),
+            ("--pacing-max-hold-ms", ns.pacing_max_hold_ms),
+        )
+        if value is not None
+        for arg in (flag, str(value))
+    ]
     return {
         "model": [*model, *host, *placement.model_args(), *gpu["model"], *logs],
         "scheduler": [
@@ -64,7 +73,7 @@ def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list
             *gpu["scheduler"],
             *logs,
         ],
-        "tokenizer": [*tok, "--router", ns.router, *logs],
+        "tokenizer": [*tok, "--router", ns.router, *pacing, *logs],
         "grammar": logs,
     }
 

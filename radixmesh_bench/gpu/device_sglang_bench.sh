@@ -16,6 +16,9 @@
 # every model-service rank) and reads its CPU time: $OUT/<NAME>_profile.json (top frames, cores
 # busy). Every configuration also leaves its model services' step_burst / step_host_costs lines
 # in $OUT/<NAME>_steps.log (GPU busy and idle per step, rows per step, graphed fraction).
+# BENCH_CLIENTS=N (default 1): ShareGPT and GSP run as N clients at once, each with 1/N of the
+# prompts (ShareGPT) or groups (GSP) and its own seed, merged into one line of $OUT/<NAME>.jsonl
+# (merge_clients.py): one client process falls behind reading ~10k tokens/s of events.
 set -o pipefail
 . radixmesh_bench/gpu/device_env.sh || exit 3
 (  # once per machine, also when lanes start together
@@ -32,6 +35,7 @@ PROMPTS=${BENCH_PROMPTS:-2000}
 # sharegpt (BENCH_PROMPTS, rate inf), gsp (SGLang's generated-shared-prefix 64 x 16, 2,048-token
 # prefixes, 256 out, rate inf), itl1 (batch-1 ITL: random 128/128, one at a time), in order.
 WORKLOADS=${BENCH_WORKLOADS:-sharegpt,itl1}
+CLIENTS=${BENCH_CLIENTS:-1}
 PROFILE_S=${BENCH_PROFILE:-0}; PROFILE_AT=${BENCH_PROFILE_AT:-10}
 export PATH=/tmp/site/bin:$PATH  # py-spy, from its wheel in .whl
 LOGS=${BENCH_LOGS:-/tmp/bench_logs}; mkdir -p "$LOGS"
@@ -107,9 +111,10 @@ for spec in "$@"; do
   fi
   if [ $ok = 1 ] && [ "${name%_probe}" = "$name" ]; then
     for wl in ${WORKLOADS//,/ }; do
+      n=$CLIENTS; [ "$wl" = itl1 ] && n=1
       case $wl in
-        sharegpt) data=(--dataset-name sharegpt --dataset-path /tmp/sharegpt.json --num-prompts "$PROMPTS" --request-rate inf) ;;
-        gsp) data=(--dataset-name generated-shared-prefix --gsp-num-groups 64 --gsp-prompts-per-group 16
+        sharegpt) data=(--dataset-name sharegpt --dataset-path /tmp/sharegpt.json --num-prompts "$((PROMPTS / n))" --request-rate inf) ;;
+        gsp) data=(--dataset-name generated-shared-prefix --gsp-num-groups "$((64 / n))" --gsp-prompts-per-group 16
                    --gsp-system-prompt-len 2048 --gsp-question-len 128 --gsp-output-len 256 --request-rate inf) ;;
         itl1) data=(--dataset-name random --random-input-len 128 --random-output-len 128
                     --random-range-ratio 1 --num-prompts 4 --max-concurrency 1
@@ -119,9 +124,22 @@ for spec in "$@"; do
       echo "--- $name $wl $(date +%T)"
       prof=""
       if [ "$PROFILE_S" -gt 0 ] && [ "$wl" = sharegpt ]; then profile_stack "$pid" "$name" & prof=$!; fi
-      timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port "$HTTP" \
-        "${data[@]}" --tokenizer "$TOK" --seed 1 --output-file "$OUT/$name.jsonl" 2>&1 \
-        | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
+      if [ "$n" = 1 ]; then
+        timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port "$HTTP" \
+          "${data[@]}" --tokenizer "$TOK" --seed 1 --output-file "$OUT/$name.jsonl" 2>&1 \
+          | grep -E "Output token throughput|Median ITL|P99 ITL|Median TTFT|Successful|Traceback|Error" || status=1
+      else  # N clients at once, merged into one line
+        cpids=()
+        for k in $(seq 1 "$n"); do
+          timeout 400 python3 -m sglang.bench_serving --backend sglang --host 127.0.0.1 --port "$HTTP" \
+            "${data[@]}" --tokenizer "$TOK" --seed "$k" --output-file "$LOGS/$name.$wl.c$k.jsonl" \
+            > "$LOGS/$name.$wl.c$k.txt" 2>&1 &
+          cpids+=($!)
+        done
+        wait "${cpids[@]}" || status=1
+        python3 -m radixmesh_bench.gpu.merge_clients "$LOGS/$name.$wl".c*.jsonl >> "$OUT/$name.jsonl" \
+          || { status=1; tail -3 "$LOGS/$name.$wl".c*.txt; }
+      fi
       [ -n "$prof" ] && wait "$prof"
     done
   fi

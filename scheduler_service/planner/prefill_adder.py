@@ -284,8 +284,11 @@ def _allocate(
         # others' chunks wait; retraction frees room if decodes need it).
         conts = [conts[0]] + [0] * (len(conts) - 1)
         slots = cache.alloc(conts[0])
-    if slots is None:
-        return PrefillPlan([], None, "continuation_blocked")
+    if slots is None:  # loading admissions need no slots now: they stay admitted (locked)
+        held: list[AdmittedPrefill[W]] = [
+            AdmittedPrefill(w, m, [], 0, True) for w, m, _, ld in picked if ld
+        ]
+        return PrefillPlan(held, None, "continuation_blocked")
     pos = 0
     chunks: list[list[int]] = []
     for c in conts:

@@ -14,8 +14,10 @@ from scheduler_service.continuations import requeue_running
 from scheduler_service.planner.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.planner.output_processor import apply_result
 from scheduler_service.planner.policy import SchedulePolicy
+from scheduler_service.planner.prefill_adder import admit_prefills
 from scheduler_service.request import Phase, Request, SamplingSpec
 from scheduler_service.state import SchedState
+from tests.unit.queue_item import Item
 
 GPU, HOST = 32, 64
 DOC = list(range(100, 112))  # 12 tokens, evicted to the host before the test's request
@@ -127,3 +129,26 @@ def test_retracted_or_lost_while_loading_it_waits_again_with_nothing_held() -> N
     assert r2.phase is Phase.WAITING and st2.cache.free_size == GPU
     host = getattr(st2.cache, "host", None)
     assert host is not None and host.held == 0 and not host.loading
+
+
+def test_a_loading_admission_keeps_its_lock_when_the_step_cannot_allocate() -> None:
+    """If the step's one allocation fails after a load was queued (budget arithmetic should
+    make it unreachable), the loading admission stays admitted and locked: unlocked, its
+    loaded prefix could be evicted and reused while the load writes it."""
+    st, _ = _state()
+    cache = st.cache
+    real = cache.alloc
+    calls: list[int] = []
+
+    def alloc(n: int) -> list[int] | None:  # the load's allocation works, the step's fails
+        calls.append(n)
+        return real(n) if len(calls) == 1 else None
+
+    cache.alloc = alloc  # type: ignore[method-assign]
+    host_hit, cold = Item(DOC + [5], 0), Item([1, 2, 3], 1)
+    plan = admit_prefills([host_hit, cold], cache, chunk_budget=8, max_running=4, num_running=0)
+    assert plan.stop_reason == "continuation_blocked" and plan.continuation_slots is None
+    assert [(a.item, a.loading, a.n_tokens) for a in plan.admitted] == [(host_hit, True, 0)]
+    assert calls == [len(DOC), 3, 0]  # the load, the step, the step without the cold one
+    assert cache.locked_size == len(DOC)  # the cold one was unlocked, the loading one not
+    cache.check_integrity(0, deep=False)

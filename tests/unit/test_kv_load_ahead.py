@@ -28,6 +28,8 @@ from radixmesh_wire.step_ops import AdmitOp, ExtendOp, KVCopy, Sampling, StepOps
 
 VOCAB, LAYERS, HEADS, DIM = 300, 2, 2, 32
 GREEDY = Sampling(temperature=0.0)
+# On a GPU machine the runner test also runs on CUDA: real copy stream and events.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 class WaitLane(Lane):
@@ -65,7 +67,9 @@ class _Mark:
         self.lane.flush(self.at)
 
 
-def _runner(lane: WaitLane | None) -> ModelRunner:
+def _runner(lane: WaitLane | None, device: str = "cpu", staged: bool = True) -> ModelRunner:
+    """The staged copy path (CUDA: on a copy stream; CPU: synchronous, or on ``lane``), or
+    with ``staged=False`` the plain reference copy, done before the step goes on."""
     args = LlamaArgs(
         vocab_size=VOCAB,
         hidden_size=128,
@@ -82,10 +86,10 @@ def _runner(lane: WaitLane | None) -> ModelRunner:
         attention_bias=False,
         model_type="llama",
     )
-    dev = torch.device("cpu")
+    dev = torch.device(device)
     model = random_model(args, torch.float32, dev, seed=7)
     pool = KVPool(LAYERS, 64, HEADS, DIM, torch.float32, dev)
-    pool.add_host_tier(32)
+    pool.add_host_tier(32, staged=staged)
     if lane is not None:
         assert pool.host is not None
         pool.copier = StagedCopier(pool.k, pool.v, pool.host, lane=lane)
@@ -116,8 +120,27 @@ def _rows(out: StepOutput) -> dict[int, tuple[int, float]]:
     return {r.handle: (r.token, r.logprob) for r in out.rows}
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_ahead_gives_the_tokens_of_synchronous_copies(device: str) -> None:
+    """The staged path (CUDA: a copy stream, the load waited for at the next step) gives the
+    tokens and logprobs of the reference copy, which is done before the step goes on."""
+    ref = _runner(None, device, staged=False)
+    expected = [_rows(ref.step(s)) for s in _steps()]
+    r = _runner(None, device)
+    steps = _steps()
+    got = [_rows(r.step(s)) for s in steps[:3]]
+    cuda = device == "cuda"
+    assert r.pool.loads_pending == (1 if cuda else 0)  # CPU: nothing is ever pending
+    got.append(_rows(r.step(steps[3])))
+    assert r.pool.loads_pending == 0
+    assert got == expected
+    c = r.pool.copy_stats
+    c.poll()
+    assert (c.save.tokens, c.load.tokens, c.load.copies) == (6, 5, 1)
+
+
 def test_a_load_overlaps_its_own_step_and_the_next_step_waits_for_it() -> None:
-    ref = _runner(None)  # CPU reference: every copy done when it returns
+    ref = _runner(None, staged=False)  # reference: every copy done when it returns
     expected = [_rows(ref.step(s)) for s in _steps()]
     lane = WaitLane()
     r = _runner(lane)

@@ -6,6 +6,8 @@ side of the rule is tests/unit/test_kv_load_ahead.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from radixmesh_wire.step_ops import StepOutcome
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.prefix_cache import make_prefix_cache
@@ -74,7 +76,7 @@ def test_a_host_hit_joins_the_step_after_its_load_and_a_reader_waits_with_it() -
     host = getattr(st.cache, "host", None)
     assert host is not None and host.stats.load_waits == 2
     assert host.stats.loading_requests == 2
-    _apply(st, plan)
+    _apply(st, plan)  # the integrity check, with both loading
     nxt = builder.build()
     assert not _loads(nxt)
     admits = {a.rid: a for a in nxt.ops.admits}
@@ -152,3 +154,17 @@ def test_a_loading_admission_keeps_its_lock_when_the_step_cannot_allocate() -> N
     assert calls == [len(DOC), 3, 0]  # the load, the step, the step without the cold one
     assert cache.locked_size == len(DOC)  # the cold one was unlocked, the loading one not
     cache.check_integrity(0, deep=False)
+
+
+def test_the_integrity_check_catches_a_loading_request_with_slots_of_its_own() -> None:
+    st, builder = _state()
+    r = _req("r", DOC + [5, 6])
+    st.waiting.append(r)
+    builder.build()
+    st.check_integrity()
+    slots = st.cache.alloc(1)
+    assert slots is not None
+    r.extend(slots)  # a row's slots given while it is still loading: a scheduler bug
+    assert r.phase is Phase.LOADING
+    with pytest.raises(AssertionError, match="is loading but owns 1 slots"):
+        st.check_integrity()

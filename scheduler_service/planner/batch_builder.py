@@ -106,7 +106,8 @@ class BatchBuilder:
         host = getattr(st.cache, "host", None)  # the tree's host tier (issue 31)
         if host is not None:
             # Last too: every save of a slot this step reuses, every load of a prefix it
-            # admits, queued in order; the worker runs them before the forward pass.
+            # admits, queued in order; the worker issues them before the forward pass (a
+            # load runs beside it: its requests were admitted loading and join next step).
             plan.ops.copies = host.take_copies()
             loading = Phase.LOADING
             host.stats.loading_requests = sum(1 for r in st.running.values() if r.phase is loading)

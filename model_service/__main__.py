@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
         from model_service.metrics import ModelMetrics
         from services.metrics import serve_metrics
 
-        servicer.metrics = ModelMetrics(int(engine.runner.pool.capacity))
+        pool = engine.runner.pool
+        copies = pool.copy_stats if pool.host_capacity else None
+        servicer.metrics = ModelMetrics(int(pool.capacity), copies=copies)
         serve_metrics(servicer.metrics.registry, cfg.host, cfg.metrics_port, "model")
 
     def register(server, health):  # type: ignore[no-untyped-def]

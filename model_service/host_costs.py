@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from model_service.copy_stats import CopyStats
+
 log = structlog.get_logger(__name__)
 
 
@@ -36,3 +38,15 @@ class HostCosts:
                     for k in ("decode_s", "check_s", "launch_s", "encode_s")
                 },
             )
+
+
+def log_copies(stats: CopyStats, reason: str) -> None:
+    """The host tier's copy totals since the model service started (`host_kv_copies` line,
+    beside `step_host_costs`): per direction copies, tokens, bytes and seconds, and the rate."""
+    if not (stats.save.copies or stats.load.copies):
+        return
+    rates = {
+        f"{d}_GBps": round(t.bytes / t.seconds / 1e9, 3) if t.seconds else 0.0
+        for d, t in (("save", stats.save), ("load", stats.load))
+    }
+    log.info("host_kv_copies", reason=reason, in_flight=stats.in_flight, **stats.as_dict(), **rates)

@@ -18,7 +18,9 @@ buffers alternate so one chunk's CPU work overlaps the previous chunk's transfer
 Ordering (the rule; ``StagedCopier`` keeps it):
 - GPU pool and device staging are touched only on the copy stream, which first waits for the
   compute stream (older steps' writes, poisoning); the compute stream then waits for the copy's
-  last touch of the GPU pool (``release_main``) before the forward pass reads or reuses slots.
+  last touch of the GPU pool (``release_main``) before the forward pass reads or reuses slots:
+  a save's gather at once; a load's scatter at once, or, with ``load(release=False)``
+  (load-ahead), when the caller passes its event on (``KVPool.wait_loads``, next step).
 - The host pool is touched by the copy stream (direct runs, async) and by the CPU (gathers and
   scatters). Copy-stream accesses keep queue order by themselves; a CPU access first waits for
   every host access queued before it (``sync()``: the event after the last one; a save's
@@ -157,6 +159,15 @@ class Lane:
         if ev is not None:
             ev.synchronize()
 
+    def timer(self) -> torch.cuda.Event | None:
+        """A timing event at this point of the copy stream (None on CPU: copies are
+        synchronous there and timed by the wall clock)."""
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        return ev
+
     def release_main(self, ev: Event | None) -> None:
         """The compute stream's later work waits for ``ev`` (the CPU does not)."""
         if ev is not None and self.stream is not None:
@@ -203,16 +214,22 @@ class StagedCopier:
         self._pin_free: list[Event | None] = [None, None]  # last transfer on each
         self._host_busy: Event | None = None  # after the last queued host access
         self.last = CopyShape()
+        # Timing events around the last copy's copy-stream work (CUDA; None on CPU).
+        self.last_timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     def sync(self) -> None:
         """Wait until every queued access to the host pool is done (before a CPU access)."""
         self._lane.wait_cpu(self._host_busy)
 
-    def load(self, host: list[int], gpu: list[int]) -> None:
-        """Host slots ``host[i]`` -> GPU slots ``gpu[i]``; the compute stream waits for it."""
+    def load(self, host: list[int], gpu: list[int], *, release: bool = True) -> Event | None:
+        """Host slots ``host[i]`` -> GPU slots ``gpu[i]``. ``release``: the compute stream
+        waits for it now; otherwise the caller passes the returned event (after the load's
+        last touch of the GPU pool) to ``release_main`` before the compute stream reads or
+        writes those slots (load-ahead: the model service does it at the next step)."""
         chunks: list[Chunk] = []
         lane = self._lane
         lane.follow_main()  # older work on these GPU slots (poison, earlier steps) first
+        t0 = lane.timer()
         done = None
         for i, c in enumerate(iter_plan(host, gpu, self.chunk_tokens, self.min_run)):
             chunks.append(c)
@@ -229,8 +246,14 @@ class StagedCopier:
             lane.run(partial(self._to_pool, c.gpu, st))
             done = lane.mark()
         self._host_busy = done if done is not None else self._host_busy
-        self._record(chunks)
-        lane.release_main(done)  # the forward pass reads these slots
+        self._record(chunks, t0)
+        if release:
+            lane.release_main(done)  # the forward pass reads these slots
+        return done
+
+    def release_main(self, ev: Event | None) -> None:
+        """The compute stream's later work waits for ``ev`` (a deferred load's event)."""
+        self._lane.release_main(ev)
 
     def save(self, gpu: list[int], host: list[int]) -> None:
         """GPU slots ``gpu[i]`` -> host slots ``host[i]`` (unique); the compute stream waits
@@ -238,6 +261,7 @@ class StagedCopier:
         chunks: list[Chunk] = []
         lane = self._lane
         lane.follow_main()  # the forward passes that wrote these GPU slots first
+        t0 = lane.timer()
         gathered = None
         pending: tuple[torch.Tensor, torch.Tensor, int] | None = None
         for i, c in enumerate(iter_plan(host, gpu, self.chunk_tokens, self.min_run)):
@@ -260,7 +284,7 @@ class StagedCopier:
         self._host_busy = end if end is not None else self._host_busy
         if pending is not None:
             self._scatter(*pending)
-        self._record(chunks)
+        self._record(chunks, t0)
         lane.release_main(gathered)
 
     def _runs(self, runs: tuple[tuple[int, int, int], ...], st: torch.Tensor, load: bool) -> None:
@@ -289,7 +313,9 @@ class StagedCopier:
         self._lane.wait_cpu(self._pin_free[b])
         self.host.index_copy_(0, ids, buf)
 
-    def _record(self, chunks: list[Chunk]) -> None:
+    def _record(self, chunks: list[Chunk], t0: torch.cuda.Event | None) -> None:
+        t1 = self._lane.timer() if t0 is not None else None
+        self.last_timing = (t0, t1) if t0 is not None and t1 is not None else None
         self.last = CopyShape(
             tokens=sum(c.tokens for c in chunks),
             chunks=len(chunks),

@@ -15,13 +15,26 @@ named slots):
   on a side stream; the compute stream waits for the copy's last touch of the GPU pool before
   the step's forward pass. Its module docstring states the ordering rule for the host bytes:
   anything else that reads the host pool calls ``sync_host()`` first.
+
+Load-ahead (``copy(..., ahead=True)``, what the runner does for a step's copies): the compute
+stream does not wait for the load now; ``wait_loads()``, which the runner calls first thing in
+the next step, makes it wait for every load issued since the last call. So a load overlaps the
+forward pass of the step that carries it, whose rows never touch the loaded slots (the
+scheduler admits the loading request a step later; ``step_validation`` refuses a step that
+breaks this). On CPU every copy is done when ``copy`` returns, so nothing is ever pending.
+
+``copy_stats`` (``copy_stats.CopyStats``) counts every copy per direction: copies, tokens,
+bytes and time (the copy stream's own on CUDA, read lazily; wall time on CPU).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from model_service.kv_copy import CHUNK_BYTES, DIRECT_BYTES, StagedCopier
+from model_service.copy_stats import CopyStats
+from model_service.kv_copy import CHUNK_BYTES, DIRECT_BYTES, Event, StagedCopier
 
 
 def _layer_major(host: torch.Tensor, kv: int) -> torch.Tensor:
@@ -58,6 +71,9 @@ class KVPool:
         self.host_capacity = 0
         self.host: torch.Tensor | None = None
         self.copier: StagedCopier | None = None
+        self.copy_stats = CopyStats()
+        self._token_bytes = 2 * num_layers * num_kv_heads * head_dim * self.k.element_size()
+        self._loads_pending: list[Event] = []  # load-ahead: the compute stream has not waited
 
     def add_host_tier(
         self,
@@ -92,18 +108,48 @@ class KVPool:
     def host_v(self) -> torch.Tensor | None:
         return None if self.host is None else _layer_major(self.host, 1)
 
-    def copy(self, to_host: bool, src: list[int], dst: list[int]) -> None:
+    def copy(self, to_host: bool, src: list[int], dst: list[int], *, ahead: bool = False) -> None:
         """Copy slots ``src`` of one pool into slots ``dst`` of the other (see the module
-        docstring); the step's forward pass, queued after this, sees the result."""
-        host = self.host
-        if host is None:
+        docstring); the step's forward pass, queued after this, sees the result, except that
+        with ``ahead`` a load is seen only after the next ``wait_loads()``."""
+        if self.host is None:
             raise ValueError("no host KV pool (--host-kv-tokens 0)")
-        if self.copier is not None:
+        t0 = time.perf_counter()
+        copier = self.copier
+        if copier is not None:
             if to_host:
-                self.copier.save(src, dst)
+                copier.save(src, dst)
             else:
-                self.copier.load(src, dst)
-            return
+                ev = copier.load(src, dst, release=not ahead)
+                if ahead and ev is not None:
+                    self._loads_pending.append(ev)
+        else:
+            self._reference_copy(to_host, src, dst)
+        timing = copier.last_timing if copier is not None else None
+        self.copy_stats.add(
+            to_host, len(src), len(src) * self._token_bytes, time.perf_counter() - t0, timing
+        )
+
+    def wait_loads(self) -> int:
+        """The compute stream's later work waits for every load issued ``ahead`` since the
+        last call (the runner calls it before anything else of a step). Returns how many."""
+        pending = self._loads_pending
+        if not pending:
+            return 0
+        assert self.copier is not None
+        for ev in pending:
+            self.copier.release_main(ev)
+        self._loads_pending = []
+        return len(pending)
+
+    @property
+    def loads_pending(self) -> int:
+        """Loads issued ahead that the compute stream does not wait for yet."""
+        return len(self._loads_pending)
+
+    def _reference_copy(self, to_host: bool, src: list[int], dst: list[int]) -> None:
+        host = self.host
+        assert host is not None
         # The reference: plain indexed copies, synchronous. A save writes through the
         # layer-major views (one index_copy_ per pool, like the GPU side), a load gathers
         # whole host rows (one token's K and V of every layer: the fastest CPU gather).

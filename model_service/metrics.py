@@ -1,5 +1,7 @@
 """Model service metrics: forward time per step (launch to tokens read back) and the rows
-and tokens each step computes, plus the KV pool's size. Observed once per step."""
+and tokens each step computes, plus the KV pool's size. Observed once per step. With a host
+tier, its copies per direction (save, load): copies, tokens, bytes and seconds (the copy
+stream's time on CUDA; ``copy_stats.py``), read at scrape time."""
 
 from __future__ import annotations
 
@@ -7,11 +9,29 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 
+from model_service.copy_stats import DIRECTIONS, CopyStats
 from services.metrics import BATCH_BUCKETS, STEP_BUCKETS, Reading, ServiceMetrics
+
+# (reading name, CopyStats field, help)
+_COPY_READINGS = (
+    ("kv_copies", "copies", "Host-tier KV copies run, by direction (save: GPU to host)."),
+    ("kv_copy_tokens", "tokens", "Tokens of KV copied to or from the host tier, by direction."),
+    ("kv_copy_bytes", "bytes", "Bytes of KV copied to or from the host tier (this rank's)."),
+    (
+        "kv_copy_seconds",
+        "seconds",
+        "Time of the completed host-tier copies, by direction (the copy stream's, on CUDA).",
+    ),
+)
 
 
 class ModelMetrics(ServiceMetrics):
-    def __init__(self, kv_capacity: int, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        kv_capacity: int,
+        registry: CollectorRegistry | None = None,
+        copies: CopyStats | None = None,
+    ) -> None:
         super().__init__(registry)
         self.forward = self.histogram(
             "model_forward_seconds",
@@ -21,6 +41,7 @@ class ModelMetrics(ServiceMetrics):
         self.rows = self.histogram("model_batch_size", "Rows of one forward step.", BATCH_BUCKETS)
         self.steps = self.counter("model_steps", "Steps run, by outcome.", ["outcome"])
         self._kv_capacity = kv_capacity
+        self._copies = copies
         self.readings(self._read)
 
     def observe(self, seconds: float, rows: int) -> None:
@@ -33,3 +54,10 @@ class ModelMetrics(ServiceMetrics):
 
     def _read(self) -> Iterator[Reading]:
         yield Reading("kv_pool_tokens", "gauge", "KV pool capacity in tokens.", self._kv_capacity)
+        c = self._copies
+        if c is None:
+            return
+        for short, attr, help_ in _COPY_READINGS:
+            for d in DIRECTIONS:
+                value = getattr(getattr(c, d), attr)
+                yield Reading(short, "counter", help_, value, (("direction", d),))

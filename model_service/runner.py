@@ -78,8 +78,15 @@ class ModelRunner:
         fl = InFlight(ops.step_id, t0)
         for handle in ops.releases:  # first: a released handle may be re-admitted this step
             self.requests.pop(handle, None)
-        for c in ops.copies:  # host tier: in order, before the slots are poisoned or reused
-            self.pool.copy(c.to_host, c.src, c.dst)
+        # Host tier, load-ahead: first the compute stream waits for the loads of earlier
+        # steps (this step may read or reuse their slots), then this step's copies in order,
+        # before its slots are poisoned or reused. Its own loads overlap its forward pass
+        # (no row of it touches their slots: step_validation) and are waited for next step.
+        self.pool.wait_loads()
+        if self.pool.copy_stats.in_flight:  # copy times that completed since (never waits)
+            self.pool.copy_stats.poll()
+        for c in ops.copies:
+            self.pool.copy(c.to_host, c.src, c.dst, ahead=True)
         if ops.freed_slots:
             freed = ops.freed_slots
             if ops.copies:  # a slot freed and then loaded into in this step holds good KV

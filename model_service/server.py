@@ -27,7 +27,7 @@ import structlog
 import torch
 
 from model_service.engine import Engine
-from model_service.host_costs import HostCosts
+from model_service.host_costs import HostCosts, log_copies
 from model_service.mask_mailbox import MaskMailbox
 from model_service.mask_mailbox import Masks as Masks  # re-exported
 from model_service.mask_mailbox import MaskTimeout as MaskTimeout  # re-exported
@@ -264,6 +264,7 @@ class StepSession:
             reader.cancel()
             self.mailbox.close()
             self.costs.log("session closed")
+            log_copies(self.runner.pool.copy_stats, "session closed")
             # The close runs in its own task, shielded: gRPC cancels this handler when the
             # scheduler vanishes (kill -9), and a second cancellation landing inside the close
             # once left `session_id` set for good, so every later scheduler was refused.
@@ -325,6 +326,7 @@ class StepSession:
         costs.steps += 1
         if costs.steps % COSTS_EVERY == 0:
             costs.log("periodic")
+            log_copies(self.runner.pool.copy_stats, "periodic")
         return reply
 
     async def _close(

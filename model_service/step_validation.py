@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from model_service.image_rows import check_images
 from model_service.runner_state import RequestState, StepError
 from radixmesh_wire.image_geometry import ImageGeometry
@@ -169,10 +171,53 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         raise StepError(
             f"{len(ops.decode_handles)} decode handles for {len(ops.decode_slots)} slots"
         )
-    if _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
+    if not _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
+        # Something is wrong with a decode row: the same checks row by row, to say which.
+        _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
+    _check_loads_untouched(ops, requests, lim)
+
+
+def _check_loads_untouched(
+    ops: StepOps, requests: Mapping[int, RequestState], lim: StepLimits
+) -> None:
+    """Load-ahead (issue 31): a step's host -> GPU loads run beside its forward pass, which
+    must neither read nor write a slot they write (the runner makes only the NEXT step wait
+    for them). A row's reads are its sequence's slots (after this step's truncates), its
+    writes its new slots. One boolean mask over the pool: only for steps with loads."""
+    loads = [c for c in ops.copies if not c.to_host] if ops.copies else None
+    if not loads:
         return
-    # Something is wrong with a decode row: the same checks row by row, to say which.
-    _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
+    mask = np.zeros(lim.kv_capacity, dtype=np.bool_)
+    for c in loads:
+        mask[c.dst] = True
+    cut = dict(ops.truncates)  # in order: the last one per handle is the shortest
+
+    def check(h: int, slots: np.ndarray | list[int]) -> None:
+        hit = mask[np.asarray(slots, dtype=np.int64)]
+        if hit.any():
+            slot = int(np.asarray(slots)[hit.argmax()])
+            raise StepError(
+                f"handle {h}: its row reads or writes GPU slot {slot}, which a load of the "
+                "same step writes (a request whose prefix is loaded joins the next step)"
+            )
+
+    def seq(h: int) -> np.ndarray:
+        view = requests[h].slots.view()
+        return view[: cut[h]] if h in cut else view
+
+    for a in ops.admits:
+        check(a.handle, a.prefix_slots)
+        check(a.handle, a.slots)
+    for e in ops.extends:
+        check(e.handle, seq(e.handle))
+        check(e.handle, e.slots)
+    for h in ops.decode_handles:
+        check(h, seq(h))
+    if ops.decode_slots:
+        hit = mask[np.asarray(ops.decode_slots, dtype=np.int64)]
+        if hit.any():
+            i = int(hit.argmax())
+            check(ops.decode_handles[i], [ops.decode_slots[i]])
 
 
 def _check_truncates(

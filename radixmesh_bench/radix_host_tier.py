@@ -18,7 +18,8 @@ recomputed), ``--host-kv-tokens H --host-tier-write write_back`` and ``write_thr
 Reported per run: hit rate (host hits included), host hit tokens, prefill tokens computed,
 TTFT p50/p90/p99 (streamed, client side), output tok/s, tokens copied each way, and from the
 scheduler's /metrics the write-through share, steps with copies, copy ops and the most tokens
-one step copied.
+one step copied; from the model service's /metrics the copies' time and rate per direction
+(``copy_s_load``, ``copied_GBps_load``, ``copy_s_save``, ``copied_GBps_save``).
 """
 
 from __future__ import annotations
@@ -182,6 +183,42 @@ def scheduler_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def model_copy_metrics(port: int | None) -> dict[str, float]:
+    """The model service's host-tier copy counters (``kv_copy_bytes_load``, ...; issue 31),
+    {} without a port or when /metrics cannot be read."""
+    if port is None:
+        return {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if not name.startswith("radixmesh_kv_cop"):
+            continue
+        base, _, labels = name.partition("{")
+        base = base.removeprefix("radixmesh_").removesuffix("_total")
+        direction = labels.removeprefix('direction="').removesuffix('"}')
+        out[f"{base}_{direction}"] = float(value)
+    return out
+
+
+def copy_figures(c0: dict[str, float], c1: dict[str, float]) -> dict[str, Any]:
+    """Per direction, the model service's copy time over a run and the rate it achieved
+    (bytes over the copy stream's time on CUDA; {} without its metrics)."""
+    if not c1:
+        return {}
+    out: dict[str, Any] = {}
+    for d in ("load", "save"):
+        s = c1.get(f"kv_copy_seconds_{d}", 0.0) - c0.get(f"kv_copy_seconds_{d}", 0.0)
+        b = c1.get(f"kv_copy_bytes_{d}", 0.0) - c0.get(f"kv_copy_bytes_{d}", 0.0)
+        out[f"copy_s_{d}"] = round(s, 4)
+        out[f"copied_GBps_{d}"] = round(b / s / 1e9, 2) if s > 0 else 0.0
+    return out
+
+
 def tier_args(tier: str, host: int) -> list[str]:
     if tier == "off":
         return ["--radix", "tree", "--host-kv-tokens", "0"]
@@ -202,13 +239,14 @@ def measure_tiers(
         for tier in TIERS:
             progress(f"  {name}: host tier {tier}")
             stack.use_scheduler(tier_args(tier, host))
-            port = stack.metrics_port("scheduler")
+            port, mport = stack.metrics_port("scheduler"), stack.metrics_port("model")
             with Client(stack.endpoint) as c:
                 _gen(c, [1, 2, 3, 4], 1)  # warm-up (excluded by the deltas)
-                s0, m0 = c.stats(), scheduler_metrics(port)
+                s0, m0, c0 = c.stats(), scheduler_metrics(port), model_copy_metrics(mport)
                 r = drive(stack.endpoint)
-                s1, m1 = c.stats(), scheduler_metrics(port)
+                s1, m1, c1 = c.stats(), scheduler_metrics(port), model_copy_metrics(mport)
             runs.append(tier_row(tier, host, r, s0, s1, m0, m1))
+            r.update(copy_figures(c0, c1))
             progress(
                 f"    hit {r['hit_rate']:.3f} (host {r['host_hit_tokens']} tokens), prefill "
                 f"{r['prefill_tokens_computed']} tokens, TTFT p50 {r['ttft_p50_ms']} ms, "

@@ -100,7 +100,9 @@ class KVCopy:
     """Copy the KV of slots ``src`` of every layer's K and V into slots ``dst`` of the other
     pool: GPU -> host (``to_host``, a save) or host -> GPU (a load). The same op on every
     tensor-parallel rank: each copies its own KV heads. A step's copies run in list order,
-    after its releases and before its forward pass (docs/radix.md, "Host tier")."""
+    after its releases and before its forward pass; a load runs beside that forward pass, so
+    no row of its step may touch the slots it writes: the next step reads them (docs/radix.md,
+    "Host tier")."""
 
     to_host: bool
     src: list[int]

@@ -139,6 +139,18 @@ def _host_tier(host: HostTier | None) -> Iterator[Reading]:
     yield Reading("host_copy_steps", "counter", "Steps that carried KV copies.", h.copy_steps)
     yield Reading("host_copy_ops", "counter", "KV copy ops sent to the model.", h.copy_ops)
     yield Reading(
+        "host_load_waits",
+        "counter",
+        "Admissions that joined a batch one step later, while their prefix was loaded.",
+        h.load_waits,
+    )
+    yield Reading(
+        "host_loading_requests",
+        "gauge",
+        "Admitted requests waiting for a host-tier load (as of the last step built).",
+        h.loading_requests,
+    )
+    yield Reading(
         "host_max_step_copy_tokens",
         "gauge",
         "Most KV tokens one step copied between the tiers.",

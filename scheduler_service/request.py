@@ -18,6 +18,9 @@ _arrivals = itertools.count()
 
 class Phase(enum.Enum):
     WAITING = "waiting"
+    # Admitted (handle, locked prefix) but not yet sent: its prefix is being loaded from the
+    # host tier in the step that admitted it, so it joins a batch from the next step on.
+    LOADING = "loading"
     PREFILL = "prefill"  # admitted, prompt partly in KV (chunked)
     DECODE = "decode"
     DONE = "done"
@@ -171,14 +174,20 @@ class Request:
         return kept
 
     # -- KV transitions: the only writers of the fields named in the class docstring ---------
-    def admit(self, handle: int, node: object, prefix: list[int]) -> None:
+    def admit(self, handle: int, node: object, prefix: list[int], loading: bool = False) -> None:
         """Admitted under `handle`: `prefix` (cache-owned, locked through `node` by the adder)
-        is its KV so far; its prompt's remaining chunks come through `extend`."""
+        is its KV so far; its prompt's remaining chunks come through `extend`. `loading`: part
+        of `prefix` is loaded in this step, so its first row goes in a later one (`joined`)."""
         self.handle = handle
         self.node = node
         self.cached_len = len(prefix)
         self.kv_slots = list(prefix)
         self.kv_len = len(prefix)
+        self.phase = Phase.LOADING if loading else Phase.PREFILL
+
+    def joined(self) -> None:
+        """A loading request's first row (its ADMIT) is in the step being built."""
+        assert self.phase is Phase.LOADING
         self.phase = Phase.PREFILL
 
     def extend(self, slots: list[int]) -> bool:

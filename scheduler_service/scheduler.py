@@ -410,6 +410,10 @@ class Scheduler:
             if r.handle == h and r.epoch == epoch:
                 rids.append(r.rid)
                 self._fail(r, code, f"model step failed: {error}")
+        for r, epoch in plan.loading:  # its prefix's load was in the failed step: not there
+            if r.epoch == epoch and r.handle >= 0:
+                rids.append(r.rid)
+                self._fail(r, code, f"model step failed: {error}")
         log.error("step_failed", step=plan.ops.step_id, error=error, rids=rids)
 
     def _flush(self, idle: bool = False) -> None:

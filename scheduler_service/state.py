@@ -2,6 +2,8 @@
 
 Accounting invariant (checked after every step in debug mode):
   free + evictable + locked + sum(request-owned slots of admitted requests) == capacity
+and a request admitted while its prefix loads (``Phase.LOADING``) owns no slots: its KV is its
+locked cached prefix.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from scheduler_service.cache.prefix_cache import PrefixCache
 from scheduler_service.grammar.ops import GrammarOps
 from scheduler_service.handles import HandlePool
-from scheduler_service.request import Request
+from scheduler_service.request import Phase, Request
 from scheduler_service.sessions.outbox import Extra, Outbox
 from scheduler_service.stats import SchedulerSnapshot, SchedulerStats
 
@@ -89,6 +91,15 @@ class SchedState:
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.request_owned(), deep=False)
+        for r in self.running.values():
+            # Load-ahead: a request waiting for its prefix's load holds only its lock.
+            if r.phase is Phase.LOADING and (
+                r.owned or r.kv_len != r.cached_len or r.node is None or r.pending
+            ):
+                raise AssertionError(
+                    f"request {r.rid} is loading but owns {r.owned} slots, has {r.kv_len} of "
+                    f"{r.cached_len} tokens in KV, pending {r.pending}, node {r.node!r}"
+                )
 
     def release(self, req: Request, insert: bool) -> None:
         """Take a request out of the running set. `insert`: its KV enters the prefix cache

@@ -23,7 +23,9 @@
     evict its prefix; tier off, write-back, write-through.
 
 Per run: output tok/s, TTFT p50/p99, hit rate by tier (GPU, host), prefill tokens computed,
-tokens copied each way and copies per step (GetStats and the scheduler's /metrics). With the
+tokens copied each way and copies per step (GetStats and the scheduler's /metrics), and the
+copies' time and rate each way as the model service measured them during the run (its
+/metrics: the copy stream's time; `copy_s_load` / `copied_GBps_load`, `_save`). With the
 tier-off run's cold prompts (`prefill_probe_len` ids vs 16) the part measures the prefill cost
 per token; with (a)'s scattered load rate the load cost per token; their ratio gives the
 HOST_HIT_WEIGHT the figures support (`1 - load/prefill`: a host hit saves what a GPU hit saves
@@ -232,12 +234,25 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_tiers(
-    doc: dict[str, Any], stack: Any, workload: str, spec: Spec, host: int, port: int
+    doc: dict[str, Any],
+    stack: Any,
+    workload: str,
+    spec: Spec,
+    host: int,
+    port: int,
+    model_port: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The workload once per tier setting (a fresh scheduler each), rows into `doc`."""
+    """The workload once per tier setting (a fresh scheduler each), rows into `doc`;
+    ``model_port``: the model service's /metrics (its copy time per direction)."""
     from radixmesh.api import AsyncClient
 
-    from radixmesh_bench.radix_host_tier import scheduler_metrics, tier_args, tier_row
+    from radixmesh_bench.radix_host_tier import (
+        copy_figures,
+        model_copy_metrics,
+        scheduler_metrics,
+        tier_args,
+        tier_row,
+    )
 
     drive = drive_multi_turn if workload == "multi_turn" else drive_gsp
     rows: dict[str, dict[str, Any]] = {}
@@ -254,9 +269,10 @@ def _run_tiers(
                 r = await drive(stack.endpoint, spec)
                 return s0, await c.stats(), r
 
-        m0 = scheduler_metrics(port)
+        m0, c0 = scheduler_metrics(port), model_copy_metrics(model_port)
         s0, s1, r = asyncio.run(go())
         row = tier_row(tier, host, r, s0, s1, m0, scheduler_metrics(port))
+        row.update(copy_figures(c0, model_copy_metrics(model_port)))
         row = {"table": "host_tier", "system": "radixmesh", "workload": workload, **row}
         row["variant"] = f"{workload}, host tier {tier}"
         row["summary"] = (  # merge.py's "Other" table shows it
@@ -269,7 +285,9 @@ def _run_tiers(
             f"{workload} {tier}: {row['output_tok_s']} out tok/s, TTFT p50/p99 "
             f"{row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms, hit {row['hit_rate']} (host "
             f"{row['host_hit_rate']}), saved {row['saved_tokens']} loaded {row['loaded_tokens']}, "
-            f"most per step {row['max_step_copy_tokens']}"
+            f"most per step {row['max_step_copy_tokens']}; copy time load "
+            f"{row.get('copy_s_load', '-')} s at {row.get('copied_GBps_load', '-')} GB/s, save "
+            f"{row.get('copy_s_save', '-')} s at {row.get('copied_GBps_save', '-')} GB/s"
         )
     return rows
 
@@ -342,7 +360,7 @@ def _run(args: argparse.Namespace) -> bool:
             f"peak), save {c['tier_save_scattered_GBps']:.1f} GB/s"
         )
     write_json(doc, path)
-    port = free_port()
+    port, model_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="radixmesh-host-tier-") as td:
         stack = ServingStack(args.model, args.device, Path(td) / "logs", spec.max_running)
         stack.launcher.specs["model"].args += [
@@ -350,6 +368,8 @@ def _run(args: argparse.Namespace) -> bool:
             str(sizes["kv_tokens"]),
             "--host-kv-tokens",
             str(sizes["host_kv_tokens"]),
+            "--metrics-port",  # its copy counters: copy_s_* and copied_GBps_* in each row
+            str(model_port),
         ]
         try:
             stack.start(["--radix", "tree", "--shutdown-grace-s", "0"])
@@ -357,7 +377,9 @@ def _run(args: argparse.Namespace) -> bool:
             doc["prefill"] = asyncio.run(prefill_cost(stack.endpoint, spec))
             _host_hit_weight(doc)
             for workload in ("multi_turn", "gsp"):
-                rows = _run_tiers(doc, stack, workload, spec, sizes["host_kv_tokens"], port)
+                rows = _run_tiers(
+                    doc, stack, workload, spec, sizes["host_kv_tokens"], port, model_port
+                )
                 doc[f"{workload}_gains"] = _gains(rows)
                 write_json(doc, path)
         except Exception as exc:  # record, keep what was measured

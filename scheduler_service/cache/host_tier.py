@@ -68,6 +68,8 @@ class HostStats:
     copy_steps: int = 0  # steps that carried copies
     copy_ops: int = 0  # KVCopy ops sent (after merging neighbours)
     max_step_copy_tokens: int = 0  # most tokens (both directions) one step copied
+    load_waits: int = 0  # admissions that joined a batch a step later, behind a load
+    loading_requests: int = 0  # gauge: admitted requests waiting for a load (last build)
 
 
 def eligible(node: Any) -> bool:
@@ -106,6 +108,9 @@ class HostTier:
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
         self._copies: list[KVCopy] = []
+        # GPU slots loaded in the step being built (load-ahead: no row of that step may read
+        # them; the next step may). Cleared when the step takes its copies.
+        self.loading: set[int] = set()
         self.held = 0  # host tokens held by tree nodes
         self.write_through = write == "write_through"
         self._budget = self._left = budget  # _left: what the step being assembled may still take
@@ -261,6 +266,7 @@ class HostTier:
     def load(self, node: Any, gpu_slots: list[int]) -> None:
         """Queue the copy of host-only ``node`` into ``gpu_slots`` (it keeps its host copy)."""
         self._copies.append(KVCopy(False, list(node.host), list(gpu_slots)))
+        self.loading.update(gpu_slots)
         self.stats.loaded_tokens += len(gpu_slots)
 
     def take_copies(self) -> list[KVCopy]:
@@ -287,6 +293,7 @@ class HostTier:
         if src:
             out.append(KVCopy(to_host, src, dst))
         self._copies = []
+        self.loading = set()
         if out:
             st = self.stats
             st.copy_steps += 1
@@ -305,6 +312,7 @@ class HostTier:
         self.allocator.reset()
         self._heap = []
         self._copies = []
+        self.loading = set()
         self._pending = {}
         self.held = 0
 

@@ -182,6 +182,11 @@ class PrefixCache(Protocol):
         when there is no host part or no room. Only the tree has a host tier."""
         ...
 
+    def loading(self, m: MatchResult) -> bool:
+        """Whether ``m``'s GPU part holds slots whose host -> GPU load is queued for the step
+        being built: its request may read them only from the next step on (load-ahead)."""
+        ...
+
     def node_parent(self, node: object) -> object | None:
         """Parent handle of a node (``None`` for the root); used by the dfs-weight policy."""
         ...

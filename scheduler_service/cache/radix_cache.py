@@ -323,6 +323,7 @@ class RadixCache:
     # radix_host.py.
     _match_host = radix_host.match_host
     load_host = radix_host.load_host
+    loading = radix_host.loading
     _to_gpu = radix_host.to_gpu
     _drop = radix_host.drop
 

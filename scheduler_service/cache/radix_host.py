@@ -50,7 +50,8 @@ def load_host(tree: RadixCache, m: MatchResult) -> MatchResult | None:
     """Load the host part of match ``m`` back into GPU slots (the caller holds
     ``lock(m.node)``). Returns the whole match on the GPU, its lock moved to the new end
     node, with the host -> GPU copies queued for the next step; ``None`` (nothing
-    changed) when there is no host part or no GPU room for it."""
+    changed) when there is no host part or no GPU room for it. The loaded slots are readable
+    from the next step on (``loading``: the model service runs the load beside this step)."""
     host = tree.host
     end = m.host_node
     if host is None or not m.host_len or end is None:
@@ -86,6 +87,14 @@ def load_host(tree: RadixCache, m: MatchResult) -> MatchResult | None:
     tree._move_lock(path[-1], top)
     tree.stats.bookkeeping_seconds += perf_counter() - t0
     return MatchResult(m.slots + slots, path[-1])
+
+
+def loading(tree: RadixCache, m: MatchResult) -> bool:
+    """``PrefixCache.loading``. Nodes loaded in this step were host-only when it began, and so
+    was everything below them (the GPU part of the tree contains the root), so a GPU match
+    that passes through one ends in one: its last slot tells."""
+    host = tree.host
+    return bool(host is not None and host.loading and m.slots and m.slots[-1] in host.loading)
 
 
 def _path_keys(tree: RadixCache, node: RadixNode) -> list[int]:

@@ -288,6 +288,9 @@ class TableCache:
     def load_host(self, m: MatchResult) -> MatchResult | None:
         return None  # no host tier: only the tree has one
 
+    def loading(self, m: MatchResult) -> bool:
+        return False
+
     def flush(self) -> int:
         return self.evict(self.evictable_size)
 

@@ -5,6 +5,11 @@ Admission is `prefill_adder.admit_prefills` (budget: free + evictable - the runn
 expected future decode, remaining max_new_tokens x a decaying new-token ratio). When decodes
 themselves do not fit, running requests are retracted (their KV goes into the prefix cache, so
 nothing computed is lost while memory lasts) and they wait again with their tokens so far.
+
+Load-ahead (issue 31): a request admitted while its prefix is loaded from the host tier in the
+same step is running (``Phase.LOADING``: handle, locked prefix) but has no row in that step;
+from the next step on it is served with the requests mid-prefill, and its first chunk goes out
+as its ADMIT (the model service waits for the load before that step's forward pass).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class PlannedStep:
     owners: dict[int, tuple[Request, int]] = field(default_factory=dict)
     sampling: list[int] = field(default_factory=list)  # handles of rows that sample
     late: list[int] = field(default_factory=list)  # constrained decode rows: masks follow
+    # Admitted loading (no row): (request, epoch). If the step fails, its loads did not run.
+    loading: list[tuple[Request, int]] = field(default_factory=list)
     sent_at: float = 0.0  # perf_counter when sent (step round-trip metric)
 
     @property
@@ -99,8 +106,11 @@ class BatchBuilder:
         host = getattr(st.cache, "host", None)  # the tree's host tier (issue 31)
         if host is not None:
             # Last too: every save of a slot this step reuses, every load of a prefix it
-            # admits, queued in order; the worker runs them before the forward pass.
+            # admits, queued in order; the worker issues them before the forward pass (a
+            # load runs beside it: its requests were admitted loading and join next step).
             plan.ops.copies = host.take_copies()
+            loading = Phase.LOADING
+            host.stats.loading_requests = sum(1 for r in st.running.values() if r.phase is loading)
         return plan
 
     def _track_samplers(self, plan: PlannedStep) -> None:
@@ -181,7 +191,9 @@ class BatchBuilder:
             # A request mid-way through a chunked prefill is a candidate too: otherwise it and
             # one decoder can fill the pool between them and neither can ever move.
             candidates = [
-                r for r in st.running.values() if r.phase is Phase.PREFILL or r in decoders
+                r
+                for r in st.running.values()
+                if r.phase is Phase.PREFILL or r.phase is Phase.LOADING or r in decoders
             ]
             victims = plan_retraction(candidates, shortfall)
             for r in victims:
@@ -215,8 +227,12 @@ class BatchBuilder:
         running = list(st.running.values())
         # Requests mid-prefill, oldest admission first (the adder's head is sure of progress).
         # Every step, over every running request: st.runnable() inlined.
-        prefill, up = Phase.PREFILL, st.grammar_up
-        chunked = [r for r in running if r.phase is prefill and (up or r.grammar is None)]
+        prefill, loading, up = Phase.PREFILL, Phase.LOADING, st.grammar_up
+        chunked = [
+            r
+            for r in running
+            if (r.phase is prefill or r.phase is loading) and (up or r.grammar is None)
+        ]
         remaining = [len(r.fill) - r.kv_len for r in chunked]
         if not st.waiting and not chunked:
             return
@@ -241,10 +257,15 @@ class BatchBuilder:
         )
         if chunked and pp.continuation_slots is not None:
             for r, slots in zip(chunked, [pp.continuation_slots, *pp.more_slots], strict=True):
-                if slots:
+                if not slots:
+                    continue
+                if r.phase is loading:  # its load ran beside the last step: it joins now
+                    r.joined()
+                    self._admit_op(plan, r, slots)
+                else:
                     plan.ops.extends.append(self._extend_op(plan, r, slots))
         for a in pp.admitted:
-            self._start(plan, a.item, a.match, a.new_slots)
+            self._start(plan, a.item, a.match, a.new_slots, a.loading)
         if pp.admitted:
             taken = {id(a.item) for a in pp.admitted}
             st.waiting = [r for r in st.waiting if id(r) not in taken]
@@ -259,11 +280,19 @@ class BatchBuilder:
             plan.prefill_only.append(r)
         return ExtendOp(r.handle, ids, list(slots), sample)
 
-    def _start(self, plan: PlannedStep, r: Request, match: MatchResult, slots: list[int]) -> None:
-        """`match.node` is already locked by the adder; `slots` hold the first chunk."""
+    def _start(
+        self,
+        plan: PlannedStep,
+        r: Request,
+        match: MatchResult,
+        slots: list[int],
+        loading: bool = False,
+    ) -> None:
+        """`match.node` is already locked by the adder; `slots` hold the first chunk.
+        `loading`: its prefix is loaded in this step; its ADMIT goes out in a later one."""
         st = self.st
         prefix = match.slots
-        r.admit(st.handles.take(), match.node, prefix)
+        r.admit(st.handles.take(), match.node, prefix, loading)
         if r.first_cached < 0:
             r.first_cached = len(prefix)
             st.stats.prompt_tokens += len(r.prompt)
@@ -274,13 +303,24 @@ class BatchBuilder:
         st.running[r.handle] = r
         if r.grammar is not None:  # replay: a resumed request's matcher catches up first
             st.grammar_ops.bind(r.handle, r.grammar[0], r.grammar[1], r.output, rid=r.rid)
+        if loading:
+            plan.loading.append((r, r.epoch))
+            host = getattr(st.cache, "host", None)
+            if host is not None:
+                host.stats.load_waits += 1
+            return
+        self._admit_op(plan, r, slots)
+
+    def _admit_op(self, plan: PlannedStep, r: Request, slots: list[int]) -> None:
+        """The request's ADMIT row: its cached prefix and its first chunk in `slots`."""
+        prefix = list(r.kv_slots)  # before the chunk: exactly its cached prefix
         ext = self._extend_op(plan, r, slots)
         plan.ops.admits.append(
             AdmitOp(
                 handle=r.handle,
                 sampling=_sampling(r),
                 output_offset=len(r.output),
-                prefix_slots=list(prefix),
+                prefix_slots=prefix,
                 input_ids=ext.input_ids,
                 slots=ext.slots,
                 sample=ext.sample,

@@ -36,7 +36,12 @@ a prefix selected this step (they are all locked by then).
 A candidate whose match continues in the host tier (issue 31) loads that part back at
 admission (``cache.load_host``: GPU slots now, a host -> GPU copy in the step) when it fits:
 a host hit is never recomputed, and the loaded tokens count neither against the chunk budget
-(nothing is computed) nor twice against memory.
+(nothing is computed) nor twice against memory. Load-ahead: the model service runs a step's
+loads beside that step's forward pass, so such a request (and any other whose match reads
+slots loaded in this step, ``cache.loading``) is admitted *loading*: it holds its lock and
+counts against memory and ``max_running`` now, but computes nothing this step
+(``AdmittedPrefill.loading``, ``n_tokens`` 0); from the next step on it is a request
+mid-prefill like a chunked one, and its first chunk goes out as its ADMIT.
 
 Ownership after :func:`admit_prefills` returns, per admitted request:
 - ``match.slots``: cache-owned, protected by the lock the adder took on ``match.node``;
@@ -64,6 +69,7 @@ class AdmittedPrefill(Generic[W]):
     match: MatchResult
     new_slots: list[int]
     n_tokens: int
+    loading: bool = False  # its prefix is loaded in this step: its first row goes next step
 
     @property
     def prefix_len(self) -> int:
@@ -183,7 +189,7 @@ def admit_prefills(
         return PrefillPlan([], None, "continuation_blocked")
     chunk_left = chunk_budget - sum(conts)
     committed = float(sum(rem))  # all of it will need slots in coming steps
-    picked: list[tuple[W, MatchResult, int]] = []
+    picked: list[tuple[W, MatchResult, int, bool]] = []
     reason = "drained"
     carried = 0
     for w in candidates:
@@ -216,16 +222,18 @@ def admit_prefills(
                 reason = "payload"
                 break
             carried += size
-        if m.host_len:  # host-tier hit: load it back rather than recompute it
-            loaded = cache.load_host(m)
-            if loaded is not None:  # its GPU slots are taken and locked already
-                need -= loaded.length - m.length
-                m = w.match = loaded
-                extend = len(toks) - m.length
-        n = min(extend, chunk_left)
+        loaded = cache.load_host(m) if m.host_len else None  # a host hit: load, not recompute
+        if loaded is not None:  # its GPU slots are taken and locked already
+            need -= loaded.length - m.length
+            m = w.match = loaded
         committed += need
+        if loaded is not None or cache.loading(m):  # its prefix is readable next step
+            picked.append((w, m, 0, True))
+            continue
+        extend = len(toks) - m.length
+        n = min(extend, chunk_left)
         chunk_left -= n
-        picked.append((w, m, n))
+        picked.append((w, m, n, False))
         if n < extend:
             reason = "chunked"
             break
@@ -254,14 +262,19 @@ def _continuations(rem: list[int], chunk_budget: int, cache: PrefixCache) -> lis
 
 
 def _allocate(
-    cache: PrefixCache, conts: list[int], picked: list[tuple[W, MatchResult, int]], reason: str
+    cache: PrefixCache,
+    conts: list[int],
+    picked: list[tuple[W, MatchResult, int, bool]],
+    reason: str,
 ) -> PrefillPlan[W]:
     """One ``cache.alloc`` for the whole step, split in selection order."""
-    total = sum(conts) + sum(n for _, _, n in picked)
+    total = sum(conts) + sum(p[2] for p in picked)
     slots = cache.alloc(total)
-    while slots is None and picked:
+    while slots is None and any(p[2] for p in picked):
         # Budget arithmetic should make this unreachable; stay safe if a caller's numbers lie.
-        _, m, n = picked.pop()
+        # A loading admission needs no slots now and keeps its lock: unlocked, its freshly
+        # loaded prefix could be evicted and handed to this step's rows while it loads.
+        _, m, n, _ = picked.pop(max(i for i, p in enumerate(picked) if p[2]))
         cache.unlock(m.node)
         total -= n
         reason = "memory"
@@ -271,16 +284,19 @@ def _allocate(
         # others' chunks wait; retraction frees room if decodes need it).
         conts = [conts[0]] + [0] * (len(conts) - 1)
         slots = cache.alloc(conts[0])
-    if slots is None:
-        return PrefillPlan([], None, "continuation_blocked")
+    if slots is None:  # loading admissions need no slots now: they stay admitted (locked)
+        held: list[AdmittedPrefill[W]] = [
+            AdmittedPrefill(w, m, [], 0, True) for w, m, _, ld in picked if ld
+        ]
+        return PrefillPlan(held, None, "continuation_blocked")
     pos = 0
     chunks: list[list[int]] = []
     for c in conts:
         chunks.append(slots[pos : pos + c])
         pos += c
     admitted: list[AdmittedPrefill[W]] = []
-    for w, m, n in picked:
-        admitted.append(AdmittedPrefill(w, m, slots[pos : pos + n], n))
+    for w, m, n, loading in picked:
+        admitted.append(AdmittedPrefill(w, m, slots[pos : pos + n], n, loading))
         pos += n
     head = chunks[0] if chunks else []
     return PrefillPlan(admitted, head, reason, chunks[1:])

@@ -108,17 +108,20 @@ def want(big: Stack) -> list[GenerateResult]:
         return _run(b)
 
 
-def _scheduler_metric(stack: Stack, name: str) -> float:
+def _scheduler_metric(stack: Stack, name: str, service: str = "scheduler") -> float:
     """One sample of the scheduler's /metrics (the write policy's counters are not in
-    GetStats)."""
+    GetStats), or of another service's; ``name`` may carry labels (``x{direction="load"}``)."""
     assert stack.metrics_ports is not None
-    url = f"http://127.0.0.1:{stack.metrics_ports.scheduler}/metrics"
+    port = getattr(stack.metrics_ports, service)
+    url = f"http://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
+    base, _, labels = name.partition("{")
+    labels = "{" + labels if labels else ""
     for line in text.splitlines():
-        if line.startswith(f"radixmesh_{name} ") or line.startswith(f"radixmesh_{name}_total "):
+        if line.startswith((f"radixmesh_{base}{labels} ", f"radixmesh_{base}_total{labels} ")):
             return float(line.split()[-1])
-    raise AssertionError(f"radixmesh_{name} not in the scheduler's /metrics")
+    raise AssertionError(f"radixmesh_{name} not in the {service}'s /metrics")
 
 
 @pytest.mark.parametrize("stack", ["tier", "tier_wt"])
@@ -156,6 +159,15 @@ def test_host_tier_serves_evicted_history_with_identical_tokens(
         assert through > 0 and through >= stats.host_saved_tokens * 0.5
     else:
         assert through == 0
+    # Load-ahead: every host hit joined a batch the step after its load (the model service,
+    # with --nan-fill, refuses a step whose rows touch a slot its own loads write).
+    assert _scheduler_metric(tier, "host_load_waits") > 0
+    # The model service counted the loads the scheduler sent, token for token.
+    loaded = _scheduler_metric(tier, 'kv_copy_tokens{direction="load"}', "model")
+    assert loaded == stats.host_loaded_tokens
+    assert _scheduler_metric(tier, 'kv_copies{direction="load"}', "model") > 0
+    saved = _scheduler_metric(tier, 'kv_copy_tokens{direction="save"}', "model")
+    assert 0 < saved <= stats.host_saved_tokens  # a queued save waits for the next step
 
 
 def test_cancel_after_a_host_hit_frees_both_tiers(tier: Stack) -> None:
@@ -255,6 +267,8 @@ def test_gpu_part_host_tier_runs_on_cpu_tiny(tmp_path: Path) -> None:
         else:  # prefixes over the GPU pool come back from the host
             assert r["host_hit_tokens"] > 0 and r["loaded_tokens"] == r["host_hit_tokens"]
             assert r["prefill_tokens_computed"] < rows[(workload, "off")]["prefill_tokens_computed"]
+            # The model service's own copy counters (its /metrics): time and rate of the loads.
+            assert r["copy_s_load"] > 0 and r["copied_GBps_load"] > 0, (workload, r)
         through = r["written_through_tokens"]  # a node evicted before its turn: write-back
         if tier == "write_through":
             assert 0 < through <= r["saved_tokens"], (workload, r)

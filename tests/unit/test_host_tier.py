@@ -288,13 +288,24 @@ def test_lpm_ranks_a_host_hit_between_gpu_hits_and_misses_and_admission_loads_it
     cold = Item([3, 9], 2)
     order = SchedulePolicy("lpm").order([cold, gpu_short, host_long], c)
     assert order == [host_long, gpu_short, cold]
-    plan = admit_prefills(order, c, chunk_budget=4, max_running=8, num_running=0)
+    reader = Item([1] * 8 + [5], 3)  # reads the same prefix: loaded by host_long this step
+    plan = admit_prefills(order + [reader], c, chunk_budget=4, max_running=8, num_running=0)
     first = plan.admitted[0]
-    # Loaded, not recomputed: its 8 host tokens are prefix, and the chunk budget went to the
-    # one token it computes and to the next requests.
-    assert first.item is host_long and first.prefix_len == 8 and first.n_tokens == 1
+    # Loaded, not recomputed: its 8 host tokens are prefix. Load-ahead: it is admitted
+    # loading (it computes nothing this step; its first row goes in the next one), and the
+    # chunk budget went to the next requests; the request that reads the prefix being loaded
+    # waits with it, although its own match is all on the GPU.
+    assert first.item is host_long and first.prefix_len == 8 and first.n_tokens == 0
+    assert first.loading and not first.new_slots
+    rest = {a.item.arrival: a for a in plan.admitted[1:]}
+    assert (rest[1].n_tokens, rest[2].n_tokens, rest[1].loading, rest[2].loading) == (1, 2, 0, 0)
+    last = rest[3]
+    assert last.loading and last.prefix_len == 8 and last.match.host_len == 0
+    assert c.loading(last.match) and not c.loading(rest[1].match)
     assert c.host.stats.host_hit_tokens == 8
     assert [x.to_host for x in c.host.take_copies()] == [True, False]
+    # The step is sent: from the next one on, the loaded prefix is readable.
+    assert not c.loading(c.match_prefix(reader.tokens, 8))
     for a in plan.admitted:
         c.free_slots(a.new_slots)
         c.unlock(a.match.node)

@@ -1,8 +1,9 @@
 """The host KV tier through the real scheduler loop (issue 31), against a recording fake model
 service: eviction sends a save in the step that reuses the slots (under write-through the
 finished request's save comes first, and eviction copies nothing), a returning prefix is loaded
-back in the step that admits it (into exactly its prefix slots), and a model-service restart
-forgets the host tier with the GPU tier."""
+back in the step that admits it (into exactly its prefix slots) and the request's ADMIT goes
+out in the next step (load-ahead), and a model-service restart forgets the host tier with the
+GPU tier."""
 
 from __future__ import annotations
 
@@ -101,11 +102,14 @@ def test_save_on_eviction_load_on_hit_and_restart_forgets_the_host_tier(write: s
 
     sched, link, before = asyncio.run(scenario())
     saves = [c for s in link.steps for c in s.copies if c.to_host]
-    loads = [(s, c) for s in link.steps for c in s.copies if not c.to_host]
+    loads = [(i, c) for i, s in enumerate(link.steps) for c in s.copies if not c.to_host]
     assert saves, "B's admission evicted A: its KV must be saved, not dropped"
     assert len(loads) == 1
-    step, load = loads[0]
-    (admit,) = [x for x in step.admits if x.rid == "r3"]  # loaded in the step that admits it
+    i, load = loads[0]
+    # Load-ahead: the step carrying the load has no row of r3 (its forward pass runs beside
+    # the load); r3's ADMIT, reading the loaded prefix, is in the very next step.
+    assert not [x for x in link.steps[i].admits if x.rid == "r3"]
+    (admit,) = [x for x in link.steps[i + 1].admits if x.rid == "r3"]
     assert load.dst == admit.prefix_slots[len(admit.prefix_slots) - len(load.dst) :]
     assert len(admit.prefix_slots) == 12  # A's prompt and its first two answer tokens
     saved_to = {h for c in saves for h in c.dst}

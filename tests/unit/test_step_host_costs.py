@@ -14,6 +14,7 @@ import torch
 from structlog.testing import capture_logs
 
 import model_service.server as server
+from model_service.copy_stats import CopyStats
 from radixmesh_wire.pb import model_pb2
 from radixmesh_wire.step_ops import StepOps, StepOutput
 
@@ -23,7 +24,7 @@ class _Runner:
 
     def __init__(self) -> None:
         self.requests: dict[int, Any] = {}
-        self.pool = SimpleNamespace(capacity=64, host_capacity=0)
+        self.pool = SimpleNamespace(capacity=64, host_capacity=0, copy_stats=CopyStats())
         self.model = object()
         self.mask_source = None
 

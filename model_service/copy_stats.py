@@ -40,6 +40,9 @@ class DirectionTotals:
 class CopyStats:
     save: DirectionTotals = field(default_factory=DirectionTotals)
     load: DirectionTotals = field(default_factory=DirectionTotals)
+    # Steps whose forward pass waited for their own loads (a row read a slot they wrote: what
+    # a scheduler without load-ahead sends; runner.launch). 0 with this repository's scheduler.
+    same_step_waits: int = 0
     # CUDA copies whose time is not read yet: (totals, start event, end event), oldest first.
     _pending: list[tuple[DirectionTotals, TimingEvent, TimingEvent]] = field(default_factory=list)
 
@@ -90,4 +93,5 @@ class CopyStats:
             out[f"{d}_tokens"] = t.tokens
             out[f"{d}_bytes"] = t.bytes
             out[f"{d}_s"] = round(t.seconds, 6)
+        out["same_step_waits"] = self.same_step_waits
         return out

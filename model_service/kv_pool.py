@@ -19,9 +19,11 @@ named slots):
 Load-ahead (``copy(..., ahead=True)``, what the runner does for a step's copies): the compute
 stream does not wait for the load now; ``wait_loads()``, which the runner calls first thing in
 the next step, makes it wait for every load issued since the last call. So a load overlaps the
-forward pass of the step that carries it, whose rows never touch the loaded slots (the
-scheduler admits the loading request a step later; ``step_validation`` refuses a step that
-breaks this). On CPU every copy is done when ``copy`` returns, so nothing is ever pending.
+forward pass of the step that carries it, whose rows do not touch the loaded slots (the
+scheduler admits the loading request a step later); a step whose rows do (a scheduler without
+load-ahead sends one) copies with ``ahead=False`` and waits, as before
+(``step_validation.rows_touching_loads``, in the runner). On CPU every copy is done when
+``copy`` returns, so nothing is ever pending.
 
 ``copy_stats`` (``copy_stats.CopyStats``) counts every copy per direction: copies, tokens,
 bytes and time (the copy stream's own on CUDA, read lazily; wall time on CPU).

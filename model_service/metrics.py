@@ -61,3 +61,10 @@ class ModelMetrics(ServiceMetrics):
             for d in DIRECTIONS:
                 value = getattr(getattr(c, d), attr)
                 yield Reading(short, "counter", help_, value, (("direction", d),))
+        yield Reading(
+            "kv_loads_waited_in_step",
+            "counter",
+            "Steps whose forward pass waited for their own host-tier loads (a scheduler without "
+            "load-ahead; 0 with load-ahead).",
+            c.same_step_waits,
+        )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+import structlog
 import torch
 
 from model_service.attention.backend import AttentionBackend, RowPlan
@@ -38,9 +39,12 @@ from model_service.slot_seq import SlotSeq
 from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exported (load test)
 from model_service.step_bursts import StepBursts
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
+from model_service.step_validation import rows_touching_loads
 from model_service.transfer import array_to_device, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
+
+log = structlog.get_logger(__name__)
 
 
 class ModelRunner:
@@ -80,13 +84,19 @@ class ModelRunner:
             self.requests.pop(handle, None)
         # Host tier, load-ahead: first the compute stream waits for the loads of earlier
         # steps (this step may read or reuse their slots), then this step's copies in order,
-        # before its slots are poisoned or reused. Its own loads overlap its forward pass
-        # (no row of it touches their slots: step_validation) and are waited for next step.
+        # before its slots are poisoned or reused. Its own loads overlap its forward pass and
+        # are waited for next step, unless a row of it touches their slots (a scheduler
+        # without load-ahead sends that): then its forward pass waits for them, as before.
         self.pool.wait_loads()
         if self.pool.copy_stats.in_flight:  # copy times that completed since (never waits)
             self.pool.copy_stats.poll()
-        for c in ops.copies:
-            self.pool.copy(c.to_host, c.src, c.dst, ahead=True)
+        if ops.copies:
+            touching = rows_touching_loads(ops, self.requests, self.pool.k.shape[1])
+            if touching is not None:
+                self.pool.copy_stats.same_step_waits += 1
+                log.info("loads_waited_in_their_step", step=ops.step_id, first_row=touching)
+            for c in ops.copies:
+                self.pool.copy(c.to_host, c.src, c.dst, ahead=touching is None)
         if ops.freed_slots:
             freed = ops.freed_slots
             if ops.copies:  # a slot freed and then loaded into in this step holds good KV

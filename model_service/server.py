@@ -264,12 +264,12 @@ class StepSession:
             reader.cancel()
             self.mailbox.close()
             self.costs.log("session closed")
-            log_copies(self.runner.pool.copy_stats, "session closed")
             # The close runs in its own task, shielded: gRPC cancels this handler when the
             # scheduler vanishes (kill -9), and a second cancellation landing inside the close
             # once left `session_id` set for good, so every later scheduler was refused.
             closing = asyncio.ensure_future(self._close(reader, list(running)))
             await asyncio.shield(closing)
+            log_copies(self.runner.pool.copy_stats, "session closed")  # after: never in its way
 
     async def _read(self) -> None:
         try:

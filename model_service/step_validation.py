@@ -174,50 +174,41 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
     if not _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
         # Something is wrong with a decode row: the same checks row by row, to say which.
         _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
-    _check_loads_untouched(ops, requests, lim)
 
 
-def _check_loads_untouched(
-    ops: StepOps, requests: Mapping[int, RequestState], lim: StepLimits
-) -> None:
-    """Load-ahead (issue 31): a step's host -> GPU loads run beside its forward pass, which
-    must neither read nor write a slot they write (the runner makes only the NEXT step wait
-    for them). A row's reads are its sequence's slots (after this step's truncates), its
-    writes its new slots. One boolean mask over the pool: only for steps with loads."""
+def rows_touching_loads(
+    ops: StepOps, requests: Mapping[int, RequestState], kv_capacity: int
+) -> str | None:
+    """Load-ahead (issue 31): a step's host -> GPU loads may run beside its forward pass only
+    if no row of it reads or writes a slot they write; the runner then makes the NEXT step
+    wait for them. This names the first row that does ("handle H, GPU slot S"), else None; the
+    runner makes such a step wait for its loads before its forward pass, as before load-ahead
+    (what a scheduler without load-ahead sends). A row's reads are its sequence's slots (after
+    this step's truncates), its writes its new slots. Call it on a validated step, before the
+    runner applies it; one boolean mask over the pool, only for steps with loads."""
     loads = [c for c in ops.copies if not c.to_host] if ops.copies else None
     if not loads:
-        return
-    mask = np.zeros(lim.kv_capacity, dtype=np.bool_)
+        return None
+    mask = np.zeros(kv_capacity, dtype=np.bool_)
     for c in loads:
         mask[c.dst] = True
     cut = dict(ops.truncates)  # in order: the last one per handle is the shortest
 
-    def check(h: int, slots: np.ndarray | list[int]) -> None:
-        hit = mask[np.asarray(slots, dtype=np.int64)]
-        if hit.any():
-            slot = int(np.asarray(slots)[hit.argmax()])
-            raise StepError(
-                f"handle {h}: its row reads or writes GPU slot {slot}, which a load of the "
-                "same step writes (a request whose prefix is loaded joins the next step)"
-            )
+    def hit(h: int, slots: np.ndarray | list[int]) -> str | None:
+        idx = np.asarray(slots, dtype=np.int64)
+        on = mask[idx]
+        return f"handle {h}, GPU slot {int(idx[on.argmax()])}" if on.any() else None
 
     def seq(h: int) -> np.ndarray:
         view = requests[h].slots.view()
         return view[: cut[h]] if h in cut else view
 
-    for a in ops.admits:
-        check(a.handle, a.prefix_slots)
-        check(a.handle, a.slots)
-    for e in ops.extends:
-        check(e.handle, seq(e.handle))
-        check(e.handle, e.slots)
-    for h in ops.decode_handles:
-        check(h, seq(h))
+    found = [hit(a.handle, a.prefix_slots) or hit(a.handle, a.slots) for a in ops.admits]
+    found += [hit(e.handle, seq(e.handle)) or hit(e.handle, e.slots) for e in ops.extends]
+    found += [hit(h, seq(h)) for h in ops.decode_handles]
     if ops.decode_slots:
-        hit = mask[np.asarray(ops.decode_slots, dtype=np.int64)]
-        if hit.any():
-            i = int(hit.argmax())
-            check(ops.decode_handles[i], [ops.decode_slots[i]])
+        found += [hit(h, [s]) for h, s in zip(ops.decode_handles, ops.decode_slots, strict=True)]
+    return next((f for f in found if f is not None), None)
 
 
 def _check_truncates(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from model_service.copy_stats import CopyStats
 from model_service.runner import RequestState
 from model_service.server import ModelWorkerServicer
 from model_service.slot_seq import SlotSeq
@@ -38,7 +39,7 @@ class StandInRunner:
             st.has_token = True
             st.in_prompt = False
             self.requests[h] = st
-        self.pool = SimpleNamespace(capacity=1 << 21, host_capacity=0)
+        self.pool = SimpleNamespace(capacity=1 << 21, host_capacity=0, copy_stats=CopyStats())
         self.model = object()
         self.mask_source = None
 

@@ -159,9 +159,10 @@ def test_host_tier_serves_evicted_history_with_identical_tokens(
         assert through > 0 and through >= stats.host_saved_tokens * 0.5
     else:
         assert through == 0
-    # Load-ahead: every host hit joined a batch the step after its load (the model service,
-    # with --nan-fill, refuses a step whose rows touch a slot its own loads write).
+    # Load-ahead: every host hit joined a batch the step after its load; no step's forward
+    # pass had to wait for its own loads (the model service counts any that did).
     assert _scheduler_metric(tier, "host_load_waits") > 0
+    assert _scheduler_metric(tier, "kv_loads_waited_in_step", "model") == 0
     # The model service counted the loads the scheduler sent, token for token.
     loaded = _scheduler_metric(tier, 'kv_copy_tokens{direction="load"}', "model")
     assert loaded == stats.host_loaded_tokens

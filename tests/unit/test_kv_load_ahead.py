@@ -1,6 +1,7 @@
 """Load-ahead on the model service (issue 31): a step's host -> GPU loads run beside its
 forward pass, the next step waits for them; a step whose rows touch a slot its own loads
-write is refused; and the copy counters (copies, tokens, bytes per direction).
+write (what a scheduler without load-ahead sends) waits for them first, as before; and the
+copy counters (copies, tokens, bytes per direction).
 
 The runner test uses a copy lane that runs queued copy work only when the compute stream
 waits for it (or the CPU does): a load the runner waits for too early or too late shows up as
@@ -20,9 +21,9 @@ from model_service.kv_pool import KVPool
 from model_service.metrics import ModelMetrics
 from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
-from model_service.runner_state import RequestState, StepError
+from model_service.runner_state import RequestState
 from model_service.slot_seq import SlotSeq
-from model_service.step_validation import StepLimits, validate_step
+from model_service.step_validation import StepLimits, rows_touching_loads, validate_step
 from model_service.weights import random_model
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, KVCopy, Sampling, StepOps, StepOutput
 
@@ -180,10 +181,11 @@ LOAD = KVCopy(False, [1, 2], [20, 21])
     ],
     ids=["admit-prefix", "admit-writes", "extend-writes", "decode-writes", "decode-reads"],
 )
-def test_a_row_touching_a_slot_loaded_in_the_same_step_is_refused(ops: StepOps) -> None:
+def test_a_row_touching_a_slot_loaded_in_the_same_step_is_found(ops: StepOps) -> None:
     requests = {0: _state([3, 4]), 1: _state([5]), 2: _state([6, 21, 7])}
-    with pytest.raises(StepError, match="a load of the same step writes"):
-        validate_step(ops, requests, LIM)
+    validate_step(ops, requests, LIM)  # a valid step: it runs, waiting for its loads
+    found = rows_touching_loads(ops, requests, LIM.kv_capacity)
+    assert found is not None and found.split(", ")[1] in ("GPU slot 20", "GPU slot 21")
 
 
 def test_rows_beside_a_load_and_the_next_steps_reader_are_accepted() -> None:
@@ -196,12 +198,28 @@ def test_rows_beside_a_load_and_the_next_steps_reader_are_accepted() -> None:
         decode_slots=[24],
         copies=[LOAD, KVCopy(True, [25], [9])],
     )
-    validate_step(beside, requests, LIM)
+    assert rows_touching_loads(beside, requests, LIM.kv_capacity) is None
     after = StepOps(2, admits=[AdmitOp(4, GREEDY, 0, [20, 21], [5], [26], True)])
-    validate_step(after, requests, LIM)
+    assert rows_touching_loads(after, requests, LIM.kv_capacity) is None  # no loads in it
     # A slot cut off by a truncate of the same step is no longer read.
     cut = StepOps(3, truncates=[(2, 1)], extends=[ExtendOp(2, [5], [27], True)], copies=[LOAD])
-    validate_step(cut, {**requests, 2: _state([6, 21])}, LIM)
+    assert rows_touching_loads(cut, {**requests, 2: _state([6, 21])}, LIM.kv_capacity) is None
+
+
+def test_a_step_reading_its_own_load_waits_for_it_first() -> None:
+    """A scheduler without load-ahead loads a prefix and prefills on it in one step: the
+    runner then makes that step's forward pass wait for the load (tokens as the reference)."""
+    ref = _runner(None, staged=False)
+    steps = _steps()
+    same_step = [*steps[:2], StepOps(3, admits=steps[3].admits, copies=steps[2].copies)]
+    expected = [_rows(ref.step(s)) for s in same_step]
+    lane = WaitLane()
+    r = _runner(lane)
+    got = [_rows(r.step(s)) for s in same_step]
+    assert r.pool.loads_pending == 0  # waited for in its own step
+    assert lane.waits and lane.waits[-1] == len(lane.queue)
+    assert r.pool.copy_stats.same_step_waits == 1
+    assert got == expected
 
 
 def test_copy_counters_are_exact_per_direction() -> None:

@@ -4,13 +4,13 @@ reference copy, bit for bit, on CPU: run splitting, chunk boundaries, both direc
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pytest
 import torch
 
-from model_service.kv_copy import Event, Lane, StagedCopier, count_runs, plan
+from model_service.kv_copy import StagedCopier, count_runs, plan
 from model_service.kv_pool import KVPool
+from tests.tiny_runner import DeferredLane
 
 LAYERS, GPU, HOST, HEADS, DIM = 3, 40, 50, 2, 4
 TOKEN_BYTES = 2 * LAYERS * HEADS * DIM * 4  # float32
@@ -213,45 +213,6 @@ def test_the_scheduler_hands_out_host_slots_in_long_runs() -> None:
             hist[i] = toks + [rng.randrange(1 << 20) for _ in range(rng.randint(20, 80))]
     assert loads > 10 and copied > 5000  # the churn happened: saves and loads both
     assert short / copied < 0.05, (short, copied)
-
-
-class DeferredLane(Lane):
-    """A copy stream that runs queued work only when something waits for it: the CPU
-    (``wait_cpu``) or the compute stream (``release_main``, due when the test's "main" next
-    touches the GPU pool). A wait the copier forgets shows as stale bytes."""
-
-    def __init__(self) -> None:
-        super().__init__(torch.device("cpu"))
-        self.queue: list[Callable[[], object]] = []
-        self.done = 0
-        self.main_at = 0  # queue position the compute stream waits for
-
-    def run(self, fn: Callable[[], object]) -> None:
-        self.queue.append(fn)
-
-    def mark(self) -> Event:
-        return _Mark(self, len(self.queue))
-
-    def release_main(self, ev: Event | None) -> None:
-        if isinstance(ev, _Mark):
-            self.main_at = max(self.main_at, ev.at)
-
-    def flush(self, upto: int) -> None:
-        while self.done < upto:
-            self.done += 1
-            self.queue[self.done - 1]()
-
-    def main(self) -> None:
-        """The compute stream is about to touch the GPU pool."""
-        self.flush(self.main_at)
-
-
-class _Mark:
-    def __init__(self, lane: DeferredLane, at: int) -> None:
-        self.lane, self.at = lane, at
-
-    def synchronize(self) -> None:
-        self.lane.flush(self.at)
 
 
 @pytest.mark.parametrize("seed", range(30))

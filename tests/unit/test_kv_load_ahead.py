@@ -9,23 +9,21 @@ KV that differs from the plain synchronous reference."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
 from model_service.attention.reference import ReferenceAttention
 from model_service.copy_stats import CopyStats
-from model_service.kv_copy import Event, Lane, StagedCopier
+from model_service.kv_copy import Event, StagedCopier
 from model_service.kv_pool import KVPool
 from model_service.metrics import ModelMetrics
-from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
 from model_service.runner_state import RequestState
 from model_service.slot_seq import SlotSeq
 from model_service.step_validation import StepLimits, rows_touching_loads, validate_step
 from model_service.weights import random_model
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, KVCopy, Sampling, StepOps, StepOutput
+from tests.tiny_runner import DeferredLane, tiny_llama_args
 
 VOCAB, LAYERS, HEADS, DIM = 300, 2, 2, 32
 GREEDY = Sampling(temperature=0.0)
@@ -33,60 +31,19 @@ GREEDY = Sampling(temperature=0.0)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-class WaitLane(Lane):
-    """A copy stream whose queued work runs only when the compute stream (``release_main``)
-    or the CPU (``wait_cpu``) waits for it. ``waits`` records each compute-stream wait."""
-
-    def __init__(self) -> None:
-        super().__init__(torch.device("cpu"))
-        self.queue: list[Callable[[], object]] = []
-        self.done = 0
-        self.waits: list[int] = []
-
-    def run(self, fn: Callable[[], object]) -> None:
-        self.queue.append(fn)
-
-    def mark(self) -> Event:
-        return _Mark(self, len(self.queue))
+class WaitLane(DeferredLane):
+    """A deferred copy stream (tests/tiny_runner.py) whose compute-stream waits run at once:
+    the runner test has no "main" of its own to call."""
 
     def release_main(self, ev: Event | None) -> None:
-        if isinstance(ev, _Mark):
-            self.waits.append(ev.at)
-            self.flush(ev.at)
-
-    def flush(self, upto: int) -> None:
-        while self.done < upto:
-            self.done += 1
-            self.queue[self.done - 1]()
-
-
-class _Mark:
-    def __init__(self, lane: WaitLane, at: int) -> None:
-        self.lane, self.at = lane, at
-
-    def synchronize(self) -> None:
-        self.lane.flush(self.at)
+        super().release_main(ev)
+        self.main()
 
 
 def _runner(lane: WaitLane | None, device: str = "cpu", staged: bool = True) -> ModelRunner:
     """The staged copy path (CUDA: on a copy stream; CPU: synchronous, or on ``lane``), or
     with ``staged=False`` the plain reference copy, done before the step goes on."""
-    args = LlamaArgs(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=192,
-        num_layers=LAYERS,
-        num_heads=4,
-        num_kv_heads=HEADS,
-        head_dim=DIM,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position=4096,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        model_type="llama",
-    )
+    args = tiny_llama_args(VOCAB)
     dev = torch.device(device)
     model = random_model(args, torch.float32, dev, seed=7)
     pool = KVPool(LAYERS, 64, HEADS, DIM, torch.float32, dev)

@@ -12,11 +12,11 @@ import torch
 
 from model_service.attention.reference import ReferenceAttention
 from model_service.kv_pool import KVPool
-from model_service.models.llama import LlamaArgs
 from model_service.runner import ModelRunner
 from model_service.weights import random_model
 from radixmesh_wire.mask_rows import EncodedRow, encode_ids
 from radixmesh_wire.step_ops import AdmitOp, ExtendOp, Sampling, StepOps
+from tests.tiny_runner import tiny_llama_args
 
 VOCAB = 300
 # On a GPU machine the same checks run on CUDA, where launch-ahead is real (queued kernels).
@@ -24,22 +24,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _runner(device: str) -> ModelRunner:
-    args = LlamaArgs(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=192,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position=4096,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        model_type="llama",
-    )
+    args = tiny_llama_args(VOCAB)
     dev = torch.device(device)
     model = random_model(args, torch.float32, dev, seed=7)
     pool = KVPool(2, 128, 2, 32, torch.float32, dev)

@@ -162,7 +162,7 @@ def test_copies_move_each_token_of_every_layer(staged: bool) -> None:
 def test_the_gpu_part_measures_and_proves_both_copy_paths_on_cpu() -> None:
     """host_tier_part (a) on CPU: the reference (what the CPU model service runs) and the
     staged path, each with a bit-exact round trip, runs counted, the old keys kept."""
-    from radixmesh_bench.gpu.host_tier_part import measure_copies
+    from radixmesh_bench.gpu.host_tier_copies import measure_copies
 
     c = measure_copies("tiny-llama", "cpu", True)
     tokens = c["copy_tokens"]

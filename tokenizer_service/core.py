@@ -254,7 +254,7 @@ class FrontDoor:
                 while True:
                     # everything that came since the last event, as one (routing/inbox.py)
                     chunk, ended, tokens, failure = _apply(await inbox.take(), stream)
-                    timer.tokens(tokens)
+                    timer.tokens(tokens, inbox.oldest)
                     if failure is not None:
                         error, run.finished = failure  # an error update: the scheduler ended it
                         if chunk is not None:  # tokens before the failure still go out

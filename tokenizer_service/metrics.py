@@ -60,6 +60,13 @@ class FrontDoorMetrics(ServiceMetrics):
             STEP_BUCKETS,
         )
         self.registry.register(self.itl)
+        self.hold = TokenGaps(
+            name("frontdoor_token_hold_seconds"),
+            "Time from a token's arrival at the front door to the event that carries it out, "
+            "for the oldest token of each event (the event budget's hold, docs/front_door.md).",
+            STEP_BUCKETS,
+        )
+        self.registry.register(self.hold)
         self.e2e = self.histogram(
             "e2e_request_latency_seconds",
             "Time from the call's arrival to its last response.",
@@ -194,12 +201,16 @@ class RequestTimer:
         m.requests.inc()
         m.inflight.inc()
 
-    def tokens(self, n: int) -> None:
+    def tokens(self, n: int, oldest: float = 0.0) -> None:
         """An event of n tokens leaves now: the first is the time to first token, the later
-        ones n inter-token samples (the gap since the previous event over n)."""
+        ones n inter-token samples (the gap since the previous event over n). `oldest`: when
+        the event's oldest token reached the front door (perf_counter; 0: unknown), one sample
+        of the hold."""
         if n <= 0:
             return
         now = time.perf_counter()
+        if oldest:
+            self.m.hold.observe(now - oldest, 1)
         if self.last == 0.0:
             self.first = now
             self.m.ttft.observe(now - self.t0)

@@ -30,6 +30,7 @@ EXPECTED = {
         "radixmesh_frontdoor_generation_tokens": "counter",
         "radixmesh_time_to_first_token_seconds": "histogram",
         "radixmesh_inter_token_latency_seconds": "histogram",
+        "radixmesh_frontdoor_token_hold_seconds": "histogram",
         "radixmesh_e2e_request_latency_seconds": "histogram",
         "radixmesh_router_replica_connected": "gauge",
         "radixmesh_router_replica_load_tokens": "gauge",

@@ -374,6 +374,42 @@ def _summary(t: Tally, wall: float, cpu: float | None) -> dict:
     }
 
 
+def hold_summary(port: int) -> dict:
+    """The front door's own `frontdoor_token_hold_seconds` histogram (per event, how long its
+    oldest token waited in the front door): events, mean, and the bucket bounds holding the
+    median and the 99th percentile (an upper bound of each)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    buckets: list[tuple[float, float]] = []
+    count = total = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "radixmesh_frontdoor_token_hold_seconds":
+            continue
+        for smp in fam.samples:
+            if smp.name.endswith("_bucket"):
+                buckets.append((float(smp.labels["le"]), smp.value))
+            elif smp.name.endswith("_count"):
+                count = smp.value
+            elif smp.name.endswith("_sum"):
+                total = smp.value
+    if not count:
+        return {"events": 0}
+
+    def upper(q: float) -> float:
+        return next(le for le, c in sorted(buckets) if c >= q * count)
+
+    return {
+        "events": int(count),
+        "mean_ms": round(1e3 * total / count, 2),
+        "p50_at_most_ms": round(1e3 * upper(0.5), 1),
+        "p99_at_most_ms": round(1e3 * upper(0.99), 1),
+    }
+
+
 async def wait_ready(addr: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 120
     while not await check_ready(addr):
@@ -414,6 +450,7 @@ def merge(into: Tally, t: Tally) -> None:
 
 async def main_async(ns: argparse.Namespace) -> dict:
     sched_port, grpc_port, http_port = free_port(), free_port(), free_port()
+    metrics_port = free_port()
     me = str(Path(__file__).resolve())
     tokens, lens = sample_tokens(ns.output_tokens)
     ns.text_tokens = TextTokens(lens)
@@ -437,6 +474,8 @@ async def main_async(ns: argparse.Namespace) -> dict:
             "warning",
             "--served-model-name",
             SERVED_NAME,
+            "--metrics-port",
+            str(metrics_port),
             *ns.front_door_args.split(),
         ]
     )
@@ -448,6 +487,7 @@ async def main_async(ns: argparse.Namespace) -> dict:
         urls = (f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
         tallies = await asyncio.to_thread(run_clients, *urls, ns)
         wall, cpu = time.perf_counter() - t0, cpu_seconds(front.pid) - cpu0
+        hold = await asyncio.to_thread(hold_summary, metrics_port)
     finally:
         front.terminate()
         stand_in.terminate()
@@ -469,6 +509,7 @@ async def main_async(ns: argparse.Namespace) -> dict:
         "front_door_cpu_s": round(cpu, 2),
         "front_door_cores_busy": round(cpu / wall, 2),
         "overall": _summary(total, wall, cpu),
+        "front_door_token_hold": hold,
         "by_protocol": {p: _summary(t, wall, None) for p, t in tallies.items()},
     }
 

@@ -215,3 +215,31 @@ def test_many_streams_take_fewer_events_per_token() -> None:
     At 100 live streams (hold 0) one take per token, as before."""
     assert _events_per_token(1024) == 11 / 30
     assert _events_per_token(100) == 1.0
+
+
+def test_take_says_when_its_oldest_update_arrived(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`oldest`: when the first of the taken updates reached the inbox (the front door's hold
+    metric reads it); a merged token does not move it, the next update after a take does."""
+    from tokenizer_service.routing import inbox as inbox_mod
+
+    clock = iter([1.0, 5.0, 9.0])
+    monkeypatch.setattr(inbox_mod, "perf_counter", lambda: next(clock))
+
+    async def go() -> list[float]:
+        box = Inbox()
+        box.put_token(1)  # 1.0: the inbox was empty
+        box.put_token(2)  # merged: no clock read
+        u = Update()
+        u.token_ids.append(3)
+        box.put_nowait(u)  # merged too
+        await box.take()
+        first = box.oldest
+        box.put_nowait(Exception("link lost"))  # 5.0: empty again
+        box.put_token(4)  # behind an exception: appended, not empty
+        await box.take()
+        second = box.oldest
+        box.put_token(5)  # 9.0
+        await box.take()
+        return [first, second, box.oldest]
+
+    assert asyncio.run(go()) == [1.0, 5.0, 9.0]

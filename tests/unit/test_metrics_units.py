@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -86,6 +87,30 @@ def test_json_logs_carry_service_and_request_id() -> None:
     assert line["event"] == "submitted" and line["rid"] == "r-42"
     assert line["service"] == "tokenizer" and line["level"] == "info"
     assert line["prompt_tokens"] == 3 and "timestamp" in line
+
+
+def test_the_hold_is_one_sample_per_event_of_its_oldest_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`frontdoor_token_hold_seconds`: per event, how long its oldest token waited in the front
+    door (RequestTimer.tokens' `oldest`); an event without one (0) adds nothing."""
+    from tokenizer_service import metrics as metrics_mod
+
+    now = iter([10.0, 10.05, 10.2, 10.3])
+    fake_time = SimpleNamespace(perf_counter=lambda: next(now))
+    monkeypatch.setattr(metrics_mod, "time", fake_time)  # this module's clock only
+    m = FrontDoorMetrics()
+    t = m.start()  # t0 = 10.0
+    t.tokens(1, oldest=10.04)  # the first event: its token waited 10 ms
+    t.tokens(3, oldest=10.14)  # three tokens, the oldest 60 ms old
+    t.tokens(1)  # unknown arrival: no hold sample
+    fams = _families(m.registry)
+    got = {
+        s.labels.get("le", s.name): s.value
+        for s in fams["radixmesh_frontdoor_token_hold_seconds"].samples
+    }
+    assert got["radixmesh_frontdoor_token_hold_seconds_count"] == 2
+    assert got["radixmesh_frontdoor_token_hold_seconds_sum"] == pytest.approx(0.07)
 
 
 def test_inter_token_latency_counts_each_token_of_an_event() -> None:

@@ -17,6 +17,10 @@ saves:
   until then join ONE event with ONE wake-up. A stream's first event, an update with extras (a
   finish, an error, logprobs) or a rollback, and a lost link (an Exception), wake it at once.
 
+Hold: `take()` leaves in `oldest` when the oldest update it returns arrived (perf_counter), so
+the stream can measure how long the event budget kept a token in the front door
+(`radixmesh_frontdoor_token_hold_seconds`).
+
 Invariant: the ids the stream takes, in order, with rollbacks applied, are exactly those put,
 in order, with rollbacks applied (a merge only appends ids of a plain update to a plain one);
 an update with extras is never merged, so what it carries stays with its own tokens.
@@ -25,6 +29,7 @@ an update with extras is never merged, so what it carries stays with its own tok
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 
 from tokenizer_service.pacing import Pacer
 from tokenizer_service.routing.deltas import Update
@@ -33,7 +38,7 @@ Item = Update | Exception
 
 
 class Inbox:
-    __slots__ = ("items", "pacer", "_waiter", "_paced", "_sent")
+    __slots__ = ("items", "pacer", "oldest", "_since", "_waiter", "_paced", "_sent")
 
     def __init__(self, pacer: Pacer | None = None) -> None:
         self.items: list[Item] = []
@@ -41,6 +46,8 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None  # the stream's, while it waits
         self._paced = False  # the waiter's wake-up was handed to the pacer (a later tick)
         self._sent = -1  # the pacer's tick when the stream last took (-1: never)
+        self._since = 0.0  # perf_counter when `items` last went from empty to not
+        self.oldest = 0.0  # the same, for what the last `take()` returned
 
     def put_nowait(self, item: Item) -> None:
         items = self.items
@@ -50,6 +57,8 @@ class Inbox:
             if type(last) is Update and last.extras is None:
                 last.token_ids.extend(item.token_ids)  # type: ignore[union-attr]
                 return  # the stream is already woken (or paced) for `last`
+        if not items:
+            self._since = perf_counter()
         items.append(item)
         self._wake(plain)
 
@@ -62,6 +71,8 @@ class Inbox:
             if type(last) is Update and last.extras is None:
                 last.token_ids.append(token)
                 return
+        else:
+            self._since = perf_counter()
         u = Update()
         u.token_ids.append(token)
         items.append(u)
@@ -96,6 +107,7 @@ class Inbox:
         else:
             await self._wait(0)  # the update that wakes it is paced by `_wake`
         items, self.items = self.items, []
+        self.oldest = self._since
         if pacer is not None:
             if self._sent < 0:  # its first event: a live stream for the pacer until `close`
                 pacer.streams += 1

@@ -35,19 +35,23 @@ def _free_block(n: int) -> int:
 
 
 def _lines_until(proc: subprocess.Popen[str], marker: str, limit_s: float = 600) -> list[str]:
-    """stdout lines up to the one holding `marker` (or the process's end)."""
+    """stdout lines up to the one holding `marker` (or the process's end). It reads the pipe's
+    descriptor itself: select() on the buffered text reader missed lines the reader had
+    already taken into its buffer (serve's last lines arriving together left "serving" unseen
+    until the test timed out, with serve answering all along)."""
     assert proc.stdout is not None
-    lines: list[str] = []
+    fd = proc.stdout.fileno()
+    text = ""
     deadline = time.monotonic() + limit_s
-    while not any(marker in line for line in lines):
-        assert time.monotonic() < deadline, f"no {marker!r} in {limit_s:g} s: {lines}"
-        ready, _, _ = select.select([proc.stdout], [], [], 5)
+    while marker not in text:
+        assert time.monotonic() < deadline, f"no {marker!r} in {limit_s:g} s: {text}"
+        ready, _, _ = select.select([fd], [], [], 5)
         if ready:
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
                 break  # exited
-            lines.append(line)
-    return lines
+            text += chunk.decode(errors="replace")
+    return text.splitlines(keepends=True)
 
 
 def test_serve_with_api_keys_smoke_answers_and_keeps_serving(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ class KVPool:
         self.host: torch.Tensor | None = None
         self.copier: StagedCopier | None = None
         self.copy_stats = CopyStats()
-        self._token_bytes = 2 * num_layers * num_kv_heads * head_dim * self.k.element_size()
+        self._token_bytes = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         self._loads_pending: list[Event] = []  # load-ahead: the compute stream has not waited
 
     def add_host_tier(
@@ -132,17 +132,16 @@ class KVPool:
             to_host, len(src), len(src) * self._token_bytes, time.perf_counter() - t0, timing
         )
 
-    def wait_loads(self) -> int:
+    def wait_loads(self) -> None:
         """The compute stream's later work waits for every load issued ``ahead`` since the
-        last call (the runner calls it before anything else of a step). Returns how many."""
+        last call (the runner calls it before anything else of a step)."""
         pending = self._loads_pending
         if not pending:
-            return 0
+            return
         assert self.copier is not None
         for ev in pending:
             self.copier.release_main(ev)
         self._loads_pending = []
-        return len(pending)
 
     @property
     def loads_pending(self) -> int:

@@ -171,9 +171,10 @@ def validate_step(ops: StepOps, requests: Mapping[int, RequestState], lim: StepL
         raise StepError(
             f"{len(ops.decode_handles)} decode handles for {len(ops.decode_slots)} slots"
         )
-    if not _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
-        # Something is wrong with a decode row: the same checks row by row, to say which.
-        _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
+    if _decodes_ok(ops, requests, lim, live, rows | truncated, step_tokens):
+        return
+    # Something is wrong with a decode row: the same checks row by row, to say which.
+    _check_decodes_by_row(ops, requests, live, admitted, truncated, row)
 
 
 def rows_touching_loads(

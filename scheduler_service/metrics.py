@@ -147,7 +147,8 @@ def _host_tier(host: HostTier | None) -> Iterator[Reading]:
     yield Reading(
         "host_loading_requests",
         "gauge",
-        "Admitted requests waiting for a host-tier load (as of the last step built).",
+        "Requests admitted in the last step built whose prefix that step loads (they join "
+        "the next).",
         h.loading_requests,
     )
     yield Reading(

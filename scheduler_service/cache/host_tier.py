@@ -69,7 +69,7 @@ class HostStats:
     copy_ops: int = 0  # KVCopy ops sent (after merging neighbours)
     max_step_copy_tokens: int = 0  # most tokens (both directions) one step copied
     load_waits: int = 0  # admissions that joined a batch a step later, behind a load
-    loading_requests: int = 0  # gauge: admitted requests waiting for a load (last build)
+    loading_requests: int = 0  # gauge: requests admitted loading in the last step built
 
 
 def eligible(node: Any) -> bool:

@@ -109,8 +109,7 @@ class BatchBuilder:
             # admits, queued in order; the worker issues them before the forward pass (a
             # load runs beside it: its requests were admitted loading and join next step).
             plan.ops.copies = host.take_copies()
-            loading = Phase.LOADING
-            host.stats.loading_requests = sum(1 for r in st.running.values() if r.phase is loading)
+            host.stats.loading_requests = len(plan.loading)  # no scan of the running set
         return plan
 
     def _track_samplers(self, plan: PlannedStep) -> None:

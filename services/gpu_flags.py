@@ -132,14 +132,22 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def gpu_service_args(ns: argparse.Namespace) -> dict[str, list[str]]:
-    """Each service kind's flags from the GPU flags that were given."""
-    out: dict[str, list[str]] = {"model": [], "scheduler": []}
-    for dest, (kind, flag) in PASSED_ON.items():
+def given_args(
+    ns: argparse.Namespace, table: dict[str, tuple[str, str]], kinds: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """Each service kind's flags from the serve flags of `table` (argparse dest -> (kind, the
+    service's flag)) that were given; one left at None passes nothing."""
+    out: dict[str, list[str]] = {k: [] for k in kinds}
+    for dest, (kind, flag) in table.items():
         value = getattr(ns, dest, None)
         if value is not None:
             out[kind] += [flag, str(value)]
     return out
+
+
+def gpu_service_args(ns: argparse.Namespace) -> dict[str, list[str]]:
+    """Each service kind's flags from the GPU flags that were given."""
+    return given_args(ns, PASSED_ON, ("model", "scheduler"))
 
 
 def plan(ns: argparse.Namespace) -> Placement:

@@ -36,6 +36,11 @@ KEY_ENV = {
     "admin_api_keys": "RADIXMESH_ADMIN_API_KEYS",
     "api_keys_file": "RADIXMESH_API_KEYS_FILE",
 }
+# serve's front-door flags passed to every front door, when given (gpu_flags.given_args).
+FRONT_DOOR_PASSED_ON = {
+    "pacing_events_per_s": ("tokenizer", "--pacing-events-per-s"),
+    "pacing_max_hold_ms": ("tokenizer", "--pacing-max-hold-ms"),
+}
 
 
 def _err(msg: str) -> None:
@@ -44,7 +49,7 @@ def _err(msg: str) -> None:
 
 def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list[str]]:
     """Each kind's own flags from serve's flags; `--log-level`/`--log-format` go to all."""
-    from services.gpu_flags import gpu_service_args
+    from services.gpu_flags import given_args, gpu_service_args
 
     logs = ["--log-level", ns.log_level, "--log-format", ns.log_format]
     tok = ["--served-model-name", ns.served_model_name] if ns.served_model_name else []
@@ -57,15 +62,8 @@ def service_args(ns: argparse.Namespace, placement: Placement) -> dict[str, list
     host = ["--host-kv-tokens", str(ns.host_kv_tokens)] if ns.host_kv_tokens else []
     write = ["--host-tier-write", ns.host_tier_write] if ns.host_kv_tokens else []
     gpu = gpu_service_args(ns)
-    pacing = [  # only those given: the front door keeps its own defaults (one table)
-        arg
-        for flag, value in (
-            ("--pacing-events-per-s", ns.pacing_events_per_s),
-            ("--pacing-max-hold-ms", ns.pacing_max_hold_ms),
-        )
-        if value is not None
-        for arg in (flag, str(value))
-    ]
+    # only those given: the front door keeps its own defaults (one table)
+    pacing = given_args(ns, FRONT_DOOR_PASSED_ON, ("tokenizer",))["tokenizer"]
     return {
         "model": [*model, *host, *placement.model_args(), *gpu["model"], *logs],
         "scheduler": [

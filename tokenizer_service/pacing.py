@@ -80,7 +80,7 @@ class Pacer:
         if sent < 0:
             return 0  # the first token goes at once
         due = sent + self.hold if self.hold else 0
-        if self.lag > self.busy_s:
+        if self.busy:
             due = max(due, self.tick + 1)
         return due if due > self.tick else 0
 
@@ -89,10 +89,6 @@ class Pacer:
         (woken early by a finish, or cancelled). Each waiter has its own future, so that
         cancelling one stream never cancels the others' wait."""
         self._due.setdefault(max(tick, self.tick + 1), []).append(fut)
-
-    def wake_at_tick(self, fut: asyncio.Future[None]) -> None:
-        """Set `fut`'s result at the next tick."""
-        self.wake_at(fut, self.tick + 1)
 
     def advance(self, lag: float = 0.0) -> None:
         """One tick that fired `lag` seconds late: decide the hold from the live streams and

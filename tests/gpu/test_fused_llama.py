@@ -5,6 +5,7 @@ attention) and, where there is one, on CUDA (bf16); CPU CI runs this file."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from model_service.kv_pool import KVPool
 from model_service.models.fused_ops import TorchOps
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM, apply_rope, rope_inv_freq
 from model_service.weights import load_model, random_model
+from tests.tiny_runner import tiny_llama_args
 
 ROPE31 = {
     "rope_type": "llama3",
@@ -28,21 +30,12 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _args(bias: bool = False) -> LlamaArgs:
-    return LlamaArgs(
-        vocab_size=300,
-        hidden_size=128,
-        intermediate_size=192,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        rms_norm_eps=1e-5,
+    """The tiny Llama (tests/tiny_runner.py) with Llama-3.1's RoPE scaling."""
+    return replace(
+        tiny_llama_args(300),
         rope_theta=500000.0,
         rope_scaling=ROPE31,
-        max_position=4096,
-        tie_word_embeddings=False,
         attention_bias=bias,
-        model_type="llama",
     )
 
 

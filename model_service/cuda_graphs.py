@@ -194,15 +194,16 @@ class DecodeCudaGraphs:
     def run(
         self,
         ids: torch.Tensor,
-        positions: Sequence[int],
-        out_slots: Sequence[int],
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
         rows: Sequence[RowPlan],
         started: torch.cuda.Event | None = None,
         kv_flat: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Logits [n, vocab] (fp32) of a decode-only step by graph replay, or None when no
-        bucket fits (the caller then runs the step eagerly). `ids` is on the device (decode
-        inputs may not have reached the host); `started` is recorded just before the replay.
+        bucket fits (the caller then runs the step eagerly). `ids`, `positions` and
+        `out_slots` are on the device (decode inputs may not have reached the host; the
+        runner stages the rest in one copy); `started` is recorded just before the replay.
         The returned tensor is the graph's static output: read it before the next replay."""
         n = int(ids.numel())
         bs = self.bucket_for(n)
@@ -213,13 +214,12 @@ class DecodeCudaGraphs:
             return None
         g = self.graphs[bs]
         pad = bs - n
-        host = torch.tensor(
-            [list(positions) + [0] * pad, list(out_slots) + [self.scratch] * pad], dtype=torch.int64
-        )
-        g.inputs[1:].copy_(host.pin_memory(), non_blocking=True)
         g.inputs[0, :n].copy_(ids)
-        if pad:
-            g.inputs[0, n:].zero_()
+        g.inputs[1, :n].copy_(positions)
+        g.inputs[2, :n].copy_(out_slots)
+        if pad:  # padded rows: token 0 at position 0, writing the scratch slot
+            g.inputs[:2, n:].zero_()
+            g.inputs[2, n:].fill_(self.scratch)
         self._plan(g.wrapper, bs, rows, n, kv_flat)
         if started is not None:
             started.record()

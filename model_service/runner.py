@@ -40,7 +40,7 @@ from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exporte
 from model_service.step_bursts import StepBursts
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.step_validation import rows_touching_loads
-from model_service.transfer import array_to_device, to_device, to_host
+from model_service.transfer import Concat, HostStager, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
 
@@ -66,6 +66,7 @@ class ModelRunner:
         self.mask_source: MaskSource | None = None  # set by the server for masks_follow steps
         self.cuda = device.type == "cuda"
         self.bursts = StepBursts()  # per-burst step figures, logged as step_burst lines
+        self.stager = HostStager(device)  # the step's small inputs: one pinned copy per batch
 
     def reset(self) -> None:
         self.requests.clear()
@@ -143,10 +144,9 @@ class ModelRunner:
                 raise StepError(f"handle {r.handle}: {len(r.input_ids)} ids for {r.n} slots")
         return rows
 
-    def _input_ids(self, rows: list[StepRow], total: int) -> torch.Tensor:
-        """Token ids of the step on the device: given ids from the host, decode inputs
-        gathered from `last_tokens` on the device (they may not have reached the host yet)."""
-        dev = self.device
+    def _stage_inputs(self, rows: list[StepRow], lay: _Layout) -> _StepInputs:
+        """The step's inputs on the device in one staged copy. Decode inputs are gathered from
+        `last_tokens` on the device (they may not have reached the host yet)."""
         host: list[int] = []
         dec_at: list[int] = []
         dec_handles: list[int] = []
@@ -157,21 +157,32 @@ class ModelRunner:
                 host.append(0)
             else:
                 host.extend(r.input_ids)
-        ids = to_device(host, torch.int64, dev)
+        i64 = torch.int64
+        ids, dh, da, kv_flat, out_slots, pos, logit_rows = self.stager.send(
+            [
+                (host, i64),
+                (dec_handles, i64),
+                (dec_at, i64),
+                (Concat(lay.kv_views), i64),  # every row's KV slots, split per row below
+                (lay.out_slots, i64),
+                (lay.pos, i64),
+                (lay.logit_rows, i64),
+            ]
+        )
         if dec_at:
-            src = self.last_tokens.index_select(0, to_device(dec_handles, torch.int64, dev))
-            if len(dec_at) == total:
-                return src
-            ids.index_copy_(0, to_device(dec_at, torch.int64, dev), src)
-        return ids
+            src = self.last_tokens.index_select(0, dh)
+            if len(dec_at) == lay.tokens:
+                ids = src
+            else:
+                ids.index_copy_(0, da, src)
+        return _StepInputs(ids, kv_flat, out_slots, pos, logit_rows)
 
     def _run(self, rows: list[StepRow], ops: StepOps, fl: InFlight) -> None:
         dev = self.device
         lay = _lay_out(rows)  # host side: slots extended, positions, logit rows
-        pos, out_slots, logit_rows, cursor = lay.pos, lay.out_slots, lay.logit_rows, lay.tokens
-        ids = self._input_ids(rows, cursor)
-        # One copy for every row's KV slots, split into per-row views on the device.
-        kv_flat = array_to_device(np.concatenate(lay.kv_views), dev)
+        logit_rows, cursor = lay.logit_rows, lay.tokens
+        staged = self._stage_inputs(rows, lay)
+        ids, kv_flat = staged.ids, staged.kv_flat
         plans = [
             RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, lay.kv_lens), strict=True)
         ]
@@ -183,11 +194,13 @@ class ModelRunner:
             and cursor == len(rows)
             and logit_rows == list(range(cursor))
         ):
-            logits = self.decode_graphs.run(ids, pos, out_slots, plans, fl.gpu_start, kv_flat)
+            logits = self.decode_graphs.run(
+                ids, staged.pos, staged.out_slots, plans, fl.gpu_start, kv_flat
+            )
             fl.graphed = logits is not None
         fl.tokens_in = cursor
         if logits is None:
-            self.attn.plan(plans, to_device(out_slots, torch.int64, dev), kv_flat)
+            self.attn.plan(plans, staged.out_slots, kv_flat)
             if fl.gpu_start is not None:
                 fl.gpu_start.record()
             # Image positions take the vision tower's features (only multimodal models
@@ -200,9 +213,9 @@ class ModelRunner:
             extra = {"images": images} if images is not None else {}
             logits = self.model(
                 ids,
-                to_device(pos, torch.int64, dev),
+                staged.pos,
                 self.attn,
-                to_device(logit_rows, torch.int64, dev),
+                staged.logit_rows,
                 **extra,
             )
         fl.prompt_lps = prompt_logprobs(rows, lay.lp_spans, logits)
@@ -253,35 +266,48 @@ class ModelRunner:
         if not sampled:
             return
         dev = logits.device
-        lg = logits.index_select(0, to_device(keep, torch.int64, dev))
         sp = [r.state.sampling for r in sampled]
-        if masks:
-            apply_masks(sampled, lg, masks)
-        ban_stops(sampled, lg, bool(masks))
+        handles = [r.handle for r in sampled]
         temp = [s.temperature for s in sp]
         top_p = [s.top_p for s in sp]
         top_k = [s.top_k for s in sp]
         min_p = [s.min_p for s in sp]
+        i64, f32 = torch.int64, torch.float32
+        keep_t, temp_t, top_p_t, top_k_t, min_p_t, seeds_t, pos_t, handles_t = self.stager.send(
+            [
+                (keep, i64),
+                (temp, f32),
+                (top_p, f32),
+                (top_k, i64),
+                (min_p, f32),
+                ([s.seed & 0x7FFFFFFFFFFFFFFF for s in sp], i64),
+                ([r.state.sampled for r in sampled], i64),
+                (handles, i64),
+            ]
+        )
+        lg = logits.index_select(0, keep_t)
+        if masks:
+            apply_masks(sampled, lg, masks)
+        ban_stops(sampled, lg, bool(masks))
         pen_rows = [(r.state.sampling, r.state.counts) for r in sampled]
         params = SamplingBatch(
-            temperature=to_device(temp, torch.float32, dev),
-            top_p=to_device(top_p, torch.float32, dev),
-            top_k=to_device(top_k, torch.int64, dev),
-            min_p=to_device(min_p, torch.float32, dev),
-            seeds=to_device([s.seed & 0x7FFFFFFFFFFFFFFF for s in sp], torch.int64, dev),
-            positions=to_device([r.state.sampled for r in sampled], torch.int64, dev),
+            temperature=temp_t,
+            top_p=top_p_t,
+            top_k=top_k_t,
+            min_p=min_p_t,
+            seeds=seeds_t,
+            positions=pos_t,
             flags=SamplingFlags.of(temp, top_k, top_p, min_p),
             penalties=build_penalties(pen_rows, lg.shape[-1], dev),
         )
         k = max(s.top_logprobs for s in sp)
         tokens, chosen, top_ids, top_vals = sample(lg, params, k)
         count_sampled(pen_rows, tokens)
-        handles = [r.handle for r in sampled]
         if max(handles) >= self.last_tokens.numel():
             grown = torch.zeros(2 * max(handles) + 1, dtype=torch.int64, device=dev)
             grown[: self.last_tokens.numel()] = self.last_tokens
             self.last_tokens = grown
-        self.last_tokens.index_copy_(0, to_device(handles, torch.int64, dev), tokens)
+        self.last_tokens.index_copy_(0, handles_t, tokens)
         for r in sampled:
             st = r.state
             st.has_token = True
@@ -315,6 +341,17 @@ class ModelRunner:
         t1 = time.perf_counter()
         self.bursts.account(fl, t1)
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
+
+
+@dataclass(frozen=True)
+class _StepInputs:
+    """A step's inputs on the device (views of one staged copy: valid for this step only)."""
+
+    ids: torch.Tensor
+    kv_flat: torch.Tensor
+    out_slots: torch.Tensor
+    pos: torch.Tensor
+    logit_rows: torch.Tensor
 
 
 @dataclass

@@ -44,6 +44,7 @@ from scheduler_service.planner.batch_builder import BatchBuilder, PlannedStep
 from scheduler_service.planner.chunk_budget import ChunkBudget
 from scheduler_service.planner.output_processor import apply_result
 from scheduler_service.planner.policy import SchedulePolicy
+from scheduler_service.planner.step_failure import fail_step
 from scheduler_service.request import Request
 from scheduler_service.sessions.outbox import error_batch
 from scheduler_service.sessions.output import SessionOutput
@@ -317,8 +318,8 @@ class Scheduler:
             finally:
                 prog.begin()
             t1 = time.perf_counter()
-            if res.error:
-                self._fail_step(plan, res.error)
+            if res.error:  # the worker refused or failed it: only its requests fail
+                fail_step(st, plan, res.error, self._fail)
             else:
                 apply_result(st, plan, res)
             st.stats.steps += 1
@@ -397,24 +398,6 @@ class Scheduler:
         ex = st.extra(r)
         ex.error_code = int(code)
         ex.error_message = message
-
-    def _fail_step(self, plan: PlannedStep, error: str) -> None:
-        """The worker refused or failed a step (it changed nothing or dropped those rows):
-        only the requests in that step fail; the rest keep running."""
-        st = self.st
-        assert st is not None
-        # Masks that never came are a slow grammar service, not a fault of the request.
-        code = Status.UNAVAILABLE if error.startswith("MaskTimeout") else Status.INTERNAL
-        rids = []
-        for h, (r, epoch) in plan.owners.items():
-            if r.handle == h and r.epoch == epoch:
-                rids.append(r.rid)
-                self._fail(r, code, f"model step failed: {error}")
-        for r, epoch in plan.loading:  # its prefix's load was in the failed step: not there
-            if r.epoch == epoch and r.handle >= 0:
-                rids.append(r.rid)
-                self._fail(r, code, f"model step failed: {error}")
-        log.error("step_failed", step=plan.ops.step_id, error=error, rids=rids)
 
     def _flush(self, idle: bool = False) -> None:
         if self.st is not None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,10 @@ WRITE_POLICIES = ("write_back", "write_through")
 # KV is 128 KiB, so 2,048 tokens are 256 MiB, about 5 ms of PCIe at 50 GB/s: small against a
 # prefill step, and a burst of finished requests spreads over steps instead of stalling one.
 WRITE_THROUGH_TOKENS = 2048
+# Copy batches of the last steps sent, kept until the step's result: a failed step's copies are
+# undone then (``failed``). The scheduler has at most two steps in flight and handles a failure
+# before building another, so the failed step and any step after it are among the last four.
+SENT_KEPT = 4
 
 
 @dataclass(slots=True)
@@ -65,6 +70,7 @@ class HostStats:
     loaded_tokens: int = 0  # copied host -> GPU
     host_evicted_tokens: int = 0  # host copies dropped by the host tier's own LRU
     lost_tokens: int = 0  # evicted from the GPU with no room on the host: recomputed if needed
+    undone_tokens: int = 0  # copies of either tier dropped: the step carrying the copy failed
     copy_steps: int = 0  # steps that carried copies
     copy_ops: int = 0  # KVCopy ops sent (after merging neighbours)
     max_step_copy_tokens: int = 0  # most tokens (both directions) one step copied
@@ -108,6 +114,7 @@ class HostTier:
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
         self._copies: list[KVCopy] = []
+        self._sent: deque[tuple[int, list[KVCopy]]] = deque(maxlen=SENT_KEPT)  # (step, copies)
         # GPU slots loaded in the step being built (load-ahead: no row of that step may read
         # them; the next step may). Cleared when the step takes its copies.
         self.loading: set[int] = set()
@@ -269,11 +276,12 @@ class HostTier:
         self.loading.update(gpu_slots)
         self.stats.loaded_tokens += len(gpu_slots)
 
-    def take_copies(self) -> list[KVCopy]:
+    def take_copies(self, step_id: int | None = None) -> list[KVCopy]:
         """The queued copies, oldest first, for the step about to be sent. Neighbours of the
         same direction are merged (fewer, larger copies) unless a destination repeats: a host
         slot freed and reused inside one queue must be written in order. Under write-through
-        this step's share of the queue comes last, and the next step's budget starts."""
+        this step's share of the queue comes last, and the next step's budget starts. With
+        ``step_id`` (the step builder) they are kept until that step's result (``failed``)."""
         if self._pending:
             self._drain_pending()
         self._left = self.budget
@@ -295,6 +303,8 @@ class HostTier:
         self._copies = []
         self.loading = set()
         if out:
+            if step_id is not None:
+                self._sent.append((step_id, out))
             st = self.stats
             st.copy_steps += 1
             st.copy_ops += len(out)
@@ -307,11 +317,38 @@ class HostTier:
     def queued(self) -> int:
         return len(self._copies)
 
+    def failed(self, step_id: int) -> tuple[set[int], set[int]]:
+        """Step ``step_id`` failed at the model service: treat none of its copies as run (a
+        step its checks refuse runs none; one that fails later may have run some, or all).
+        Returns the (GPU, host) slots whose content is not what the tree assumes: that step's
+        destinations, and the destinations of every later copy (the steps sent since, then the
+        queue) that reads one of them; a later copy that writes one from a good source makes
+        it good again. Steps before ``step_id`` are forgotten: their results came, so their
+        copies ran."""
+        sent = self._sent
+        while sent and sent[0][0] < step_id:
+            sent.popleft()
+        if not sent or sent[0][0] != step_id:
+            return set(), set()  # the step carried no copies
+        gpu: set[int] = set()
+        host: set[int] = set()
+        for c in sent.popleft()[1]:
+            (host if c.to_host else gpu).update(c.dst)
+        for c in [c for _, cs in sent for c in cs] + self._copies:
+            bad_src, bad_dst = (gpu, host) if c.to_host else (host, gpu)
+            for s, d in zip(c.src, c.dst, strict=True):
+                if s in bad_src:
+                    bad_dst.add(d)
+                else:
+                    bad_dst.discard(d)
+        return gpu, host
+
     def reset(self) -> None:
         """The model service lost its host pool with its GPU pool: everything is free."""
         self.allocator.reset()
         self._heap = []
         self._copies = []
+        self._sent.clear()
         self.loading = set()
         self._pending = {}
         self.held = 0

@@ -7,7 +7,7 @@ its slots (``cached_len == 0``), which is what keeps chunked prefill working wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 from scheduler_service.cache.allocator import SlotAllocator
@@ -93,6 +93,9 @@ class NoCache:
 
     def loading(self, m: MatchResult) -> bool:
         return False
+
+    def undo_copies(self, step_id: int, readers: Callable[[set[int]], None]) -> int:
+        return 0  # no host tier: no copies
 
     def flush(self) -> int:
         return self.evict(self.evictable_size)

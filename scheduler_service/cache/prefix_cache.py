@@ -20,7 +20,7 @@ Slot ownership (the accounting every implementation keeps, checked by ``check_in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -185,6 +185,13 @@ class PrefixCache(Protocol):
     def loading(self, m: MatchResult) -> bool:
         """Whether ``m``'s GPU part holds slots whose host -> GPU load is queued for the step
         being built: its request may read them only from the next step on (load-ahead)."""
+        ...
+
+    def undo_copies(self, step_id: int, readers: Callable[[set[int]], None]) -> int:
+        """Step ``step_id`` failed at the model service: drop every cached copy its host-tier
+        copies were to write (and what later copies made from them), after
+        ``readers(gpu_slots)`` released the running requests whose cached prefix reads such
+        GPU slots. Returns the slots freed; 0 without a host tier."""
         ...
 
     def node_parent(self, node: object) -> object | None:

@@ -326,6 +326,7 @@ class RadixCache:
     loading = radix_host.loading
     _to_gpu = radix_host.to_gpu
     _drop = radix_host.drop
+    undo_copies = radix_host.undo_copies
 
     def _unlink(self, node: RadixNode) -> None:
         """Take ``node`` out of the tree (its slots are already freed by the caller)."""

@@ -1,6 +1,6 @@
 """The radix tree's host-tier paths (cache/radix_cache.py, issue 31): matching on through
 host-only nodes, loading them back onto the GPU, a host-only node that gets GPU slots again,
-and dropping a node with its host-only subtree.
+dropping a node with its host-only subtree, and undoing the copies of a step that failed.
 
 A node is on the GPU when ``node.value`` is non-empty and host-only when it is ``[]`` (its KV
 then lives in ``node.host``; ``host_tier.HostTier`` owns host slots, their LRU and the copy
@@ -14,11 +14,12 @@ field they touch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 from scheduler_service.cache.prefix_cache import MatchResult
-from scheduler_service.cache.radix_node import RadixNode, edge_match
+from scheduler_service.cache.radix_node import RadixNode, edge_match, gpu_leaf
 
 if TYPE_CHECKING:
     from scheduler_service.cache.radix_cache import RadixCache
@@ -121,11 +122,13 @@ def to_gpu(
         tree.host.push(node)  # both tiers: its host copy can be dropped at no loss
 
 
-def drop(tree: RadixCache, node: RadixNode) -> None:
-    """Evict ``node`` for good, with its host-only subtree (their host copies freed)."""
+def drop(tree: RadixCache, node: RadixNode, lost: bool = True) -> None:
+    """Evict ``node`` for good, with its host-only subtree (their host copies freed).
+    ``lost``: counted as evicted with no room on the host (``HostStats.lost_tokens``)."""
     host = tree.host
     if host is not None:
-        host.stats.lost_tokens += len(node.key)
+        if lost:
+            host.stats.lost_tokens += len(node.key)
         stack = list(node.children.values())
         while stack:
             d = stack.pop()
@@ -139,3 +142,73 @@ def drop(tree: RadixCache, node: RadixNode) -> None:
         host.drop(node)
         node.children = {}
     tree._unlink(node)
+
+
+def undo_copies(tree: RadixCache, step_id: int, readers: Callable[[set[int]], None]) -> int:
+    """``PrefixCache.undo_copies``: step ``step_id`` failed, so none of its copies counts as
+    run (``HostTier.failed`` names the slots they, and later copies reading them, were to
+    write). A host copy in one of those host slots is dropped (a host-only node with it leaves
+    the tree, with its host-only subtree); a GPU node in one of those GPU slots leaves the GPU
+    with the GPU nodes below it (each stays host-only if it has a good host copy, else leaves
+    the tree). ``readers(gpu_slots)`` is called first: it releases every running request whose
+    cached prefix holds one of them (they would read that garbage; their locks go with them).
+    Returns the slots of both tiers this freed (``HostStats.undone_tokens``)."""
+    host = tree.host
+    if host is None:
+        return 0
+    bad_gpu, bad_host = host.failed(step_id)
+    if not bad_gpu and not bad_host:
+        return 0
+    if bad_gpu:
+        readers(bad_gpu)
+    free_before = tree.allocator.free_count + host.allocator.free_count
+    for node in list(tree._iter_nodes()):  # failures are rare: a whole-tree walk is fine
+        if node.dead or node.host is None or bad_host.isdisjoint(node.host):
+            continue
+        host.drop(node)
+        if not node.value:  # its KV is nowhere now
+            _remove(tree, node)
+    # Parents before children (depth first): a node's GPU subtree leaves with it.
+    for node in list(tree._iter_nodes()):
+        if node.dead or not node.value or bad_gpu.isdisjoint(node.value):
+            continue
+        parent = node.parent
+        stack, below = [node], []
+        while stack:
+            n = stack.pop()
+            below.append(n)
+            stack.extend(c for c in n.children.values() if c.value)
+        for n in reversed(below):  # children first: a GPU node's parent stays on the GPU
+            _off_gpu(tree, n)
+        root = tree._root
+        if parent is not None and parent is not root and not parent.lock_ref and gpu_leaf(parent):
+            tree._push(parent)  # an unlocked GPU leaf now: it needs its heap entry
+    dropped = tree.allocator.free_count + host.allocator.free_count - free_before
+    host.stats.undone_tokens += dropped
+    return dropped
+
+
+def _off_gpu(tree: RadixCache, node: RadixNode) -> None:
+    """GPU ``node`` (unlocked; its GPU children gone already) loses its GPU slots: host-only
+    when it has a host copy, else out of the tree."""
+    if node.lock_ref:
+        raise AssertionError(f"a failed copy's GPU slots are still read by a request: {node!r}")
+    n = len(node.value)
+    tree.allocator.free(node.value)
+    tree._evictable -= n
+    node.value = []
+    if node.host is None:
+        _remove(tree, node)
+        return
+    if tree.observer is not None:
+        tree.observer.offloaded(node)
+    assert tree.host is not None
+    tree.host.push(node)
+
+
+def _remove(tree: RadixCache, node: RadixNode) -> None:
+    """Host-only ``node`` leaves the tree with its host-only subtree (not a loss to count)."""
+    parent = node.parent
+    drop(tree, node, lost=False)
+    if tree.host is not None and parent is not None and parent is not tree._root:
+        tree.host.push(parent)  # it may be a host-only leaf now

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 from scheduler_service.cache.allocator import SlotAllocator
@@ -290,6 +290,9 @@ class TableCache:
 
     def loading(self, m: MatchResult) -> bool:
         return False
+
+    def undo_copies(self, step_id: int, readers: Callable[[set[int]], None]) -> int:
+        return 0  # no host tier: no copies
 
     def flush(self) -> int:
         return self.evict(self.evictable_size)

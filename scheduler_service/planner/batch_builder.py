@@ -108,7 +108,7 @@ class BatchBuilder:
             # Last too: every save of a slot this step reuses, every load of a prefix it
             # admits, queued in order; the worker issues them before the forward pass (a
             # load runs beside it: its requests were admitted loading and join next step).
-            plan.ops.copies = host.take_copies()
+            plan.ops.copies = host.take_copies(plan.ops.step_id)
             host.stats.loading_requests = len(plan.loading)  # no scan of the running set
         return plan
 

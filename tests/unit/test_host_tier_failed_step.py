@@ -20,14 +20,20 @@ import pytest
 
 from radixmesh_wire.step_ops import KVCopy, StepOps, StepOutcome, WorkerInfo
 from scheduler_service.cache.allocator import SlotAllocator
+from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.cache.radix_cache import RadixCache
 from scheduler_service.cache.radix_node import RadixNode
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.planner.step_failure import fail_step
+from scheduler_service.request import Phase, Request
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.sessions.outbox import Batch
 from tests.unit.test_host_tier import Pools
 from tests.unit.test_host_tier_scheduler import Health, _req, _until
+from tests.unit.test_load_ahead_scheduler import DOC, _apply, _loads, _state
+from tests.unit.test_load_ahead_scheduler import GPU as DOC_GPU
+from tests.unit.test_load_ahead_scheduler import _req as _doc_req
 
 GPU, HOST = 12, 16
 A = [1, 2, 3, 4]
@@ -240,6 +246,59 @@ def test_only_the_failed_steps_copies_are_undone() -> None:
     assert t.undo(done + 1) == 0
     assert t.cache.match_prefix(A + [5]).host_len == 4
     t.check()
+
+
+def test_the_slots_a_failed_step_spoils_follow_later_copies_in_order() -> None:
+    """``HostTier.failed`` on copy batches as the step builder records them: the failed
+    step's destinations, then every later copy from a spoiled slot spoils its destination and
+    one from a good slot makes it good again; older steps are forgotten (their copies ran)."""
+    host = HostTier(16, unlink=lambda n: None)
+    host._sent.extend(
+        [
+            (4, [KVCopy(True, [0], [0])]),
+            (5, [KVCopy(True, [0, 1], [3, 4]), KVCopy(False, [9], [2])]),  # the failed step
+            (6, [KVCopy(False, [3, 8], [6, 7]), KVCopy(True, [2, 5], [9, 4])]),
+        ]
+    )
+    host._copies.append(KVCopy(False, [9], [1]))  # queued for the next step
+    assert host.failed(5) == ({1, 2, 6}, {3, 9})  # host 4 rewritten from good GPU slot 5
+    assert host.failed(4) == (set(), set()) and host.failed(6) == ({1, 6, 7}, {9, 4})
+
+
+# -- the scheduler's failure path ----------------------------------------------------------
+def test_a_reader_admitted_after_a_failed_load_recomputes_and_the_loading_request_fails() -> None:
+    """Overlap, through the step builder: step N loads DOC for r (admitted loading); N+1 is
+    built before N's result and admits x with a GPU hit on the loaded prefix. N fails: r fails
+    with it, x goes back to the queue (nothing it computed was used), DOC is host-only again,
+    and x's next admission loads it again."""
+    st, builder = _state()
+    r = _doc_req("r", DOC + [5])
+    st.waiting.append(r)
+    plan = builder.build()
+    loaded = _loads(plan)
+    assert r.phase is Phase.LOADING and len(loaded) == len(DOC)
+    x = _doc_req("x", DOC[:6] + [9])
+    st.waiting.append(x)
+    nxt = builder.build()
+    (x_admit,) = [a for a in nxt.ops.admits if a.rid == "x"]
+    assert x_admit.prefix_slots == loaded[:6]  # reads what the load was to write
+    failed: list[str] = []
+
+    def fail(req: Request, code: Any, message: str) -> None:
+        failed.append(req.rid)
+        st.release(req, insert=False)
+
+    fail_step(st, plan, "StepError: refused", fail)
+    assert failed == ["r"]
+    assert st.waiting == [x] and x.handle < 0 and x.phase is Phase.WAITING
+    st.check_integrity()
+    cache = st.cache
+    m = cache.match_prefix(DOC + [5])
+    assert (m.length, m.host_len) == (0, len(DOC))  # host-only again: no GPU hit on garbage
+    assert cache.free_size + cache.evictable_size == DOC_GPU and not st.running
+    _apply(st, nxt)  # N+1's result: its rows belong to released incarnations
+    again = builder.build()  # x is served from the host copy, by a new load
+    assert x.phase is Phase.LOADING and x.kv_slots == _loads(again)
 
 
 # -- through the scheduler loop --------------------------------------------------------------

@@ -27,6 +27,11 @@ Its candidates are nodes with a host copy that are either on the GPU too (the ho
 dropped, the node stays) or host-only leaves (the node leaves the tree). Pinned nodes (a path
 being loaded back right now) are skipped.
 
+A step the model service refuses or fails may have run none, some or all of its copies, so
+none counts as run: ``failed`` names the slots its copies (and later copies reading them) were
+to write, from the batches ``take_copies`` keeps per step, and the tree drops the copies held in
+them (``radix_host.undo_copies``).
+
 Invariants (checked by ``integrity.check_host_integrity``):
 - ``allocator.free_count + held == capacity`` where ``held`` is the host tokens of tree nodes
   (requests never own host slots and nothing is locked in host memory outside a load, so the

@@ -103,7 +103,12 @@ def run_ours(
                 sq.done = e
             out = None
             if graphs is not None and len(ids) == len(rows):
-                out = graphs.run(torch.tensor(ids, device=device), pos, out_slots, rows)
+                out = graphs.run(
+                    torch.tensor(ids, device=device),
+                    torch.tensor(pos, device=device),
+                    torch.tensor(out_slots, device=device),
+                    rows,
+                )
                 if out is not None:
                     out = out.clone()
                     info["graph_replays"] += 1

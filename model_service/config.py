@@ -7,6 +7,13 @@ from dataclasses import dataclass
 from services.config import field
 from services.service_config import ServiceConfig
 
+# torch intra-op threads of a CUDA model service when --threads is 0. Its host work per step is
+# a few small tensors; torch's default pool (every core) kept 9-18 cores spinning per process
+# and made replicas or TP ranks on one host compete (docs/gpu.md, fourth session). Measured on
+# an H200 with SGLang's client, ShareGPT 2,000: 4 threads 7,474 output tok/s against 6,871
+# with every core (fifth session, call 1, one GPU, same lane).
+CUDA_HOST_THREADS = 4
+
 
 @dataclass
 class ModelServiceConfig(ServiceConfig):
@@ -71,7 +78,9 @@ class ModelServiceConfig(ServiceConfig):
     )
     nan_fill: bool = field(False, "debug: poison freed KV slots with NaN")
     threads: int = field(
-        0, "torch intra-op threads, on CPU and on CUDA (the step's host-side work) (0: torch's)"
+        0,
+        "torch intra-op threads, on CPU and on CUDA (the step's host-side work); 0: torch's "
+        "default (every core) on CPU, CUDA_HOST_THREADS on CUDA",
     )
     watchdog_s: float = field(
         120.0,

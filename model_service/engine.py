@@ -11,7 +11,7 @@ import torch
 
 from model_service.attention.backend import AttentionBackend
 from model_service.attention.flashinfer import FlashInferAttention, choose_attention
-from model_service.config import ModelServiceConfig
+from model_service.config import CUDA_HOST_THREADS, ModelServiceConfig
 from model_service.cuda_graphs import DecodeCudaGraphs
 from model_service.kv_pool import KVPool, kv_bytes_per_token
 from model_service.models.llama import LlamaArgs, LlamaForCausalLM
@@ -123,8 +123,9 @@ def build_engine(
     weights, a KV pool of its KV heads for the scheduler's whole slot space."""
     device = device or pick_device(cfg.device)
     dtype = _pick_dtype(cfg, device)
-    if cfg.threads:  # on CUDA too: torch's default (every core) spins on small host tensors
-        torch.set_num_threads(cfg.threads)
+    threads = cfg.threads or (CUDA_HOST_THREADS if device.type == "cuda" else 0)
+    if threads:  # on CUDA too: torch's default (every core) spins on small host tensors
+        torch.set_num_threads(threads)
     hf_cfg, model_dir, name = model_config(cfg)
     full = LlamaArgs.from_hf_config(text_config(hf_cfg))
     args = local_args(full, shard.size)  # this rank's shapes (all of them at --tp 1)

@@ -120,9 +120,9 @@ def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
         "--model-threads",
         type=int,
         default=None,
-        help="torch intra-op threads of each model-service process (default: torch's, every "
-        "core; a GPU step's host-side tensors are small, and several replicas or TP ranks on "
-        "one host share its cores)",
+        help="torch intra-op threads of each model-service process (default: 4 on a GPU, "
+        "where a step's host-side tensors are small and several replicas or TP ranks share "
+        "the host's cores; torch's, every core, on the CPU)",
     )
     g.add_argument(
         "--random-weights",

@@ -38,9 +38,10 @@ from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exported (load test)
 from model_service.step_bursts import StepBursts
+from model_service.step_inputs import stage_inputs
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.step_validation import rows_touching_loads
-from model_service.transfer import Concat, HostStager, to_device, to_host
+from model_service.transfer import HostStager, to_device, to_host
 from radixmesh_wire.mask_rows import EncodedRow
 from radixmesh_wire.step_ops import RowOutput, StepOps, StepOutput
 
@@ -144,44 +145,11 @@ class ModelRunner:
                 raise StepError(f"handle {r.handle}: {len(r.input_ids)} ids for {r.n} slots")
         return rows
 
-    def _stage_inputs(self, rows: list[StepRow], lay: _Layout) -> _StepInputs:
-        """The step's inputs on the device in one staged copy. Decode inputs are gathered from
-        `last_tokens` on the device (they may not have reached the host yet)."""
-        host: list[int] = []
-        dec_at: list[int] = []
-        dec_handles: list[int] = []
-        for r in rows:
-            if r.input_ids is None:
-                dec_at.append(len(host))
-                dec_handles.append(r.handle)
-                host.append(0)
-            else:
-                host.extend(r.input_ids)
-        i64 = torch.int64
-        ids, dh, da, kv_flat, out_slots, pos, logit_rows = self.stager.send(
-            [
-                (host, i64),
-                (dec_handles, i64),
-                (dec_at, i64),
-                (Concat(lay.kv_views), i64),  # every row's KV slots, split per row below
-                (lay.out_slots, i64),
-                (lay.pos, i64),
-                (lay.logit_rows, i64),
-            ]
-        )
-        if dec_at:
-            src = self.last_tokens.index_select(0, dh)
-            if len(dec_at) == lay.tokens:
-                ids = src
-            else:
-                ids.index_copy_(0, da, src)
-        return _StepInputs(ids, kv_flat, out_slots, pos, logit_rows)
-
     def _run(self, rows: list[StepRow], ops: StepOps, fl: InFlight) -> None:
         dev = self.device
         lay = _lay_out(rows)  # host side: slots extended, positions, logit rows
         logit_rows, cursor = lay.logit_rows, lay.tokens
-        staged = self._stage_inputs(rows, lay)
+        staged = stage_inputs(self.stager, self.last_tokens, rows, lay)
         ids, kv_flat = staged.ids, staged.kv_flat
         plans = [
             RowPlan(r.n, kv) for r, kv in zip(rows, torch.split(kv_flat, lay.kv_lens), strict=True)
@@ -341,17 +309,6 @@ class ModelRunner:
         t1 = time.perf_counter()
         self.bursts.account(fl, t1)
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
-
-
-@dataclass(frozen=True)
-class _StepInputs:
-    """A step's inputs on the device (views of one staged copy: valid for this step only)."""
-
-    ids: torch.Tensor
-    kv_flat: torch.Tensor
-    out_slots: torch.Tensor
-    pos: torch.Tensor
-    logit_rows: torch.Tensor
 
 
 @dataclass

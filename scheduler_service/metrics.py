@@ -98,7 +98,7 @@ class SchedulerMetrics(ServiceMetrics):
         yield Reading(
             "evicted_tokens", "counter", "Prefix-cache tokens evicted.", cache.stats.evicted_tokens
         )
-        yield from _host_tier(getattr(cache, "host", None))
+        yield from host_tier_readings(getattr(cache, "host", None))
         if self._cache_blocks is not None:
             yield Reading(
                 "cache_blocks",
@@ -108,7 +108,7 @@ class SchedulerMetrics(ServiceMetrics):
             )
 
 
-def _host_tier(host: HostTier | None) -> Iterator[Reading]:
+def host_tier_readings(host: HostTier | None) -> Iterator[Reading]:
     """The host-memory KV tier's readings (issue 31); none without a tier."""
     if host is None:
         return
@@ -138,6 +138,12 @@ def _host_tier(host: HostTier | None) -> Iterator[Reading]:
     )
     yield Reading("host_copy_steps", "counter", "Steps that carried KV copies.", h.copy_steps)
     yield Reading("host_copy_ops", "counter", "KV copy ops sent to the model.", h.copy_ops)
+    yield Reading(
+        "host_undone_tokens",
+        "counter",
+        "KV slots of either tier dropped from the cache: a step carrying their copy failed.",
+        h.undone_tokens,
+    )
     yield Reading(
         "host_load_waits",
         "counter",

@@ -25,6 +25,7 @@ from scheduler_service.cache.publisher import CachePublisher
 from scheduler_service.cache.radix_cache import RadixCache
 from scheduler_service.cache.radix_node import RadixNode
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.metrics import host_tier_readings
 from scheduler_service.planner.step_failure import fail_step
 from scheduler_service.request import Phase, Request
 from scheduler_service.scheduler import Scheduler
@@ -438,6 +439,8 @@ def test_a_refused_step_with_copies_never_serves_their_kv(refused: str) -> None:
     assert failed == ({"r2"} if to_host else {"r3"})  # the refused step's requests, alone
     host = _tier(sched)
     assert host.stats.undone_tokens > 0
+    readings = {r.short: r.value for r in host_tier_readings(host)}  # /metrics shows the same count
+    assert readings["host_undone_tokens"] == host.stats.undone_tokens
     if to_host:  # the refused save's host slots are free again (it was A's leaf, host-only)
         assert host.stats.undone_tokens == sum(len(c.dst) for c in link.refused.copies)
     else:  # A stayed on the host and r4 loaded it again, by a step that ran

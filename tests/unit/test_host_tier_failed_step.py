@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from radixmesh_wire.step_ops import KVCopy, StepOps, StepOutcome, WorkerInfo
+from radixmesh_wire.step_ops import KVCopy, StepOps, StepOutcome
 from scheduler_service.cache.allocator import SlotAllocator
 from scheduler_service.cache.host_tier import HostTier
 from scheduler_service.cache.publisher import CachePublisher
@@ -31,7 +31,7 @@ from scheduler_service.request import Phase, Request
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.sessions.outbox import Batch
 from tests.unit.test_host_tier import Pools
-from tests.unit.test_host_tier_scheduler import Health, _req, _until
+from tests.unit.test_host_tier_scheduler import Health, RecordingLink, _req, _until
 from tests.unit.test_load_ahead_scheduler import DOC, _apply, _loads, _state
 from tests.unit.test_load_ahead_scheduler import GPU as DOC_GPU
 from tests.unit.test_load_ahead_scheduler import _req as _doc_req
@@ -127,6 +127,19 @@ def _evict_a(t: Tiers, run: bool) -> int:
     return t.step_id
 
 
+def _load_a(t: Tiers) -> tuple[Any, KVCopy]:
+    """A was evicted to the host (its save ran); a request for A + [5] loads it back, in a
+    step sent but not run. Returns the load's match (its node locked) and the load copy."""
+    _evict_a(t, run=True)
+    m = t.cache.match_prefix(A + [5])
+    t.cache.lock(m.node)
+    loaded = t.cache.load_host(m)
+    assert loaded is not None
+    (load,) = t.send(run=False)
+    assert not load.to_host
+    return loaded, load
+
+
 def test_a_save_that_never_ran_leaves_no_host_copy_and_the_prefix_is_recomputed() -> None:
     t = Tiers()
     failed = _evict_a(t, run=False)
@@ -168,13 +181,7 @@ def test_a_write_through_save_that_never_ran_keeps_the_gpu_copy() -> None:
 
 def test_a_load_that_never_ran_gives_its_gpu_slots_back_and_the_host_copy_serves_again() -> None:
     t = Tiers()
-    _evict_a(t, run=True)
-    m = t.cache.match_prefix(A + [5])
-    t.cache.lock(m.node)
-    loaded = t.cache.load_host(m)
-    assert loaded is not None
-    (load,) = t.send(run=False)
-    assert not load.to_host
+    loaded, load = _load_a(t)
     # The scheduler fails the request admitted loading first (its lock goes), then undoes.
     t.cache.unlock(loaded.node)
     freed = t.undo(t.step_id)
@@ -196,12 +203,7 @@ def test_a_reader_admitted_in_the_next_step_is_released_and_nothing_is_left_of_t
     back. A request admitted in it reads the loaded prefix on the GPU, and the GPU node below
     it was cached from another request meanwhile: both leave the GPU."""
     t = Tiers()
-    _evict_a(t, run=True)
-    m = t.cache.match_prefix(A + [5])
-    t.cache.lock(m.node)
-    loaded = t.cache.load_host(m)
-    assert loaded is not None
-    t.send(run=False)
+    loaded, _ = _load_a(t)
     failed = t.step_id
     # Meanwhile a result came: a request that computed A itself leaves A + [6, 7] cached (its
     # duplicate of A freed); the next step admits a reader of A + [6] with a GPU hit.
@@ -307,7 +309,7 @@ SCHED_GPU, SCHED_HOST = 20, 64
 TOKEN = 7  # every sampled token
 
 
-class PoolLink:
+class PoolLink(RecordingLink):
     """A fake model service on simulated pools: each step runs its copies in order, then its
     rows write their tokens' KV (every row samples ``TOKEN``). An ADMIT whose prefix slots do
     not hold its prompt's KV is recorded in ``garbage`` (its output would be wrong). The
@@ -315,25 +317,13 @@ class PoolLink:
     checks, and its result is an error."""
 
     def __init__(self, prompts: dict[str, list[int]], refuse: Callable[[StepOps], bool]) -> None:
-        self.closed = asyncio.Event()
-        self.sessions = 0
+        super().__init__(SCHED_GPU, SCHED_HOST)
         self.prompts = prompts
         self.refuse: Callable[[StepOps], bool] | None = refuse
         self.refused: StepOps | None = None
         self.pools = Pools(SCHED_GPU, SCHED_HOST)
         self.paths: dict[int, list[int]] = {}  # handle -> its tokens with KV written
         self.garbage: set[str] = set()
-        self.steps: list[StepOps] = []
-
-    @property
-    def connected(self) -> bool:
-        return self.sessions > 0 and not self.closed.is_set()
-
-    async def connect(self) -> WorkerInfo:
-        self.sessions += 1
-        return WorkerInfo(
-            "fake", SCHED_GPU, 64, 100, False, (2,), "cpu", host_kv_capacity=SCHED_HOST
-        )
 
     def _write(self, h: int, ids: list[int], slots: list[int]) -> None:
         path = self.paths[h]
@@ -369,9 +359,6 @@ class PoolLink:
         n = len(handles)
         fut.set_result(StepOutcome(ops.step_id, handles, [TOKEN] * n, [0.0] * n))
         return fut
-
-    async def close(self) -> None:
-        self.closed.set()
 
 
 def _serve(

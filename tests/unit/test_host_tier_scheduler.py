@@ -22,12 +22,14 @@ GPU, HOST = 20, 64
 
 
 class RecordingLink:
-    """Answers every step at once (each sampling row gets token 7) and keeps the steps."""
+    """Answers every step at once (each sampling row gets token 7) and keeps the steps; its
+    model service has ``gpu`` KV slots and ``host`` host-tier slots."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: int = GPU, host: int = HOST) -> None:
         self.closed = asyncio.Event()
         self.sessions = 0
         self.steps: list[StepOps] = []
+        self.gpu, self.host = gpu, host
 
     @property
     def connected(self) -> bool:
@@ -36,7 +38,7 @@ class RecordingLink:
     async def connect(self) -> WorkerInfo:
         self.sessions += 1
         self.closed = asyncio.Event()
-        return WorkerInfo("fake", GPU, 64, 100, False, (2,), "cpu", host_kv_capacity=HOST)
+        return WorkerInfo("fake", self.gpu, 64, 100, False, (2,), "cpu", host_kv_capacity=self.host)
 
     def send(self, ops: StepOps) -> asyncio.Future[StepOutcome]:
         self.steps.append(ops)

@@ -169,7 +169,12 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
         eager_k = pool.k.clone()
         pool.k.copy_(snapshot_k)
         pool.v.copy_(snapshot_v)
-        replay = graphs.run(torch.tensor(dec_ids, device=DEV), dec_pos, dec_slots, dec_rows)
+        replay = graphs.run(
+            torch.tensor(dec_ids, device=DEV),
+            torch.tensor(dec_pos, device=DEV),
+            torch.tensor(dec_slots, device=DEV),
+            dec_rows,
+        )
         assert replay is not None and replay.shape == eager.shape
         replay = replay.clone()
         torch.cuda.synchronize()
@@ -186,5 +191,6 @@ def test_decode_graphs_match_eager(kernels: str) -> None:
     a, b = pool.k[:, other], eager_k[:, other]
     same = (a == b) | (a.isnan() & b.isnan())
     assert same.all(), "graph replay wrote outside the step's slots and the scratch slot"
-    no_bucket = graphs.run(torch.arange(5, device=DEV), [0] * 5, [0] * 5, dec_rows[:1] * 5)
+    zeros = torch.zeros(5, dtype=torch.int64, device=DEV)
+    no_bucket = graphs.run(torch.arange(5, device=DEV), zeros, zeros, dec_rows[:1] * 5)
     assert no_bucket is None

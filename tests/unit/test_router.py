@@ -101,21 +101,39 @@ def test_cold_prefixes_agree_across_routers_and_spread() -> None:
     assert len(picks) == 3 and min(picks.values()) >= 5
 
 
-def test_cold_goes_to_the_least_loaded_beyond_a_small_band() -> None:
+def test_cold_goes_where_this_front_door_has_the_least_live_work_beyond_a_small_band() -> None:
     ids = list(range(40))
     hs = _hashes(ids)
     views = {f"r{i}:1": _exact() for i in range(2)}
     cands = [Candidate(a, v) for a, v in views.items()]
     first = Router().choose(cands, hs, prompt_key(hs, ids)).address
-    # Within the band (a request more, a few tokens more): still the rendezvous winner, so a
-    # front door that already counts what another routed there agrees with it.
-    views[first].on_load(Load(waiting_requests=1, waiting_tokens=600))
+    # Within the band (one live request of this front door more, a few tokens more): still the
+    # rendezvous winner.
+    views[first].on_routed([], 600)
     assert Router().choose(cands, hs, prompt_key(hs, ids)).address == first
-    views[first].on_load(Load(waiting_requests=2, waiting_tokens=600))
+    views[first].on_routed([], 600)  # two more: beyond the band
     d = Router().choose(cands, hs, prompt_key(hs, ids))
     assert d.address != first and d.reason == "cold"
-    views[first].on_load(Load(waiting_requests=1, waiting_tokens=5000))
+    views[first].on_finished(600)
+    assert Router().choose(cands, hs, prompt_key(hs, ids)).address == first
+    views[first].on_routed([], 5000)  # one request, but more than the band's tokens
     assert Router().choose(cands, hs, prompt_key(hs, ids)).address != first
+
+
+def test_the_shared_load_view_steers_cold_requests_only_away_from_a_backlog() -> None:
+    """A replica's LoadReport lags (it may predate what this or another front door sent since),
+    so a small difference in it decides nothing; a backlog (Balance.overloaded) still keeps
+    new prefixes off a replica that other front doors or a slow model made busy."""
+    ids = list(range(40))
+    hs = _hashes(ids)
+    views = {f"r{i}:1": _exact() for i in range(2)}
+    cands = [Candidate(a, v) for a, v in views.items()]
+    first = Router().choose(cands, hs, prompt_key(hs, ids)).address
+    views[first].on_load(Load(waiting_requests=8, waiting_tokens=6000))
+    assert Router().choose(cands, hs, prompt_key(hs, ids)).address == first
+    views[first].on_load(Load(waiting_requests=40, waiting_tokens=20_000))
+    d = Router().choose(cands, hs, prompt_key(hs, ids))
+    assert d.address != first and d.reason == "cold"
 
 
 def test_a_short_shared_start_is_not_a_cache_hit() -> None:
@@ -433,3 +451,30 @@ def test_a_replica_whose_model_connected_after_its_session_opened_gets_cold_pref
     router = Router()
     used = {router.choose(cands, _hashes(p), prompt_key(_hashes(p), p)).address for p in prompts}
     assert used == {"r0:1", "r1:1"}
+
+
+def test_a_stale_report_does_not_pull_every_front_doors_burst_to_one_replica() -> None:
+    """Two front doors have each sent 10 requests to each of two replicas. Then both get r0's
+    report, computed before any of them arrived (it says r0 is idle), and r1's, computed after
+    all of them had (20 requests). On the shared view r0 looked 20 requests lighter, so each
+    front door sent it its whole next burst (40 of 40 before the fix); each spreading its own
+    live work, the burst splits evenly."""
+    cost = 300
+    got = {"r0:1": 0, "r1:1": 0}
+    for _door in range(2):
+        views = {a: _exact() for a in got}
+        for v in views.values():
+            for _ in range(10):
+                v.on_routed([], cost)
+        views["r0:1"].on_load(Load())
+        views["r1:1"].on_load(Load(waiting_requests=20, waiting_tokens=20 * cost))
+        router = Router()
+        cands = [Candidate(a, v) for a, v in views.items()]
+        for p in range(20):
+            ids = [50_000 + 100 * p + i for i in range(18)]  # distinct prompts, one block each
+            hs = _hashes(ids)
+            d = router.choose(cands, hs, prompt_key(hs, ids))
+            assert d.reason == "cold"
+            views[d.address].on_routed(hs, cost)
+            got[d.address] += 1
+    assert abs(got["r0:1"] - got["r1:1"]) <= 4, got

@@ -15,13 +15,17 @@ Policies (`--router`):
     evenly, each to the replica under its share that took the fewest of them lately ->
     `share` (`cache_hit` if it held it).
   * Otherwise (nothing, or only a short shared start such as a common system prompt, is
-    cached anywhere): among the replicas within a small band of the least loaded
-    (COLD_BAND_*) and, of those, the ones whose cache has about as much room as the
-    roomiest (SGLang's router sends such a request to the smallest tree), the rendezvous
-    winner of the prompt's first block -> `cold`. Rendezvous
-    (highest hash of (block, replica address)) needs no shared state: every front door that
-    sees the same replicas about equally loaded sends the same cold prefix to the same one,
-    and different prefixes spread evenly.
+    cached anywhere): among the replicas without a backlog (below), those within a small
+    band (COLD_BAND_*) of the least of this front door's own live work there and, of those,
+    the ones whose cache has about as much room as the roomiest (SGLang's router sends such
+    a request to the smallest tree), the rendezvous winner of the prompt's first block ->
+    `cold`. Own live work, not the shared load view: the view's reports lag a burst, and
+    every front door chasing the same stale difference sent its whole stream to whichever
+    replica had just reported (radixmesh_bench/router_burst.py); each front door spreading
+    its own evenly spreads the sum evenly, however many there are. Rendezvous (highest hash
+    of (block, replica address)) needs no shared state: front doors with the same replicas
+    in their bands send the same cold prefix to the same one (on an idle system, all), and
+    different prefixes spread evenly.
   "Overloaded", by either of two kinds of rule (Balance):
   * a backlog now, in tokens or in requests: load - min_load > abs AND load > balance_rel *
     min_load (both, as SGLang's router: small absolute gaps never count, nor large ones on a
@@ -162,7 +166,7 @@ class Router:
                 reason = "cache_hit" if matched[pick.address].score == best else "share"
                 return _decision(pick.address, reason, matched[pick.address], longest)
             return _decision(least.address, "balance", matched[least.address], longest)
-        cold = _rendezvous_among_least_loaded(candidates, key)
+        cold = _cold_pick(candidates, key, self.balance)
         return _decision(cold.address, "cold", matched[cold.address], 0)
 
 
@@ -170,11 +174,16 @@ def _decision(address: str, reason: str, m: Match, prefix_blocks: int) -> Decisi
     return Decision(address, reason, m.blocks, prefix_blocks, m.host)
 
 
-# Cold picks: replicas within this many requests (and tokens of work) of the least loaded
-# count as equally loaded, and the prompt's rendezvous order decides among them. Front doors
-# see slightly different loads (each adds what it routed since the last report), so strict
-# least-load sent one new prefix's requests from two front doors to two replicas before
-# either had published it; within the band they agree.
+# Cold picks: replicas within this many requests (and tokens of work) of the one where this
+# front door has the least of its own live work count as equally loaded, and the prompt's
+# rendezvous order decides among them. Own live work is exact at every instant; the shared view
+# (the last LoadReport plus what this front door routed since) is not: a report computed before
+# requests another front door (or this one) sent had arrived resets what was counted since, so
+# during a burst a replica that has just reported looks lighter than it is and a band on that
+# view sent it whole runs of requests (radixmesh_bench/router_burst.py replays it). Each front
+# door spreading its own cold traffic evenly spreads the sum evenly, however many there are.
+# On an idle system (nothing live anywhere) every front door sees the same band, so a new
+# prefix goes to the same replica from all of them.
 COLD_BAND_REQUESTS = 1
 COLD_BAND_TOKENS = 2048
 # ... and within this much cache room of the roomiest: views of a replica's cache differ
@@ -183,18 +192,21 @@ COLD_BAND_TOKENS = 2048
 COLD_BAND_ROOM_TOKENS = 256
 
 
-def _rendezvous_among_least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:
-    """The rendezvous winner among the replicas about as lightly loaded as the least loaded
-    and, of those, with about as much cache room as the roomiest: a new prefix goes where it
-    evicts the least (with caches full of old entries all rooms are ~0 and load decides)."""
-    least_requests = min(c.view.load_requests for c in candidates)
-    least_tokens = min(c.view.load_tokens for c in candidates)
+def _cold_pick(candidates: Sequence[Candidate], key: int, balance: Balance) -> Candidate:
+    """Among the replicas without a backlog in the shared view (Balance.overloaded: work
+    another front door sent, a slower replica), the ones about as lightly loaded with this
+    front door's own live work as the least and, of those, with about as much cache room as
+    the roomiest: the rendezvous winner. A new prefix goes where it evicts the least (with
+    caches full of old entries all rooms are ~0 and own work decides)."""
+    fair = [c for c in candidates if not balance.overloaded(c.view, candidates)] or list(candidates)
+    least_requests = min(c.view.inflight_requests for c in fair)
+    least_tokens = min(c.view.inflight_tokens for c in fair)
     band = [
         c
-        for c in candidates
-        if c.view.load_requests <= least_requests + COLD_BAND_REQUESTS
-        and c.view.load_tokens <= least_tokens + COLD_BAND_TOKENS
-    ] or [_least_loaded(candidates, key)]
+        for c in fair
+        if c.view.inflight_requests <= least_requests + COLD_BAND_REQUESTS
+        and c.view.inflight_tokens <= least_tokens + COLD_BAND_TOKENS
+    ] or [min(fair, key=lambda c: (c.view.inflight_tokens, -rendezvous(key, c.address)))]
     roomiest = max(c.view.room_tokens for c in band)
     band = [c for c in band if c.view.room_tokens >= roomiest - COLD_BAND_ROOM_TOKENS]
     return max(band, key=lambda c: rendezvous(key, c.address))

@@ -6,10 +6,12 @@ simulated schedulers. Deterministic, CPU only, seconds. JSON on stdout.
 
 What is simulated (the rest is the real code):
 - The workload: the committed ShareGPT sample (radixmesh_bench/data/sharegpt_2000.json.gz:
-  prompt token ids, output lengths as `max_new_tokens`), every request arriving at once, each
-  on a front door picked as SO_REUSEPORT would (a seeded random pick per connection, or in
-  turn with `--spread turn`).
-- A front door routes its arrivals one after another, `route_ms` each (HTTP, tokenizing).
+  prompt token ids, output lengths as `max_new_tokens`) or a GSP burst (`gsp`), every request
+  sent at once (`send_ms` apart), each to a front door picked as SO_REUSEPORT would (a seeded
+  random pick per connection, or in turn with `--spread turn`).
+- A front door is one event loop working through what reached it in arrival order: client
+  requests (`route_ms` each: HTTP, tokenizing, routing) and its replicas' messages (`msg_ms`),
+  so a load report sent during a burst waits behind the requests that arrived before it.
 - Each replica is a scheduler and its model: requests arrive `net_ms` after routing; each is
   published as a provisional hold (CacheEvents to every front door on the next loop turn, as
   scheduler_service/sessions/replica_feed.py); steps prefill up to `chunk_tokens` prompt tokens
@@ -17,7 +19,9 @@ What is simulated (the rest is the real code):
   `base_ms + prefill_ms * prefilled + row_ms * rows`; after each step its LoadReport (as
   `load_of`: waiting/running requests, tokens still to prefill + output budgets left) goes to
   every front door if `load_interval_ms` passed and it changed.
-The run ends once every request is routed (what follows no longer moves a decision). Reported
+Not modelled: prefix-cache hits shortening a prefill, a prefix shared by waiting requests
+counted once in the load, eviction (the runs fit the H200's KV). The run ends once every
+request is routed (what follows no longer moves a decision). Reported
 per replica: requests, prompt and output tokens routed there, and the routing reasons.
 """
 

@@ -44,6 +44,13 @@ def test_a_burst_of_distinct_prompts_spreads_evenly_in_work(
     assert sum(reasons.values()) == len(SHAREGPT)
 
 
+def test_least_load_spreads_a_burst_over_several_front_doors_too() -> None:
+    """The same herd under least_load (before the fix: work max/mean 1.85 with 4 x 4)."""
+    out = simulate(SHAREGPT, 4, 4, Policy.LEAST_LOAD, Timing(route_ms=1.0))
+    assert out["work_max_over_mean"] <= 1.2
+    assert all(set(r["reasons"]) == {"least_load"} for r in out["replicas"])
+
+
 def test_round_robin_alternates_on_every_front_door() -> None:
     out = simulate(SHAREGPT, 2, 2, Policy.ROUND_ROBIN)
     counts = [r["requests"] for r in out["replicas"]]

@@ -42,7 +42,8 @@ Policies (`--router`):
     history), however the queues fluctuate.
   Load as replica_view counts it.
 - round_robin: the eligible replicas in address order, in turn -> `round_robin`.
-- least_load: the least loaded (ties: rendezvous) -> `least_load`.
+- least_load: of the replicas without a backlog, the least of this front door's own live work
+  (ties: the least loaded, then rendezvous) -> `least_load`.
 
 Invariant: `choose` is deterministic given its inputs and the round-robin counter.
 """
@@ -126,7 +127,7 @@ class Router:
             self._turn += 1
             return Decision(pick.address, "round_robin")
         if self.policy is Policy.LEAST_LOAD:
-            return Decision(_least_loaded(candidates, key).address, "least_load")
+            return Decision(_least_own_work(candidates, key, self.balance).address, "least_load")
         d = self._cache_aware(candidates, hashes, key)
         # The prefix it was routed on: its deepest block that some replica holds.
         self.share.record(d.address, hashes[d.prefix_blocks - 1] if d.prefix_blocks else None)
@@ -210,6 +211,18 @@ def _cold_pick(candidates: Sequence[Candidate], key: int, balance: Balance) -> C
     roomiest = max(c.view.room_tokens for c in band)
     band = [c for c in band if c.view.room_tokens >= roomiest - COLD_BAND_ROOM_TOKENS]
     return max(band, key=lambda c: rendezvous(key, c.address))
+
+
+def _least_own_work(candidates: Sequence[Candidate], key: int, balance: Balance) -> Candidate:
+    """least_load: of the replicas without a backlog in the shared view, the one with the least
+    of this front door's own live work (ties: the least loaded in the shared view, then the
+    rendezvous order), for the reason the cold rule spreads own work (a lagging shared view
+    made every front door pick the same replica during a burst)."""
+    fair = [c for c in candidates if not balance.overloaded(c.view, candidates)] or candidates
+    return min(
+        fair,
+        key=lambda c: (c.view.inflight_tokens, c.view.load_tokens, -rendezvous(key, c.address)),
+    )
 
 
 def _least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:

@@ -22,7 +22,9 @@ Load, in tokens of work left (prompt still to prefill, a prefix shared by waitin
 once, + output budgets still to generate) and in requests (waiting + running): the last
 LoadReport plus what this front door routed there since (so a burst does not all land on one
 replica before the next report). Without any report, this front door's own in-flight tokens
-and requests there.
+and requests there. Those (`inflight_*`: this front door's requests there that have not ended)
+are exact at every instant, unlike a report that predates what was sent since: the cold rule
+and least_load spread them (router.py).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class HostStager:
         self._depth = depth
         self._initial = initial_bytes
         self._next = 0
-        self.sends = 0  # batches sent (tests and step figures)
+        self.sends = 0  # batches sent (tests)
         self.waits = 0  # sends that found their slot's last copy not yet run
 
     def send(self, items: Sequence[Staged]) -> list[torch.Tensor]:

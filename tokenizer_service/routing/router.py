@@ -199,7 +199,7 @@ def _cold_pick(candidates: Sequence[Candidate], key: int, balance: Balance) -> C
     front door's own live work as the least and, of those, with about as much cache room as
     the roomiest: the rendezvous winner. A new prefix goes where it evicts the least (with
     caches full of old entries all rooms are ~0 and own work decides)."""
-    fair = [c for c in candidates if not balance.overloaded(c.view, candidates)] or list(candidates)
+    fair = _without_backlog(candidates, balance)
     least_requests = min(c.view.inflight_requests for c in fair)
     least_tokens = min(c.view.inflight_tokens for c in fair)
     band = [
@@ -218,11 +218,15 @@ def _least_own_work(candidates: Sequence[Candidate], key: int, balance: Balance)
     of this front door's own live work (ties: the least loaded in the shared view, then the
     rendezvous order), for the reason the cold rule spreads own work (a lagging shared view
     made every front door pick the same replica during a burst)."""
-    fair = [c for c in candidates if not balance.overloaded(c.view, candidates)] or candidates
     return min(
-        fair,
+        _without_backlog(candidates, balance),
         key=lambda c: (c.view.inflight_tokens, c.view.load_tokens, -rendezvous(key, c.address)),
     )
+
+
+def _without_backlog(candidates: Sequence[Candidate], balance: Balance) -> list[Candidate]:
+    """The replicas without a backlog in the shared load view (all of them if none is)."""
+    return [c for c in candidates if not balance.overloaded(c.view, candidates)] or list(candidates)
 
 
 def _least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:

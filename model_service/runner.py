@@ -20,7 +20,6 @@ imported from here too (server, tensor-parallel ranks, tests).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -38,7 +37,7 @@ from model_service.sampling import SamplingBatch, SamplingFlags, sample
 from model_service.slot_seq import SlotSeq
 from model_service.step_bursts import BURST_IDLE_S as BURST_IDLE_S  # re-exported (load test)
 from model_service.step_bursts import StepBursts
-from model_service.step_inputs import stage_inputs
+from model_service.step_inputs import StepLayout, stage_inputs
 from model_service.step_logits import apply_masks, ban_stops, prompt_logprobs
 from model_service.step_validation import rows_touching_loads
 from model_service.transfer import HostStager, to_device, to_host
@@ -311,22 +310,7 @@ class ModelRunner:
         return StepOutput(fl.step_id, out, fl.prompt_lps, (t1 - fl.t0) * 1e3)
 
 
-@dataclass
-class _Layout:
-    """Where a step's rows go in its flat batch (built by `_lay_out`)."""
-
-    pos: list[int]  # absolute position of every token
-    out_slots: list[int]  # the KV slot every token writes
-    kv_views: list[np.ndarray]  # per row: all its KV slots
-    kv_lens: list[int]
-    logit_rows: list[int]  # token rows that get logits
-    lp_spans: list[tuple[int, int, int] | None]  # per row, for prompt logprobs
-    sample_rows: list[int]  # the logit row of each sampled row
-    image_spans: list[RowSpan]
-    tokens: int  # the step's tokens (the cursor after the last row)
-
-
-def _lay_out(rows: list[StepRow]) -> _Layout:
+def _lay_out(rows: list[StepRow]) -> StepLayout:
     """The step's host-side walk over its rows, in row order: extends each row's slots (its KV
     is queued by this step) and sets each sampled row's seed position."""
     pos: list[int] = []
@@ -371,6 +355,6 @@ def _lay_out(rows: list[StepRow]) -> _Layout:
                 sample_rows.append(len(logit_rows))
                 logit_rows.append(last)
         cursor += n
-    return _Layout(
+    return StepLayout(
         pos, out_slots, kv_views, kv_lens, logit_rows, lp_spans, sample_rows, image_spans, cursor
     )

@@ -1,37 +1,38 @@
 """A step's inputs on the device, in one staged copy (`transfer.HostStager`).
 
-The runner lays a step's rows out on the host (`runner._lay_out`: positions, output slots, the
-rows' KV slot lists, logit rows); this sends all of it, and the token ids, together. Decode
-rows' input tokens never come from the host: they are gathered from `last_tokens` on the
-device (the previous step's tokens may not have reached the host yet).
+The runner lays a step's rows out on the host (`runner._lay_out` fills a `StepLayout`:
+positions, output slots, the rows' KV slot lists, logit rows); this sends what the forward pass
+reads of it, and the token ids, together. Decode rows' input tokens never come from the host:
+they are gathered from `last_tokens` on the device (the previous step's tokens may not have
+reached the host yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
+from model_service.image_rows import RowSpan
 from model_service.runner_state import StepRow
 from model_service.transfer import Concat, HostStager
 
 
-class Laid(Protocol):
-    """What of the runner's step layout is sent (`runner._Layout`)."""
+@dataclass
+class StepLayout:
+    """Where a step's rows go in its flat batch (built by `runner._lay_out`, which owns the
+    request state it walks)."""
 
-    @property
-    def pos(self) -> Sequence[int]: ...
-    @property
-    def out_slots(self) -> Sequence[int]: ...
-    @property
-    def kv_views(self) -> Sequence[np.ndarray]: ...
-    @property
-    def logit_rows(self) -> Sequence[int]: ...
-    @property
-    def tokens(self) -> int: ...
+    pos: list[int]  # absolute position of every token
+    out_slots: list[int]  # the KV slot every token writes
+    kv_views: list[np.ndarray]  # per row: all its KV slots
+    kv_lens: list[int]
+    logit_rows: list[int]  # token rows that get logits
+    lp_spans: list[tuple[int, int, int] | None]  # per row, for prompt logprobs
+    sample_rows: list[int]  # the logit row of each sampled row
+    image_spans: list[RowSpan]
+    tokens: int  # the step's tokens (the cursor after the last row)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def stage_inputs(
     stager: HostStager,
     last_tokens: torch.Tensor,
     rows: list[StepRow],
-    lay: Laid,
+    lay: StepLayout,
 ) -> StepInputs:
     """The step's inputs on the device in one staged copy. Decode inputs are gathered from
     `last_tokens` on the device (they may not have reached the host yet)."""
